@@ -1,0 +1,57 @@
+"""trainer: a PyTorch training framework.
+
+``Trainer`` + ``TrainModule`` for a managed loop, ``Accelerator`` for your own loop; strategies,
+precision, loggers and callbacks are constructor arguments. Importing this package imports torch
+and the framework's own small modules only.
+"""
+
+from __future__ import annotations
+
+from trainer.accelerator import Accelerator
+from trainer.configs import (
+    DataLoaderConfiguration,
+    GradientAccumulationPlugin,
+    ProjectConfiguration,
+)
+from trainer.data.loader import skip_first_batches
+from trainer.errors import (
+    AnomalyError,
+    CheckpointError,
+    ConfigurationError,
+    HookResultError,
+    MissingDependencyError,
+    StrategyError,
+    TrainerError,
+)
+from trainer.memory import find_executable_batch_size
+from trainer.module import DataModule, TrainModule
+from trainer.seed import seed_everything, synchronize_rng_states
+from trainer.state import DistributedType, LoggerType, PartialState, PrecisionType
+from trainer.trainer import Trainer
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "Accelerator",
+    "AnomalyError",
+    "CheckpointError",
+    "ConfigurationError",
+    "DataLoaderConfiguration",
+    "DataModule",
+    "DistributedType",
+    "GradientAccumulationPlugin",
+    "HookResultError",
+    "LoggerType",
+    "MissingDependencyError",
+    "PartialState",
+    "PrecisionType",
+    "ProjectConfiguration",
+    "StrategyError",
+    "TrainModule",
+    "Trainer",
+    "TrainerError",
+    "find_executable_batch_size",
+    "seed_everything",
+    "skip_first_batches",
+    "synchronize_rng_states",
+]

@@ -1,0 +1,290 @@
+"""Where ``self.log`` values go: kept on the device, read only when a logger or the bar needs them.
+
+One :class:`MetricStore` per stage (fit's training, validation, test). A step value replaces the
+previous one; an epoch value accumulates with its reduction (batch-size-weighted mean by default)
+as tensor arithmetic, so logging never forces a host-device sync per step. torchmetrics ``Metric``
+values are computed, synced and reset at epoch end.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from trainer.errors import ConfigurationError, describe
+
+__all__ = ["MetricStore"]
+
+_REDUCE_FX = ("mean", "sum", "max", "min")
+_REDUCE_ALIASES: dict[Any, str] = {
+    torch.mean: "mean",
+    torch.sum: "sum",
+    torch.max: "max",
+    torch.min: "min",
+    max: "max",
+    min: "min",
+    sum: "sum",
+}
+
+
+def _is_metric(value: Any) -> bool:
+    tm = sys.modules.get("torchmetrics")  # never import torchmetrics just to check
+    return tm is not None and isinstance(value, tm.Metric)
+
+
+class _Entry:
+    """One logged name: its options and its step value / epoch accumulator."""
+
+    __slots__ = (
+        "batch_weighted",
+        "is_metric",
+        "logger",
+        "metric",
+        "on_epoch",
+        "on_step",
+        "prog_bar",
+        "reduce_fx",
+        "step_value",
+        "sync_dist",
+        "total",
+        "weight",
+    )
+
+    def __init__(
+        self,
+        on_step: bool,
+        on_epoch: bool,
+        prog_bar: bool,
+        logger: bool,
+        reduce_fx: str,
+        sync_dist: bool,
+    ) -> None:
+        self.on_step = on_step
+        self.on_epoch = on_epoch
+        self.prog_bar = prog_bar
+        self.logger = logger
+        self.reduce_fx = reduce_fx
+        self.sync_dist = sync_dist
+        self.step_value: Any = None
+        self.total: Any = None
+        self.weight: Any = 0
+        self.metric: Any = None
+        self.is_metric = False
+
+
+class MetricStore:
+    """The values logged during one stage.
+
+    Args:
+        reducer: ``(tensor, op) -> tensor`` across processes, for ``sync_dist=True``.
+    """
+
+    def __init__(self, reducer: Callable[[torch.Tensor, str], torch.Tensor] | None = None) -> None:
+        self.entries: dict[str, _Entry] = {}
+        self.default_on_step = True
+        self.default_on_epoch = False
+        self.hook_name = "training_step"
+        self.current_batch: Any = None
+        self._batch_size_cache: tuple[int, int] | None = None  # (id(batch), size)
+        self.epoch_values: dict[str, Any] = {}
+        self.reducer = reducer
+
+    # ---- writing ------------------------------------------------------------------------
+    def log(
+        self,
+        name: str,
+        value: Any,
+        *,
+        on_step: bool | None,
+        on_epoch: bool | None,
+        prog_bar: bool,
+        logger: bool,
+        reduce_fx: str | Callable[..., Any],
+        sync_dist: bool,
+        batch_size: int | None,
+    ) -> None:
+        entry = self.entries.get(name)
+        if entry is None:
+            entry = self._new_entry(
+                name, value, on_step, on_epoch, prog_bar, logger, reduce_fx, sync_dist
+            )
+        if entry.is_metric:
+            entry.metric = value
+            if entry.on_step:
+                entry.step_value = getattr(value, "_forward_cache", None)
+            return
+        if isinstance(value, torch.Tensor):
+            if value.numel() != 1:
+                raise ConfigurationError(
+                    f"self.log({name!r}, ...) in {self.hook_name}: expected a scalar, received a "
+                    f"tensor of shape {tuple(value.shape)}. Log value.mean() or one element."
+                )
+            value = value.detach()
+        elif not isinstance(value, int | float) or isinstance(value, bool):
+            raise ConfigurationError(
+                f"self.log({name!r}, value) in {self.hook_name}: expected a number, a scalar "
+                f"Tensor or a torchmetrics Metric, received {describe(value)}."
+            )
+        if entry.on_step:
+            entry.step_value = value
+        if entry.on_epoch:
+            self._accumulate(entry, value, batch_size)
+
+    def _new_entry(
+        self,
+        name: str,
+        value: Any,
+        on_step: bool | None,
+        on_epoch: bool | None,
+        prog_bar: bool,
+        logger: bool,
+        reduce_fx: Any,
+        sync_dist: bool,
+    ) -> _Entry:
+        fx = _REDUCE_ALIASES.get(reduce_fx, reduce_fx)
+        if fx not in _REDUCE_FX:
+            raise ConfigurationError(
+                f"self.log({name!r}, reduce_fx={describe(reduce_fx)}) in {self.hook_name}: "
+                f"expected one of {_REDUCE_FX} (or torch.mean/sum/max/min)."
+            )
+        entry = _Entry(
+            self.default_on_step if on_step is None else on_step,
+            self.default_on_epoch if on_epoch is None else on_epoch,
+            prog_bar,
+            logger,
+            fx,
+            sync_dist,
+        )
+        entry.is_metric = _is_metric(value)
+        if not entry.on_step and not entry.on_epoch:
+            raise ConfigurationError(
+                f"self.log({name!r}) in {self.hook_name}: on_step=False and on_epoch=False "
+                "would record nothing. Set one of them to True."
+            )
+        self.entries[name] = entry
+        return entry
+
+    def _accumulate(self, entry: _Entry, value: Any, batch_size: int | None) -> None:
+        fx = entry.reduce_fx
+        if fx == "mean":
+            weight = batch_size if batch_size is not None else self._infer_batch_size()
+            contribution = value * weight
+            entry.total = contribution if entry.total is None else entry.total + contribution
+            entry.weight += weight
+        elif fx == "sum":
+            entry.total = value if entry.total is None else entry.total + value
+        elif entry.total is None:
+            entry.total = value
+        else:
+            pick = torch.maximum if fx == "max" else torch.minimum
+            entry.total = pick(torch.as_tensor(entry.total), torch.as_tensor(value))
+
+    def _infer_batch_size(self) -> int:
+        batch = self.current_batch
+        cached = self._batch_size_cache
+        if cached is not None and cached[0] == id(batch):
+            return cached[1]
+        size = _batch_size_of(batch)
+        self._batch_size_cache = (id(batch), size)
+        return size
+
+    # ---- reading ------------------------------------------------------------------------
+    def step_items(self, *, for_logger: bool = False, for_bar: bool = False) -> dict[str, Any]:
+        """Latest step values by their published name (``name_step`` when also on_epoch)."""
+        items: dict[str, Any] = {}
+        for name, entry in self.entries.items():
+            if not entry.on_step or entry.step_value is None:
+                continue
+            if (for_logger and not entry.logger) or (for_bar and not entry.prog_bar):
+                continue
+            items[f"{name}_step" if entry.on_epoch else name] = entry.step_value
+        return items
+
+    def finalize_epoch(self) -> dict[str, Any]:
+        """Compute every epoch value (one sync here, not per step) and remember it."""
+        for name, entry in self.entries.items():
+            if not entry.on_epoch:
+                continue
+            value = self._epoch_value(entry)
+            if value is None:
+                continue
+            self.epoch_values[name] = (value, entry)
+        return {name: value for name, (value, _) in self.epoch_values.items()}
+
+    def _epoch_value(self, entry: _Entry) -> Any:
+        if entry.is_metric:
+            if entry.metric is None or not getattr(entry.metric, "update_count", 1):
+                return None
+            value = entry.metric.compute()  # torchmetrics syncs across processes itself
+            entry.metric.reset()
+            entry.metric = None
+            return value.detach() if isinstance(value, torch.Tensor) else value
+        if entry.total is None:
+            return None
+        total = torch.as_tensor(
+            entry.total, dtype=torch.float64 if not isinstance(entry.total, torch.Tensor) else None
+        )
+        if entry.sync_dist and self.reducer is not None:
+            op = {"mean": "sum", "sum": "sum", "max": "max", "min": "min"}[entry.reduce_fx]
+            total = self.reducer(total.float(), op)
+            weight = self.reducer(torch.as_tensor(float(entry.weight), device=total.device), "sum")
+        else:
+            weight = entry.weight
+        value = total / weight if entry.reduce_fx == "mean" else total
+        entry.total, entry.weight = None, 0
+        return value
+
+    def epoch_items(self, *, for_logger: bool = False, for_bar: bool = False) -> dict[str, Any]:
+        """Computed epoch values by published name (``name_epoch`` when also on_step)."""
+        items = {}
+        for name, (value, entry) in self.epoch_values.items():
+            if (for_logger and not entry.logger) or (for_bar and not entry.prog_bar):
+                continue
+            items[f"{name}_epoch" if entry.on_step else name] = value
+        return items
+
+    def callback_items(self) -> dict[str, Any]:
+        """What callbacks see: step and epoch values, plus the plain name for the latest of both."""
+        items = {**self.step_items(), **self.epoch_items()}
+        for name, entry in self.entries.items():
+            if entry.on_step and entry.on_epoch:
+                if name in self.epoch_values:
+                    items[name] = self.epoch_values[name][0]
+                elif entry.step_value is not None:
+                    items[name] = entry.step_value
+        return items
+
+    def reset(self) -> None:
+        """Forget everything (start of a stage run)."""
+        self.entries.clear()
+        self.epoch_values.clear()
+
+    def start_epoch(self) -> None:
+        """Forget epoch values and accumulators; keep options."""
+        self.epoch_values.clear()
+        for entry in self.entries.values():
+            entry.total, entry.weight, entry.step_value = None, 0, None
+
+
+def _batch_size_of(batch: Any) -> int:
+    if isinstance(batch, torch.Tensor):
+        return int(batch.shape[0]) if batch.ndim else 1
+    if isinstance(batch, dict):
+        values = list(batch.values())
+    elif isinstance(batch, list | tuple):
+        values = list(batch)
+    else:
+        return 1
+    for item in values:
+        size = _batch_size_of(item)
+        if isinstance(item, torch.Tensor | list | tuple | dict):
+            return size
+    return 1
+
+
+def to_float(value: Any) -> float:
+    """A logged value as a Python float (the one place tensors are read)."""
+    return float(value.item()) if isinstance(value, torch.Tensor) else float(value)

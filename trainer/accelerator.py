@@ -1,0 +1,544 @@
+"""The Accelerator: the one path every model, optimizer, dataloader, loss and tensor takes.
+
+It is a facade with Hugging Face Accelerate's public verbs. It checks arguments and delegates:
+devices, processes and collectives to the Strategy, number formats to the Precision plugin,
+dataloaders to ``trainer/data``, trackers to ``trainer/loggers``. It never branches on the engine.
+Unlike Accelerate, each Accelerator honours its own arguments; only ``PartialState`` is shared.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any
+
+import torch
+from torch.utils.data import DataLoader
+
+from trainer import collectives
+from trainer.configs import (
+    DataLoaderConfiguration,
+    GradientAccumulationPlugin,
+    ProjectConfiguration,
+)
+from trainer.data.loader import DataLoaderShard, skip_first_batches
+from trainer.errors import ConfigurationError, StrategyError, describe
+from trainer.gradient_state import GradientState
+from trainer.optimizer import AcceleratedOptimizer, AcceleratedScheduler
+from trainer.precision import Precision, resolve_precision
+from trainer.state import DistributedType, PartialState
+from trainer.strategies import Strategy, resolve_strategy
+
+__all__ = ["Accelerator"]
+
+_SCHEDULER_TYPES: tuple[type, ...] = (
+    torch.optim.lr_scheduler.LRScheduler,
+    torch.optim.lr_scheduler.ReduceLROnPlateau,
+)
+
+
+class Accelerator:
+    """Runs a hand-written training loop on any strategy and precision.
+
+    Args:
+        mixed_precision: "no", "fp16", "bf16", "fp8", any Trainer precision name
+            ("bf16-mixed", "16-true", ...) or a Precision plugin. None reads
+            ``ACCELERATE_MIXED_PRECISION`` (set by ``trainer launch``), else "no".
+        gradient_accumulation_steps: batches per optimizer step inside ``accumulate``.
+        cpu: force the CPU even when an accelerator is present.
+        strategy: a Strategy instance or a registered name; None picks single-device.
+        split_batches: shorthand for ``DataLoaderConfiguration(split_batches=...)``.
+        dataloader_config: how dataloaders are sharded (DataLoaderConfiguration).
+        project_dir / project_config: where checkpoints and tracker files go.
+        log_with: tracker names (``LoggerType`` or str), Logger instances, or a list of them.
+        gradient_accumulation_plugin: full accumulation options (exclusive with the steps arg).
+        step_scheduler_with_optimizer: prepared schedulers step only with a real optimizer step.
+        rng_types: generators synchronised across processes at each epoch.
+        kwargs_handlers: reserved for engine options (must be empty for now).
+        dynamo_backend: compile prepared models with ``torch.compile(backend=...)``.
+        device_placement: move models and batches to ``self.device``.
+
+    Example:
+        >>> accelerator = Accelerator(gradient_accumulation_steps=2)
+        >>> model, optimizer, loader = accelerator.prepare(model, optimizer, loader)
+        >>> for x, y in loader:
+        ...     with accelerator.accumulate(model):
+        ...         loss = torch.nn.functional.mse_loss(model(x), y)
+        ...         accelerator.backward(loss)
+        ...         optimizer.step()
+        ...         optimizer.zero_grad()
+    """
+
+    def __init__(
+        self,
+        mixed_precision: str | Precision | None = None,
+        gradient_accumulation_steps: int = 1,
+        cpu: bool = False,
+        strategy: str | Strategy | None = None,
+        split_batches: bool = False,
+        dataloader_config: DataLoaderConfiguration | None = None,
+        project_dir: str | os.PathLike[str] | None = None,
+        project_config: ProjectConfiguration | None = None,
+        log_with: Any = None,
+        gradient_accumulation_plugin: GradientAccumulationPlugin | None = None,
+        step_scheduler_with_optimizer: bool = True,
+        rng_types: list[str] | None = None,
+        kwargs_handlers: list[Any] | None = None,
+        dynamo_backend: str | None = None,
+        device_placement: bool = True,
+    ) -> None:
+        if gradient_accumulation_plugin is not None and gradient_accumulation_steps != 1:
+            raise ConfigurationError(
+                "Accelerator: pass either gradient_accumulation_steps or "
+                "gradient_accumulation_plugin, not both (received steps="
+                f"{gradient_accumulation_steps} and a plugin)."
+            )
+        if kwargs_handlers:
+            raise ConfigurationError(
+                f"Accelerator(kwargs_handlers={describe(kwargs_handlers)}): engine kwargs "
+                "handlers are not supported yet; configure the Strategy instance instead."
+            )
+        plugin = gradient_accumulation_plugin or GradientAccumulationPlugin(
+            num_steps=gradient_accumulation_steps
+        )
+        self.dataloader_config = dataloader_config or DataLoaderConfiguration(
+            split_batches=split_batches
+        )
+        self.project_configuration = project_config or ProjectConfiguration(project_dir=project_dir)
+        if project_dir is not None and self.project_configuration.project_dir is None:
+            self.project_configuration.set_directories(project_dir)
+        if mixed_precision is None:
+            mixed_precision = os.environ.get("ACCELERATE_MIXED_PRECISION", "no")
+        precision = resolve_precision(mixed_precision, argument="mixed_precision")
+        strategy_kwargs = {"device": "cpu"} if cpu else {}
+        self.strategy = resolve_strategy(strategy, **strategy_kwargs)
+        self.strategy.precision = precision
+        self.strategy.setup_environment()
+        self.state = PartialState(cpu=cpu)
+        self.gradient_state = GradientState(
+            num_steps=plugin.num_steps,
+            adjust_scheduler=plugin.adjust_scheduler,
+            sync_with_dataloader=plugin.sync_with_dataloader,
+            sync_each_batch=plugin.sync_each_batch,
+        )
+        self.step_scheduler_with_optimizer = step_scheduler_with_optimizer
+        self.rng_types = rng_types
+        self.dynamo_backend = None if dynamo_backend in (None, "no", "NO") else dynamo_backend
+        self.device_placement = device_placement
+        self.log_with = log_with
+        self.trackers: list[Any] = []
+        self._models: list[torch.nn.Module] = []
+        self._optimizers: list[AcceleratedOptimizer] = []
+        self._schedulers: list[AcceleratedScheduler] = []
+        self._dataloaders: list[DataLoaderShard] = []
+
+    # ---- facts --------------------------------------------------------------------------
+    @property
+    def precision(self) -> Precision:
+        """The Precision plugin in use."""
+        return self.strategy.precision
+
+    @property
+    def device(self) -> torch.device:
+        return self.strategy.root_device
+
+    @property
+    def process_index(self) -> int:
+        return self.strategy.global_rank
+
+    @property
+    def local_process_index(self) -> int:
+        return self.strategy.local_rank
+
+    @property
+    def num_processes(self) -> int:
+        return self.strategy.world_size
+
+    @property
+    def is_main_process(self) -> bool:
+        return self.strategy.global_rank == 0
+
+    @property
+    def is_local_main_process(self) -> bool:
+        return self.strategy.local_rank == 0
+
+    @property
+    def is_last_process(self) -> bool:
+        return self.process_index == self.num_processes - 1
+
+    @property
+    def distributed_type(self) -> DistributedType:
+        return self.strategy.distributed_type
+
+    @property
+    def use_distributed(self) -> bool:
+        return self.num_processes > 1
+
+    @property
+    def mixed_precision(self) -> str:
+        """Accelerate's name for the mode: "no", "fp16", "bf16" or "fp8"."""
+        return self.precision.mixed_precision
+
+    @property
+    def gradient_accumulation_steps(self) -> int:
+        return self.gradient_state.num_steps
+
+    @gradient_accumulation_steps.setter
+    def gradient_accumulation_steps(self, value: int) -> None:
+        self.gradient_state.num_steps = GradientAccumulationPlugin(num_steps=value).num_steps
+
+    @property
+    def sync_gradients(self) -> bool:
+        """Whether this batch synchronises gradients and steps the optimizer."""
+        return self.gradient_state.sync_gradients
+
+    @property
+    def optimizer_step_was_skipped(self) -> bool:
+        """Whether the last step of any prepared optimizer was skipped (fp16 inf/NaN)."""
+        return any(opt.step_was_skipped for opt in self._optimizers)
+
+    @property
+    def split_batches(self) -> bool:
+        return self.dataloader_config.split_batches
+
+    @property
+    def project_dir(self) -> str | os.PathLike[str] | None:
+        return self.project_configuration.project_dir
+
+    @property
+    def logging_dir(self) -> str | os.PathLike[str] | None:
+        return self.project_configuration.logging_dir
+
+    # ---- prepare ------------------------------------------------------------------------
+    def prepare(self, *args: Any, device_placement: list[bool] | None = None) -> Any:
+        """Prepare models, optimizers, dataloaders and schedulers, in any order; same order back.
+
+        Models go first, then dataloaders, then optimizers (which may now point at moved
+        parameters), then schedulers (which need their prepared optimizer). Anything else is
+        returned unchanged.
+
+        Example:
+            >>> model, opt, dl, sched = accelerator.prepare(model, opt, dl, sched)
+        """
+        if device_placement is not None and len(device_placement) != len(args):
+            raise ConfigurationError(
+                f"prepare(device_placement=...): got {len(device_placement)} flags for "
+                f"{len(args)} objects; give one bool per object."
+            )
+        placement = device_placement or [self.device_placement] * len(args)
+        result = list(args)
+        for index, obj in enumerate(args):
+            if isinstance(obj, torch.nn.Module):
+                result[index] = self.prepare_model(obj, device_placement=placement[index])
+            elif isinstance(obj, DataLoader):
+                result[index] = self.prepare_data_loader(obj, device_placement=placement[index])
+        for index, obj in enumerate(args):
+            if isinstance(obj, torch.optim.Optimizer):
+                result[index] = self.prepare_optimizer(obj)
+        for index, obj in enumerate(args):
+            if isinstance(obj, _SCHEDULER_TYPES):
+                result[index] = self.prepare_scheduler(obj)
+        return result[0] if len(result) == 1 else tuple(result)
+
+    def prepare_model(
+        self,
+        model: torch.nn.Module,
+        device_placement: bool | None = None,
+        evaluation_mode: bool = False,
+    ) -> torch.nn.Module:
+        """Convert, place and wrap one model through the strategy (and compile it if asked)."""
+        if device_placement is False:
+            model = self.precision.convert_module(model)
+        else:
+            model = self.strategy.setup_module(model)
+        if self.precision.compute_dtype != torch.float32 and self.precision.param_dtype is None:
+            # Mixed modes: the forward runs under autocast without the user writing it.
+            model.forward = _autocast_forward(model.forward, self.precision)
+        if self.dynamo_backend is not None:
+            model = torch.compile(model, backend=self.dynamo_backend)
+        self._models.append(model)
+        return model
+
+    def prepare_data_loader(
+        self, data_loader: DataLoader, device_placement: bool | None = None
+    ) -> DataLoaderShard:
+        """Wrap a DataLoader for this process: placement, end-of-data tracking, input cast."""
+        if self.num_processes > 1:
+            raise StrategyError(
+                f"prepare: sharding a DataLoader over {self.num_processes} processes is not "
+                "available in this version (it arrives with the multi-process strategies)."
+            )
+        place = self.device_placement if device_placement is None else device_placement
+        shard = DataLoaderShard(
+            data_loader,
+            device=self.device if place else None,
+            gradient_state=self.gradient_state,
+            transform=self.precision.convert_input
+            if self.precision.param_dtype is not None
+            else None,
+        )
+        self._dataloaders.append(shard)
+        return shard
+
+    def prepare_optimizer(self, optimizer: torch.optim.Optimizer) -> AcceleratedOptimizer:
+        """Wrap an optimizer so it steps through the strategy and honours accumulation."""
+        if isinstance(optimizer, AcceleratedOptimizer):
+            return optimizer
+        optimizer = self.strategy.setup_optimizer(optimizer)
+        wrapped = AcceleratedOptimizer(optimizer, self.strategy, self.gradient_state)
+        self._optimizers.append(wrapped)
+        return wrapped
+
+    def prepare_scheduler(self, scheduler: Any) -> AcceleratedScheduler:
+        """Wrap a scheduler so it steps with its (prepared) optimizer."""
+        owners = [
+            opt
+            for opt in self._optimizers
+            if opt.optimizer is scheduler.optimizer or opt is scheduler.optimizer
+        ]
+        if not owners:
+            raise ConfigurationError(
+                f"prepare: the scheduler {type(scheduler).__name__} belongs to an optimizer that "
+                "was not prepared. Pass its optimizer to accelerator.prepare too (same call or "
+                "before)."
+            )
+        scheduler.optimizer = owners[0].optimizer
+        wrapped = AcceleratedScheduler(
+            scheduler,
+            owners,
+            self.gradient_state,
+            step_with_optimizer=self.step_scheduler_with_optimizer,
+            split_batches=self.split_batches,
+            num_processes=self.num_processes,
+        )
+        self._schedulers.append(wrapped)
+        return wrapped
+
+    # ---- training -----------------------------------------------------------------------
+    def backward(self, loss: torch.Tensor, **kwargs: Any) -> None:
+        """Backpropagate ``loss`` divided by the accumulation steps, scaled where needed."""
+        if self.gradient_state.num_steps > 1:
+            loss = loss / self.gradient_state.num_steps
+        self.strategy.backward(loss, self._models[0] if self._models else None, **kwargs)
+
+    def accumulate(self, *models: torch.nn.Module) -> contextlib.AbstractContextManager[Any]:
+        """Accumulate gradients over ``gradient_accumulation_steps`` batches.
+
+        Inside, ``sync_gradients`` says whether this batch steps; prepared optimizers step and
+        zero gradients only then, and gradient synchronisation across processes is skipped on
+        the other batches. The last batch of a prepared dataloader always steps.
+        """
+        is_syncing = self.gradient_state.advance()
+        if is_syncing or self.gradient_state.sync_each_batch or not models:
+            return _NOTHING
+        stack = contextlib.ExitStack()
+        for model in models:
+            stack.enter_context(self.strategy.no_backward_sync(model))
+        return stack
+
+    @contextlib.contextmanager
+    def no_sync(self, model: torch.nn.Module) -> Iterator[None]:
+        """Skip the gradient synchronisation of ``model`` inside the block."""
+        with self.strategy.no_backward_sync(model):
+            yield
+
+    def autocast(self) -> contextlib.AbstractContextManager[Any]:
+        """Run the block under the precision plugin's autocast (no-op for true precisions)."""
+        return self.precision.autocast()
+
+    def unscale_gradients(self, optimizer: torch.optim.Optimizer | None = None) -> None:
+        """Undo loss scaling on the gradients of ``optimizer`` (or of every prepared one)."""
+        optimizers = [optimizer] if optimizer is not None else self._optimizers
+        for opt in optimizers:
+            self.precision.unscale_gradients(getattr(opt, "optimizer", opt))
+
+    def clip_grad_norm_(
+        self, parameters: Iterable[torch.Tensor], max_norm: float, norm_type: float = 2.0
+    ) -> torch.Tensor:
+        """Clip the total gradient norm to ``max_norm`` after unscaling; return the norm."""
+        self.unscale_gradients()
+        model = self._models[0] if self._models else None
+        return self.strategy.clip_grad_norm_(model, parameters, max_norm, norm_type)
+
+    def clip_grad_value_(self, parameters: Iterable[torch.Tensor], clip_value: float) -> None:
+        """Clamp each gradient element to ``[-clip_value, clip_value]`` after unscaling."""
+        self.unscale_gradients()
+        torch.nn.utils.clip_grad_value_(parameters, clip_value)
+
+    def unwrap_model(
+        self, model: torch.nn.Module, keep_fp32_wrapper: bool = True
+    ) -> torch.nn.Module:
+        """The user's module inside compile, engine and autocast wrappers."""
+        model = getattr(model, "_orig_mod", model)  # torch.compile
+        model = self.strategy.unwrap_module(model)
+        if not keep_fp32_wrapper and isinstance(model.forward, _AutocastForward):
+            model.forward = model.forward.original
+        return model
+
+    # ---- collectives --------------------------------------------------------------------
+    def gather(self, tensor: Any) -> Any:
+        """Concatenate ``tensor`` (or a nest of them) from every process along dim 0.
+
+        0-dim tensors become shape ``(num_processes,)``.
+        """
+        return collectives.gather(self.strategy, tensor)
+
+    def gather_for_metrics(self, input_data: Any, use_gather_object: bool = False) -> Any:
+        """Gather for metric computation, dropping the samples ``even_batches`` duplicated.
+
+        With 2 processes, batch size 5 and 9 samples, the last gathered batch holds 10 rows of
+        which the last one repeats the first sample; it is dropped so the metric sees 9.
+        """
+        return collectives.gather_for_metrics(
+            self.strategy, self.gradient_state, input_data, use_gather_object=use_gather_object
+        )
+
+    def reduce(self, tensor: Any, reduction: str = "sum", scale: float = 1.0) -> Any:
+        """Reduce ``tensor`` (or a nest) over processes with "sum", "mean" or "none"."""
+        return collectives.reduce(self.strategy, tensor, reduction, scale)
+
+    def pad_across_processes(
+        self, tensor: Any, dim: int = 0, pad_index: int = 0, pad_first: bool = False
+    ) -> Any:
+        """Pad ``tensor`` along ``dim`` to the largest size on any process, so it can be gathered."""
+        return collectives.pad_across_processes(self.strategy, tensor, dim, pad_index, pad_first)
+
+    def broadcast(self, tensor: Any, from_process: int = 0) -> Any:
+        """Give every process the value of ``tensor`` (or a nest) on ``from_process``."""
+        return collectives.broadcast(self.strategy, tensor, from_process)
+
+    def wait_for_everyone(self) -> None:
+        """Block until every process reaches this point."""
+        self.strategy.barrier()
+
+    def split_between_processes(
+        self, inputs: Any, apply_padding: bool = False
+    ) -> contextlib.AbstractContextManager[Any]:
+        """Context manager giving each process its slice of ``inputs`` (see PartialState)."""
+        return self.state.split_between_processes(inputs, apply_padding=apply_padding)
+
+    @contextlib.contextmanager
+    def main_process_first(self) -> Iterator[None]:
+        """Run the block on the main process first (e.g. to download or preprocess once)."""
+        with self._first(self.is_main_process):
+            yield
+
+    @contextlib.contextmanager
+    def local_main_process_first(self) -> Iterator[None]:
+        """Run the block on each machine's main process first."""
+        with self._first(self.is_local_main_process):
+            yield
+
+    @contextlib.contextmanager
+    def _first(self, is_first: bool) -> Iterator[None]:
+        if not is_first:
+            self.wait_for_everyone()
+        yield
+        if is_first:
+            self.wait_for_everyone()
+
+    def print(self, *args: Any, **kwargs: Any) -> None:
+        """``print`` once per machine (on the local main process)."""
+        if self.is_local_main_process:
+            print(*args, **kwargs)
+
+    def on_main_process(self, function: Callable[..., Any]) -> Callable[..., Any]:
+        """Decorator: run ``function`` on the main process only (returns None elsewhere)."""
+
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            return function(*args, **kwargs) if self.is_main_process else None
+
+        return wrapper
+
+    def skip_first_batches(self, dataloader: Any, num_batches: int = 0) -> Any:
+        """A loader that resumes ``dataloader`` at batch ``num_batches``."""
+        return skip_first_batches(dataloader, num_batches)
+
+    # ---- trackers -----------------------------------------------------------------------
+    def init_trackers(
+        self,
+        project_name: str,
+        config: dict[str, Any] | None = None,
+        init_kwargs: dict[str, dict[str, Any]] | None = None,
+    ) -> None:
+        """Start the trackers named in ``log_with`` for ``project_name`` (main process only)."""
+        from trainer.loggers.registry import build_trackers
+
+        if not self.is_main_process:
+            return
+        self.trackers = build_trackers(
+            self.log_with,
+            project_name=project_name,
+            logging_dir=self.logging_dir,
+            init_kwargs=init_kwargs or {},
+        )
+        if config is not None:
+            for tracker in self.trackers:
+                tracker.log_hyperparams(dict(config))
+
+    def log(
+        self,
+        values: dict[str, Any],
+        step: int | None = None,
+        log_kwargs: dict[str, Any] | None = None,
+    ) -> None:
+        """Send ``values`` to every tracker (main process only); tensors are read here."""
+        if not self.is_main_process or not self.trackers:
+            return
+        metrics = {k: (float(v) if isinstance(v, torch.Tensor) else v) for k, v in values.items()}
+        for tracker in self.trackers:
+            tracker.log_metrics(metrics, step if step is not None else 0)
+
+    def get_tracker(self, name: str, unwrap: bool = False) -> Any:
+        """The tracker whose ``name`` (e.g. "csv") matches; its backend object if ``unwrap``."""
+        for tracker in self.trackers:
+            if getattr(tracker, "tracker_name", None) == name or type(
+                tracker
+            ).__name__.lower().startswith(name.lower()):
+                return tracker.experiment if unwrap else tracker
+        raise ConfigurationError(
+            f"get_tracker({name!r}): no such tracker was started; started: "
+            f"{[type(t).__name__ for t in self.trackers]}. Pass it in Accelerator(log_with=...) "
+            "and call init_trackers first."
+        )
+
+    def end_training(self) -> None:
+        """Finish every tracker's run and release the strategy's resources."""
+        for tracker in self.trackers:
+            tracker.finalize("success")
+        self.trackers = []
+
+    def free_memory(self) -> None:
+        """Drop references to everything prepared and empty the device cache."""
+        self._models.clear()
+        self._optimizers.clear()
+        self._schedulers.clear()
+        self._dataloaders.clear()
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+
+    def __repr__(self) -> str:
+        return (
+            f"Accelerator(strategy={self.strategy!r}, mixed_precision={self.mixed_precision!r}, "
+            f"gradient_accumulation_steps={self.gradient_accumulation_steps})"
+        )
+
+
+_NOTHING = contextlib.nullcontext()  # reusable: entering it has no state
+
+
+class _AutocastForward:
+    """A model's forward run under the precision plugin's autocast (kept unwrappable)."""
+
+    def __init__(self, original: Callable[..., Any], precision: Precision) -> None:
+        self.original = original
+        self.precision = precision
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        with self.precision.autocast():
+            return self.original(*args, **kwargs)
+
+
+def _autocast_forward(forward: Callable[..., Any], precision: Precision) -> _AutocastForward:
+    return _AutocastForward(forward, precision)

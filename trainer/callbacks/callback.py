@@ -1,0 +1,124 @@
+"""The Callback base class: every hook the Trainer calls, as a no-op.
+
+A callback observes the Trainer through its public attributes and these hooks only. The Trainer
+calls the TrainModule's hook first, then each callback's, in list order (DESIGN §3).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import torch
+
+    from trainer.module import TrainModule
+    from trainer.trainer import Trainer
+
+__all__ = ["Callback"]
+
+
+class Callback:
+    """Base class for callbacks; override the hooks you need.
+
+    Example:
+        >>> class PrintLoss(Callback):
+        ...     def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx):
+        ...         if batch_idx % 100 == 0:
+        ...             print(trainer.global_step, float(outputs["loss"]))
+    """
+
+    @property
+    def state_key(self) -> str:
+        """Key of this callback's ``state_dict`` in a checkpoint; unique per class and arguments."""
+        return type(self).__qualname__
+
+    def state_dict(self) -> dict[str, Any]:
+        """State saved in checkpoints (JSON-able values and tensors)."""
+        return {}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Restore what :meth:`state_dict` returned."""
+
+    def setup(self, trainer: Trainer, module: TrainModule, stage: str) -> None: ...
+    def teardown(self, trainer: Trainer, module: TrainModule, stage: str) -> None: ...
+    def on_fit_start(self, trainer: Trainer, module: TrainModule) -> None: ...
+    def on_fit_end(self, trainer: Trainer, module: TrainModule) -> None: ...
+    def on_sanity_check_start(self, trainer: Trainer, module: TrainModule) -> None: ...
+    def on_sanity_check_end(self, trainer: Trainer, module: TrainModule) -> None: ...
+    def on_train_start(self, trainer: Trainer, module: TrainModule) -> None: ...
+    def on_train_end(self, trainer: Trainer, module: TrainModule) -> None: ...
+    def on_train_epoch_start(self, trainer: Trainer, module: TrainModule) -> None: ...
+    def on_train_epoch_end(self, trainer: Trainer, module: TrainModule) -> None: ...
+
+    def on_train_batch_start(
+        self, trainer: Trainer, module: TrainModule, batch: Any, batch_idx: int
+    ) -> None: ...
+
+    def on_train_batch_end(
+        self, trainer: Trainer, module: TrainModule, outputs: Any, batch: Any, batch_idx: int
+    ) -> None: ...
+
+    def on_before_backward(
+        self, trainer: Trainer, module: TrainModule, loss: torch.Tensor
+    ) -> None: ...
+
+    def on_after_backward(self, trainer: Trainer, module: TrainModule) -> None: ...
+
+    def on_before_optimizer_step(
+        self, trainer: Trainer, module: TrainModule, optimizer: torch.optim.Optimizer
+    ) -> None: ...
+
+    def on_before_zero_grad(
+        self, trainer: Trainer, module: TrainModule, optimizer: torch.optim.Optimizer
+    ) -> None: ...
+
+    def on_validation_start(self, trainer: Trainer, module: TrainModule) -> None: ...
+    def on_validation_end(self, trainer: Trainer, module: TrainModule) -> None: ...
+    def on_validation_epoch_start(self, trainer: Trainer, module: TrainModule) -> None: ...
+    def on_validation_epoch_end(self, trainer: Trainer, module: TrainModule) -> None: ...
+
+    def on_validation_batch_start(
+        self, trainer: Trainer, module: TrainModule, batch: Any, batch_idx: int
+    ) -> None: ...
+
+    def on_validation_batch_end(
+        self, trainer: Trainer, module: TrainModule, outputs: Any, batch: Any, batch_idx: int
+    ) -> None: ...
+
+    def on_test_start(self, trainer: Trainer, module: TrainModule) -> None: ...
+    def on_test_end(self, trainer: Trainer, module: TrainModule) -> None: ...
+    def on_test_epoch_start(self, trainer: Trainer, module: TrainModule) -> None: ...
+    def on_test_epoch_end(self, trainer: Trainer, module: TrainModule) -> None: ...
+
+    def on_test_batch_start(
+        self, trainer: Trainer, module: TrainModule, batch: Any, batch_idx: int
+    ) -> None: ...
+
+    def on_test_batch_end(
+        self, trainer: Trainer, module: TrainModule, outputs: Any, batch: Any, batch_idx: int
+    ) -> None: ...
+
+    def on_predict_start(self, trainer: Trainer, module: TrainModule) -> None: ...
+    def on_predict_end(self, trainer: Trainer, module: TrainModule) -> None: ...
+    def on_predict_epoch_start(self, trainer: Trainer, module: TrainModule) -> None: ...
+    def on_predict_epoch_end(self, trainer: Trainer, module: TrainModule) -> None: ...
+
+    def on_predict_batch_start(
+        self, trainer: Trainer, module: TrainModule, batch: Any, batch_idx: int
+    ) -> None: ...
+
+    def on_predict_batch_end(
+        self, trainer: Trainer, module: TrainModule, outputs: Any, batch: Any, batch_idx: int
+    ) -> None: ...
+
+    def on_save_checkpoint(
+        self, trainer: Trainer, module: TrainModule, checkpoint: dict[str, Any]
+    ) -> None: ...
+
+    def on_load_checkpoint(
+        self, trainer: Trainer, module: TrainModule, checkpoint: dict[str, Any]
+    ) -> None: ...
+
+    def on_exception(
+        self, trainer: Trainer, module: TrainModule, exception: BaseException
+    ) -> None: ...

@@ -1,0 +1,299 @@
+"""RichProgressBar: the live progress display, or plain log lines when stdout is not a terminal.
+
+This module owns how progress is shown: a `rich` live bar per stage on a terminal, and periodic
+one-line summaries elsewhere (CI, SLURM, pytest capture). It reads public Trainer attributes
+only and computes no metric; values come from ``trainer.progress_bar_metrics``. `rich` is
+imported when a display starts, never when this module is imported (DESIGN §1).
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+from collections.abc import Mapping
+from time import monotonic
+from typing import TYPE_CHECKING, Any
+
+from trainer._imports import require
+from trainer.callbacks.callback import Callback
+from trainer.errors import ConfigurationError, describe
+
+if TYPE_CHECKING:
+    from rich.console import Console
+    from rich.progress import Progress, TaskID
+
+    from trainer.module import TrainModule
+    from trainer.trainer import Trainer
+
+__all__ = ["RichProgressBar"]
+
+_NEVER = sys.maxsize  # a batch count no run reaches: turns the per-batch check off
+_RICH = {"extra": "all", "feature": "RichProgressBar"}  # rich is a core dependency of every extra
+_EVAL_NAMES = {"validate": "Validation", "test": "Testing", "predict": "Predicting"}
+_EVAL_TOTALS = {"test": "num_test_batches", "predict": "num_predict_batches"}
+
+
+class RichProgressBar(Callback):
+    """Show progress with a `rich` live bar, or with plain log lines when not on a terminal.
+
+    Per-batch hooks only count and compare. The display and ``trainer.progress_bar_metrics``
+    are touched once every ``refresh_rate_s`` seconds (live bar) or ``plain_every_n_steps``
+    batches (plain lines), and at each epoch end. Only global rank zero prints.
+
+    Args:
+        refresh_rate_s: seconds between two redraws of the live bar; 0 redraws every batch.
+        leave: keep each finished epoch bar (and a finished validate/test/predict bar) on screen.
+        console: the `rich.console.Console` to draw on; defaults to one on stdout. Its
+            ``is_terminal`` chooses between the live bar and plain lines.
+        plain_every_n_steps: batches between two plain lines; None uses the Trainer's
+            ``log_every_n_steps`` (50 by default).
+
+    Raises:
+        ConfigurationError: ``refresh_rate_s`` is negative or ``plain_every_n_steps`` is below 1.
+
+    Example:
+        >>> bar = RichProgressBar(refresh_rate_s=0.5, plain_every_n_steps=100)
+        >>> # Off a terminal, with 300 batches per epoch: lines at batches 100 and 200, then
+        >>> # "Epoch 1/3  step 300/300  loss=0.4312  val/acc=0.91  12.3 it/s  elapsed 0:00:24"
+    """
+
+    def __init__(
+        self,
+        refresh_rate_s: float = 0.1,
+        leave: bool = True,
+        console: Console | None = None,
+        plain_every_n_steps: int | None = None,
+    ) -> None:
+        if type(refresh_rate_s) not in (int, float) or refresh_rate_s < 0:  # bool is refused
+            raise _option_error("refresh_rate_s", "a number >= 0", refresh_rate_s, "0.1")
+        every_n = plain_every_n_steps
+        if every_n is not None and (type(every_n) is not int or every_n < 1):
+            raise _option_error("plain_every_n_steps", "an int >= 1 or None", every_n, "50")
+        self.refresh_rate_s = float(refresh_rate_s)
+        self.leave = leave
+        self.plain_every_n_steps = plain_every_n_steps
+        self._console = console
+        self._every_n = 50
+        self._reset()
+
+    def _reset(self) -> None:
+        """Forget the running stage; the next stage start chooses the mode again."""
+        self._mode: str | None = None  # "live", "plain" or "off"
+        self._progress: Progress | None = None
+        self._train_task: TaskID | None = None
+        self._eval_task: TaskID | None = None
+        self._eval_name, self._is_eval_in_fit = "Validation", False
+        self._count = self._eval_count = 0  # batches done in this epoch / evaluation
+        self._due_count = self._eval_due_count = _NEVER  # counts from which the clock is read
+        self._due_time = math.inf  # next redraw (live); -inf in plain mode
+        self._epoch_start = self._eval_start = 0.0
+        self._total: float | None = None
+        self._eval_total: float | None = None
+
+    def on_train_batch_end(
+        self, trainer: Trainer, module: TrainModule, outputs: Any, batch: Any, batch_idx: int
+    ) -> None:
+        self._count += 1
+        if self._count >= self._due_count and monotonic() >= self._due_time:
+            self._refresh(trainer, is_train=True)
+
+    def on_validation_batch_end(
+        self, trainer: Trainer, module: TrainModule, outputs: Any, batch: Any, batch_idx: int
+    ) -> None:
+        self._eval_count += 1
+        if self._eval_count >= self._eval_due_count and monotonic() >= self._due_time:
+            self._refresh(trainer, is_train=False)
+
+    on_test_batch_end = on_predict_batch_end = on_validation_batch_end
+
+    def on_train_epoch_start(self, trainer: Trainer, module: TrainModule) -> None:
+        self._start(trainer)
+        self._count, self._epoch_start = 0, monotonic()
+        total = trainer.num_training_batches
+        self._total = total if math.isfinite(total) else None
+        if self._mode == "plain":
+            self._due_count = self._every_n
+        elif self._mode == "live":
+            name = _epoch_name(trainer)
+            self._train_task = self._progress.add_task(name, total=self._total, metrics="")
+            self._due_count = 0
+            self._refresh(trainer, is_train=True)
+
+    def on_train_epoch_end(self, trainer: Trainer, module: TrainModule) -> None:
+        self._due_count = _NEVER
+        if self._mode == "plain":
+            self._print_line(trainer, is_train=True, is_end=True)
+        elif self._mode == "live" and self._train_task is not None:
+            self._update_live(trainer, self._train_task, self._count)
+            self._finish_task(self._train_task, keep=self.leave)
+            self._train_task = None
+
+    def on_validation_start(self, trainer: Trainer, module: TrainModule) -> None:
+        self._start(trainer)
+        stage = trainer.state.stage
+        stage = str(getattr(stage, "value", stage))  # a str, or an enum whose value is one
+        total = getattr(trainer, _EVAL_TOTALS.get(stage, "num_val_batches"))
+        self._eval_count, self._eval_start = 0, monotonic()
+        self._eval_total = total if math.isfinite(total) else None
+        self._is_eval_in_fit = trainer.sanity_checking or stage == "fit"
+        name = _EVAL_NAMES.get(stage, "Validation")
+        self._eval_name = "Sanity Checking" if trainer.sanity_checking else name
+        if self._mode == "plain" and not self._is_eval_in_fit:
+            # Inside fit the epoch-end line reports validation; a stand-alone run prints its own.
+            self._eval_due_count = self._every_n
+        elif self._mode == "live":
+            total = self._eval_total
+            self._eval_task = self._progress.add_task(self._eval_name, total=total, metrics="")
+            self._eval_due_count = 0
+            self._progress.refresh()
+
+    on_test_start = on_predict_start = on_validation_start
+
+    def on_validation_end(self, trainer: Trainer, module: TrainModule) -> None:
+        self._eval_due_count = _NEVER
+        if self._mode == "plain" and not self._is_eval_in_fit:
+            self._print_line(trainer, is_train=False, is_end=True)
+        elif self._mode == "live" and self._eval_task is not None:
+            self._update_live(trainer, self._eval_task, self._eval_count)
+            self._finish_task(self._eval_task, keep=self.leave and not self._is_eval_in_fit)
+            self._eval_task = None
+            if self._train_task is not None:  # show the new validation metrics on the train bar
+                self._update_live(trainer, self._train_task, self._count)
+                self._progress.refresh()
+
+    on_test_end = on_predict_end = on_validation_end
+
+    def teardown(self, trainer: Trainer, module: TrainModule, stage: str) -> None:
+        self._stop()
+
+    def on_exception(self, trainer: Trainer, module: TrainModule, exception: BaseException) -> None:
+        self._stop()
+
+    def _start(self, trainer: Trainer) -> None:
+        """Choose the mode once per stage; the console (and rich) is only needed from here."""
+        if self._mode is not None:
+            return
+        if not trainer.is_global_zero:
+            self._mode = "off"
+            return
+        if self._console is None:
+            self._console = require("rich.console", **_RICH).Console()
+        self._every_n = max(1, int(self.plain_every_n_steps or trainer.log_every_n_steps))
+        if not self._console.is_terminal:
+            self._mode, self._due_time = "plain", -math.inf
+            return
+        self._mode, self._due_time = "live", 0.0
+        self._progress = _make_progress(self._console)
+        self._progress.start()
+
+    def _refresh(self, trainer: Trainer, *, is_train: bool) -> None:
+        """Redraw the live bar, or print a plain line; runs once per refresh, not per batch."""
+        if self._mode == "live":
+            self._due_time = monotonic() + self.refresh_rate_s
+            if is_train:
+                self._update_live(trainer, self._train_task, self._count)
+            else:  # evaluation metrics exist only once the evaluation ends
+                self._progress.update(self._eval_task, completed=self._eval_count)
+            self._progress.refresh()
+        elif is_train:
+            self._due_count += self._every_n
+            if self._count != self._total:  # the epoch-end line reports the last batch
+                self._print_line(trainer, is_train=True, is_end=False)
+        else:
+            self._eval_due_count += self._every_n
+            if self._eval_count != self._eval_total:
+                self._print_line(trainer, is_train=False, is_end=False)
+
+    def _print_line(self, trainer: Trainer, *, is_train: bool, is_end: bool) -> None:
+        """One plain line: an ETA while running, the elapsed time at the end."""
+        if is_train:
+            name, count, total = _epoch_name(trainer), self._count, self._total
+            seconds = monotonic() - self._epoch_start
+        else:
+            name, count, total = self._eval_name, self._eval_count, self._eval_total
+            seconds = monotonic() - self._eval_start
+        metrics = {} if name == "Predicting" else trainer.progress_bar_metrics
+        line = _format_plain_line(name, count, total, metrics, seconds, is_end)
+        self._console.print(line, markup=False, highlight=False, soft_wrap=True)
+
+    def _update_live(self, trainer: Trainer, task: TaskID, count: int) -> None:
+        metrics = _format_metrics(trainer.progress_bar_metrics)
+        self._progress.update(task, completed=count, metrics=metrics)
+
+    def _finish_task(self, task: TaskID, *, keep: bool) -> None:
+        """Take a finished bar out of the live area (which would grow), printing it above."""
+        progress = self._progress
+        if keep:
+            done = [t for t in progress.tasks if t.id == task]
+            progress.console.print(progress.make_tasks_table(done))
+        progress.remove_task(task)
+        progress.refresh()
+
+    def _stop(self) -> None:
+        """Stop the live display (idempotent), so nothing is left drawing after a stage."""
+        if self._progress is not None:
+            self._progress.stop()
+        self._reset()
+
+
+def _format_plain_line(
+    name: str, count: int, total: float | None, metrics: dict[str, Any], secs: float, is_end: bool
+) -> str:
+    """One plain line, e.g. ``Epoch 1/3  step 120/300  loss=0.4312  12.3 it/s  ETA 0:00:14``."""
+    unit = "step" if name.startswith("Epoch") else "batch"
+    parts = [name, f"{unit} {count}" if total is None else f"{unit} {count}/{int(total)}"]
+    if metrics:
+        parts.append(_format_metrics(metrics))
+    rate = count / secs if secs > 0 and count else None
+    if rate is not None:
+        parts.append(f"{rate:.1f} it/s" if rate >= 1 else f"{rate:.2g} it/s")
+    if is_end:
+        parts.append(f"elapsed {_format_duration(secs)}")
+    elif rate is not None and total is not None:
+        parts.append(f"ETA {_format_duration((total - count) / rate)}")
+    return "  ".join(parts)
+
+
+def _option_error(name: str, expected: str, value: object, example: str) -> ConfigurationError:
+    return ConfigurationError(
+        f"RichProgressBar({name}=...) expected {expected}, received {describe(value)}. "
+        f"Pass e.g. {name}={example}."
+    )
+
+
+def _format_value(value: Any) -> str:
+    if hasattr(value, "item"):  # a 0-dim tensor or numpy scalar that slipped through
+        value = value.item()
+    return f"{value:.4g}" if isinstance(value, float) else str(value)
+
+
+def _format_metrics(metrics: Mapping[str, Any]) -> str:
+    return "  ".join(f"{name}={_format_value(value)}" for name, value in metrics.items())
+
+
+def _format_duration(seconds: float) -> str:
+    minutes, secs = divmod(max(0, round(seconds)), 60)
+    return f"{minutes // 60}:{minutes % 60:02d}:{secs:02d}"
+
+
+def _epoch_name(trainer: Trainer) -> str:
+    max_epochs, epoch = trainer.max_epochs, trainer.current_epoch + 1  # shown 1-based
+    return f"Epoch {epoch}/{max_epochs}" if max_epochs and max_epochs > 0 else f"Epoch {epoch}"
+
+
+def _make_progress(console: Console) -> Progress:
+    """Build the Progress: no auto refresh, so no thread reads our state between redraws."""
+    rp, text = require("rich.progress", **_RICH), require("rich.text", **_RICH)
+
+    class _RateColumn(rp.ProgressColumn):
+        def render(self, task: Any) -> Any:
+            speed = task.finished_speed or task.speed
+            return text.Text(
+                "" if speed is None else f"{speed:.1f} it/s", style="progress.data.speed"
+            )
+
+    columns = [rp.TextColumn("[progress.description]{task.description}"), rp.BarColumn()]
+    columns += [rp.MofNCompleteColumn(), rp.TimeElapsedColumn(), rp.TextColumn("ETA")]
+    columns += [rp.TimeRemainingColumn(), _RateColumn()]
+    columns.append(rp.TextColumn("{task.fields[metrics]}", markup=False))
+    return rp.Progress(*columns, console=console, auto_refresh=False)

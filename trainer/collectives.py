@@ -1,0 +1,134 @@
+"""Collective operations over nested structures of tensors, built on the Strategy's four verbs.
+
+The Accelerator's ``gather`` / ``gather_for_metrics`` / ``reduce`` / ``pad_across_processes`` /
+``broadcast`` live here so the facade stays thin. With one process each is the identity
+(``gather`` of a 0-dim tensor still returns shape ``(1,)``, as in Accelerate).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from trainer.errors import ConfigurationError
+
+if TYPE_CHECKING:
+    from trainer.gradient_state import GradientState
+    from trainer.strategies import Strategy
+
+__all__ = [
+    "broadcast",
+    "gather",
+    "gather_for_metrics",
+    "map_tensors",
+    "pad_across_processes",
+    "reduce",
+]
+
+
+def map_tensors(function: Callable[[torch.Tensor], Any], data: Any) -> Any:
+    """Apply ``function`` to every tensor in a nest of dicts, lists, tuples and namedtuples."""
+    if isinstance(data, torch.Tensor):
+        return function(data)
+    if isinstance(data, dict):
+        return type(data)({k: map_tensors(function, v) for k, v in data.items()})
+    if isinstance(data, tuple) and hasattr(data, "_fields"):
+        return type(data)(*(map_tensors(function, v) for v in data))
+    if isinstance(data, list | tuple):
+        return type(data)(map_tensors(function, v) for v in data)
+    return data
+
+
+def gather(strategy: Strategy, data: Any) -> Any:
+    def _gather(tensor: torch.Tensor) -> torch.Tensor:
+        if tensor.ndim == 0:
+            tensor = tensor.unsqueeze(0)
+        stacked = strategy.all_gather(tensor.contiguous())
+        return stacked.reshape(-1, *tensor.shape[1:])
+
+    return map_tensors(_gather, data)
+
+
+def gather_for_metrics(
+    strategy: Strategy, gradient_state: GradientState, data: Any, use_gather_object: bool = False
+) -> Any:
+    if use_gather_object or not _has_tensor(data):
+        gathered = _gather_objects(strategy, data)
+    else:
+        gathered = gather(strategy, data)
+    remainder = gradient_state.remainder
+    if gradient_state.end_of_dataloader and remainder > 0:
+        # The last batch was completed with samples from the start: keep only the real ones.
+        return (
+            map_tensors(lambda t: t[:remainder], gathered)
+            if not isinstance(gathered, list)
+            else gathered[:remainder]
+        )
+    return gathered
+
+
+def _has_tensor(data: Any) -> bool:
+    found = False
+
+    def _mark(tensor: torch.Tensor) -> torch.Tensor:
+        nonlocal found
+        found = True
+        return tensor
+
+    map_tensors(_mark, data)
+    return found
+
+
+def _gather_objects(strategy: Strategy, data: Any) -> list[Any]:
+    if strategy.world_size == 1:
+        return list(data) if isinstance(data, list | tuple) else [data]
+    gathered: list[Any] = [None] * strategy.world_size
+    torch.distributed.all_gather_object(gathered, data)
+    flat: list[Any] = []
+    for item in gathered:
+        flat.extend(item if isinstance(item, list | tuple) else [item])
+    return flat
+
+
+_REDUCTIONS = ("sum", "mean", "none")
+
+
+def reduce(strategy: Strategy, data: Any, reduction: str = "sum", scale: float = 1.0) -> Any:
+    if reduction not in _REDUCTIONS:
+        raise ConfigurationError(f"reduce(reduction={reduction!r}): expected one of {_REDUCTIONS}.")
+
+    def _reduce(tensor: torch.Tensor) -> torch.Tensor:
+        if reduction == "none":
+            return tensor
+        reduced = strategy.all_reduce(tensor.clone(), op=reduction)
+        return reduced * scale if scale != 1.0 else reduced
+
+    return map_tensors(_reduce, data)
+
+
+def pad_across_processes(
+    strategy: Strategy, data: Any, dim: int = 0, pad_index: int = 0, pad_first: bool = False
+) -> Any:
+    def _pad(tensor: torch.Tensor) -> torch.Tensor:
+        if tensor.ndim == 0 or dim >= tensor.ndim or dim < -tensor.ndim:
+            return tensor
+        size = torch.tensor([tensor.shape[dim]], device=tensor.device)
+        max_size = int(strategy.all_gather(size).max())
+        if max_size == tensor.shape[dim]:
+            return tensor
+        new_shape = list(tensor.shape)
+        new_shape[dim] = max_size
+        padded = tensor.new_full(new_shape, pad_index)
+        start = max_size - tensor.shape[dim] if pad_first else 0
+        index = [slice(None)] * tensor.ndim
+        index[dim] = slice(start, start + tensor.shape[dim])
+        padded[tuple(index)] = tensor
+        return padded
+
+    return map_tensors(_pad, data)
+
+
+def broadcast(strategy: Strategy, data: Any, from_process: int = 0) -> Any:
+    return map_tensors(lambda tensor: strategy.broadcast(tensor, src=from_process), data)

@@ -1,0 +1,55 @@
+"""GradientState: one Accelerator's accumulation bookkeeping (not shared between Accelerators)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+__all__ = ["GradientState"]
+
+
+@dataclass
+class GradientState:
+    """Whether this batch synchronises gradients and steps, and where the dataloader is.
+
+    ``step`` counts batches inside the accumulation window; ``end_of_dataloader`` is set by the
+    prepared dataloader while its last batch is in use.
+    """
+
+    num_steps: int = 1
+    adjust_scheduler: bool = True
+    sync_with_dataloader: bool = True
+    sync_each_batch: bool = False
+    sync_gradients: bool = True
+    step: int = 0
+    end_of_dataloader: bool = False
+    remainder: int = -1
+    active_dataloaders: list[Any] = field(default_factory=list)
+
+    def begin_batch(self, dataloader: Any, is_last: bool) -> None:
+        """Called by a prepared dataloader before it yields each batch."""
+        if not self.active_dataloaders or self.active_dataloaders[-1] is not dataloader:
+            self.active_dataloaders.append(dataloader)
+        self.end_of_dataloader = is_last
+        self.remainder = dataloader.remainder
+
+    def end_iteration(self, dataloader: Any) -> None:
+        """Called by a prepared dataloader when its iteration ends (exhausted or abandoned)."""
+        if dataloader in self.active_dataloaders:
+            self.active_dataloaders.remove(dataloader)
+        self.end_of_dataloader = False
+        self.remainder = self.active_dataloaders[-1].remainder if self.active_dataloaders else -1
+
+    def advance(self) -> bool:
+        """Count one batch; decide and return whether it synchronises (and steps)."""
+        self.step += 1
+        if self.sync_with_dataloader and self.end_of_dataloader:
+            self.step = 0
+            self.sync_gradients = True
+        else:
+            self.sync_gradients = self.step % self.num_steps == 0
+        return self.sync_gradients
+
+    @property
+    def in_dataloader(self) -> bool:
+        return bool(self.active_dataloaders)

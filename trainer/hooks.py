@@ -1,0 +1,168 @@
+"""The hook names and their order, published as data.
+
+The Trainer's dispatcher checks every name it calls against :data:`CALLBACK_HOOKS`; the hook-order
+test and the documentation page are both generated from :data:`FIT_ORDER` and :func:`fit_sequence`
+so the three can never disagree. This module owns names and order only; the calls live in
+`trainer/trainer.py`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+__all__ = [
+    "CALLBACK_HOOKS",
+    "EVAL_STAGES",
+    "FIT_ORDER",
+    "OPTIMIZER_HOOKS",
+    "Block",
+    "eval_sequence",
+    "fit_sequence",
+]
+
+EVAL_STAGES = ("validation", "test", "predict")
+
+
+def _eval_hooks(stage: str) -> tuple[str, ...]:
+    return (
+        f"on_{stage}_start",
+        f"on_{stage}_end",
+        f"on_{stage}_epoch_start",
+        f"on_{stage}_epoch_end",
+        f"on_{stage}_batch_start",
+        f"on_{stage}_batch_end",
+    )
+
+
+# Hooks that both the TrainModule and every Callback receive (module first, then callbacks).
+CALLBACK_HOOKS: tuple[str, ...] = (
+    "setup",
+    "teardown",
+    "on_fit_start",
+    "on_fit_end",
+    "on_sanity_check_start",
+    "on_sanity_check_end",
+    "on_train_start",
+    "on_train_end",
+    "on_train_epoch_start",
+    "on_train_epoch_end",
+    "on_train_batch_start",
+    "on_train_batch_end",
+    "on_before_backward",
+    "on_after_backward",
+    "on_before_optimizer_step",
+    "on_before_zero_grad",
+    *(hook for stage in EVAL_STAGES for hook in _eval_hooks(stage)),
+    "on_save_checkpoint",
+    "on_load_checkpoint",
+    "on_exception",
+)
+
+# With gradient accumulation these run only on the batch that steps the optimizer.
+OPTIMIZER_HOOKS: tuple[str, ...] = ("on_before_optimizer_step", "on_before_zero_grad")
+
+
+@dataclass(frozen=True)
+class Block:
+    """A repeated part of the order: ``hooks`` run once per ``repeat`` (epoch, batch, ...)."""
+
+    repeat: str
+    hooks: tuple[str | Block, ...]
+
+
+def _eval_epoch(stage: str) -> Block:
+    step = f"{stage}_step"
+    return Block(
+        f"{stage} epoch",
+        (
+            f"on_{stage}_start",
+            f"on_{stage}_epoch_start",
+            Block("batch", (f"on_{stage}_batch_start", step, f"on_{stage}_batch_end")),
+            f"on_{stage}_epoch_end",
+            f"on_{stage}_end",
+        ),
+    )
+
+
+TRAIN_BATCH = Block(
+    "batch",
+    (
+        "on_train_batch_start",
+        "training_step",
+        "on_before_backward",
+        "on_after_backward",
+        "on_before_optimizer_step",
+        "on_before_zero_grad",
+        "on_train_batch_end",
+    ),
+)
+
+FIT_ORDER: tuple[str | Block, ...] = (
+    "setup",
+    "configure_model",
+    "configure_optimizers",
+    "on_fit_start",
+    "on_sanity_check_start",
+    _eval_epoch("validation"),
+    "on_sanity_check_end",
+    "on_train_start",
+    Block(
+        "epoch",
+        ("on_train_epoch_start", TRAIN_BATCH, _eval_epoch("validation"), "on_train_epoch_end"),
+    ),
+    "on_train_end",
+    "on_fit_end",
+    "teardown",
+)
+
+EVAL_ORDER: dict[str, tuple[str | Block, ...]] = {
+    stage: ("setup", "configure_model", _eval_epoch(stage), "teardown") for stage in EVAL_STAGES
+}
+
+
+def eval_sequence(stage: str, num_batches: int) -> list[str]:
+    """The flat hook sequence of one ``stage`` epoch ("validation", "test" or "predict")."""
+    step = f"{stage}_step"
+    batch = [f"on_{stage}_batch_start", step, f"on_{stage}_batch_end"]
+    return [
+        f"on_{stage}_start",
+        f"on_{stage}_epoch_start",
+        *(batch * num_batches),
+        f"on_{stage}_epoch_end",
+        f"on_{stage}_end",
+    ]
+
+
+def fit_sequence(
+    *,
+    epochs: int,
+    train_batches: int,
+    val_batches: int,
+    sanity_batches: int = 0,
+    accumulate_grad_batches: int = 1,
+) -> list[str]:
+    """The flat hook sequence of ``fit`` with validation at every epoch end.
+
+    Example: ``fit_sequence(epochs=1, train_batches=2, val_batches=1, accumulate_grad_batches=2)``
+    lists the optimizer hooks once, on the second batch.
+    """
+    seq = ["setup", "configure_model", "configure_optimizers", "on_fit_start"]
+    if sanity_batches:
+        seq += ["on_sanity_check_start", *eval_sequence("validation", sanity_batches)]
+        seq += ["on_sanity_check_end"]
+    seq.append("on_train_start")
+    for _ in range(epochs):
+        seq.append("on_train_epoch_start")
+        for batch_idx in range(train_batches):
+            is_stepping = (batch_idx + 1) % accumulate_grad_batches == 0 or (
+                batch_idx + 1 == train_batches
+            )
+            for hook in TRAIN_BATCH.hooks:
+                if hook in OPTIMIZER_HOOKS and not is_stepping:
+                    continue
+                seq.append(hook)  # type: ignore[arg-type]  # TRAIN_BATCH holds names only
+        if val_batches:
+            seq += eval_sequence("validation", val_batches)
+        seq.append("on_train_epoch_end")
+    seq += ["on_train_end", "on_fit_end", "teardown"]
+    return seq

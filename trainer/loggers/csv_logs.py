@@ -1,0 +1,386 @@
+"""The CSV logger: ``metrics.csv`` and ``hparams.yaml`` in a versioned folder on the local disk.
+
+This module owns the run folder layout (``<save_dir>/<name>/version_<N>``), picking the next
+free version number, buffering metric rows, writing ``metrics.csv`` atomically (a temporary file
+in the same folder, then ``os.replace``), merging hyperparameters into ``hparams.yaml``, and
+resuming an existing version without duplicated steps. It does not decide when metrics are
+logged or what they are called (the Trainer and callbacks do), nor which rank writes (the
+Trainer calls loggers on global rank zero only).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import csv
+import numbers
+import operator
+import os
+import shutil
+from collections.abc import Iterable, Iterator, Mapping
+from typing import Any, TextIO
+
+from trainer.errors import ConfigurationError, describe
+from trainer.loggers.logger import Logger
+
+__all__ = ["CSVLogger"]
+
+_METRICS_FILE = "metrics.csv"
+_HPARAMS_FILE = "hparams.yaml"
+_STEP_KEY = "step"
+_VERSION_PREFIX = "version_"
+
+
+class CSVLogger(Logger):
+    """Log metrics to ``metrics.csv`` and hyperparameters to ``hparams.yaml``.
+
+    Files go to ``<save_dir>/<name>/version_<N>/`` (no ``<name>`` folder when ``name`` is None
+    or ``""``). The folder is created at the first write, not here. ``metrics.csv`` has a
+    ``step`` column, then one column per metric in order of first appearance; a metric that
+    appears later widens the header and earlier rows get an empty cell.
+
+    Rows are kept in memory and written every ``flush_logs_every_n_steps`` calls of
+    :meth:`log_metrics`, and by :meth:`save` / :meth:`finalize`. Passing the ``version`` of an
+    earlier run resumes it: its rows are kept, except those at or after the first step logged
+    now, so a run resumed from a checkpoint has no duplicated steps.
+
+    Args:
+        save_dir: root folder of all experiments.
+        name: experiment name, a sub-folder of ``save_dir``; None or ``""`` for none.
+        version: an int gives ``version_<int>``, a str is used verbatim as the folder name,
+            None picks the next free ``version_<N>`` under ``<save_dir>/<name>``.
+        prefix: put before every metric name, joined with ``"-"`` (``"train"`` ->
+            ``"train-loss"``).
+        flush_logs_every_n_steps: number of :meth:`log_metrics` calls between writes.
+
+    Raises:
+        ConfigurationError: an argument has the wrong type or value.
+
+    Example:
+        >>> logger = CSVLogger("logs", name="mnist")  # doctest: +SKIP
+        >>> logger.log_hyperparams({"lr": 0.1, "batch_size": 32})  # doctest: +SKIP
+        >>> logger.log_metrics({"loss": 0.25}, step=0)  # doctest: +SKIP
+        >>> logger.log_metrics({"loss": 0.125, "acc": 0.75}, step=1)  # doctest: +SKIP
+        >>> logger.finalize("success")  # doctest: +SKIP
+        >>> open(logger.log_dir + "/metrics.csv").read()  # doctest: +SKIP
+        'step,loss,acc\\r\\n0,0.25,\\r\\n1,0.125,0.75\\r\\n'
+    """
+
+    LOGGER_JOIN_CHAR = "-"
+
+    def __init__(
+        self,
+        save_dir: str | os.PathLike[str] = "trainer_logs",
+        name: str | None = "trainer_logs",
+        version: int | str | None = None,
+        prefix: str = "",
+        flush_logs_every_n_steps: int = 100,
+    ) -> None:
+        _check_arguments(save_dir, name, version, prefix, flush_logs_every_n_steps)
+        self._save_dir = os.fspath(save_dir)
+        self._name = name or ""
+        self._version: int | str | None = version
+        self._prefix = prefix
+        self._flush_every = flush_logs_every_n_steps
+        self._pending: list[dict[str, float | int]] = []
+        self._columns: list[str] = [_STEP_KEY]
+        # Header of the metrics.csv this logger last wrote; None until its first write.
+        self._disk_columns: list[str] | None = None
+        self._calls_since_flush = 0
+        self._last_step: int | None = None
+        self._hparams: dict[str, Any] | None = None
+
+    @property
+    def name(self) -> str:
+        """The experiment name (``""`` when there is no name folder)."""
+        return self._name
+
+    @property
+    def version(self) -> int | str:
+        """The run's version; when it was not given, the next free number, fixed at first use."""
+        if self._version is None:
+            self._version = self._next_version()
+        return self._version
+
+    @property
+    def save_dir(self) -> str:
+        """The root folder of all experiments, as given."""
+        return self._save_dir
+
+    @property
+    def root_dir(self) -> str:
+        """``<save_dir>/<name>``: the folder holding this experiment's versions."""
+        return os.path.join(self._save_dir, self._name) if self._name else self._save_dir
+
+    @property
+    def log_dir(self) -> str:
+        """``<root_dir>/version_<N>`` (or ``<root_dir>/<version>`` for a str version)."""
+        version = self.version
+        folder = version if isinstance(version, str) else f"{_VERSION_PREFIX}{version}"
+        return os.path.join(self.root_dir, folder)
+
+    @property
+    def experiment(self) -> CSVLogger:
+        """The logger itself: it is its own writer (``logger.experiment.log_metrics`` works)."""
+        return self
+
+    def log_metrics(self, metrics: Mapping[str, Any], step: int | None = None) -> None:
+        """Buffer one row of ``metrics`` at ``step``; write the file every N calls.
+
+        Args:
+            metrics: metric name -> number; 0-dim tensors are read with ``float()``.
+            step: the global step; None means one past the last step logged (0 at first).
+
+        Raises:
+            ConfigurationError: a value is not a number, a metric is named ``"step"``, or
+                ``step`` is not an int.
+
+        Example:
+            >>> logger.log_metrics({"loss": torch.tensor(0.5)}, step=3)  # doctest: +SKIP
+            >>> logger.save()  # doctest: +SKIP   # metrics.csv now has the row "3,0.5"
+        """
+        step = self._resolve_step(step)
+        row: dict[str, float | int] = {_STEP_KEY: step}
+        for key, value in metrics.items():
+            column = f"{self._prefix}{self.LOGGER_JOIN_CHAR}{key}" if self._prefix else key
+            if column == _STEP_KEY:
+                raise ConfigurationError(
+                    f"CSVLogger.log_metrics received a metric named {_STEP_KEY!r}, which is the "
+                    f"name of metrics.csv's step column (step {step}). Rename the metric, "
+                    f"e.g. 'train_step', or pass it as the step argument."
+                )
+            row[column] = _to_float(key, value)
+        # Columns grow only once the whole row is valid, so a rejected row leaves no trace.
+        self._columns.extend(column for column in row if column not in self._columns)
+        self._pending.append(row)
+        self._last_step = step
+        self._calls_since_flush += 1
+        if self._calls_since_flush >= self._flush_every:
+            self.save()
+
+    def log_hyperparams(self, params: Mapping[str, Any] | argparse.Namespace) -> None:
+        """Merge ``params`` into ``hparams.yaml`` and write it now.
+
+        Values ``yaml.safe_dump`` cannot write (paths, classes, tensors, ...) are stored as their
+        ``str()``; tuples and sets become lists. A resumed run keeps the earlier file's keys.
+
+        Args:
+            params: a mapping or an ``argparse.Namespace``.
+
+        Raises:
+            ConfigurationError: ``params`` is neither, or the existing ``hparams.yaml`` of a
+                resumed run is not valid YAML.
+
+        Example:
+            >>> logger.log_hyperparams({"lr": 0.1, "layers": (64, 64)})  # doctest: +SKIP
+            >>> # hparams.yaml: "lr: 0.1\\nlayers:\\n- 64\\n- 64\\n"
+        """
+        import yaml  # lazily: importing `trainer` should not pay for PyYAML
+
+        if isinstance(params, argparse.Namespace):
+            params = vars(params)
+        if not isinstance(params, Mapping):
+            raise ConfigurationError(
+                f"CSVLogger.log_hyperparams expected a dict or an argparse.Namespace, received "
+                f"{describe(params)}. Pass e.g. {{'lr': 0.1}}."
+            )
+        path = os.path.join(self._ensure_log_dir(), _HPARAMS_FILE)
+        if self._hparams is None:
+            self._hparams = _read_hparams(path)
+        self._hparams.update(_to_yaml_safe(dict(params)))
+        text = yaml.safe_dump(self._hparams, sort_keys=False, allow_unicode=True)
+        with _atomic_open(path) as file:
+            file.write(text)
+
+    def save(self) -> None:
+        """Write the buffered rows to ``metrics.csv`` (atomically); a no-op when none are."""
+        self._calls_since_flush = 0
+        if not self._pending:
+            return
+        path = os.path.join(self._ensure_log_dir(), _METRICS_FILE)
+        if self._disk_columns == self._columns and os.path.isfile(path):
+            # Same header as on disk: copy the file and append, instead of re-encoding every row.
+            with _atomic_open(path) as file:
+                with open(path, newline="", encoding="utf-8") as old:
+                    shutil.copyfileobj(old, file)
+                _write_rows(file, self._columns, self._pending, header=False)
+        else:
+            old_columns, old_rows = _read_metrics(path)
+            if self._disk_columns is None:
+                # First write of this logger: a resumed run's rows from the first new step on
+                # are stale (they were logged after the checkpoint it resumes from).
+                first_step = int(self._pending[0][_STEP_KEY])
+                old_rows = [row for row in old_rows if not _is_at_or_after(row, first_step)]
+                self._columns = _merge_columns(old_columns, self._columns)
+            with _atomic_open(path) as file:
+                _write_rows(file, self._columns, [*old_rows, *self._pending], header=True)
+        self._disk_columns = list(self._columns)
+        self._pending.clear()
+
+    def finalize(self, status: str) -> None:
+        """Write what is buffered; ``status`` ("success", "failed", ...) is not recorded."""
+        self.save()
+
+    def _resolve_step(self, step: int | None) -> int:
+        """Check ``step`` at the boundary, so a bad value fails at the call, not at the write."""
+        if step is None:
+            return 0 if self._last_step is None else self._last_step + 1
+        if not isinstance(step, bool):
+            with contextlib.suppress(TypeError, RuntimeError):
+                return operator.index(step)
+        raise ConfigurationError(
+            f"CSVLogger.log_metrics expected step to be an int, received {describe(step)}. "
+            f"Pass the global step, e.g. step=trainer.global_step."
+        )
+
+    def _next_version(self) -> int:
+        """One past the highest ``version_<N>`` folder in ``root_dir``, so no run is overwritten."""
+        try:
+            entries = os.listdir(self.root_dir)
+        except FileNotFoundError:
+            return 0
+        numbers_found = [
+            int(entry[len(_VERSION_PREFIX) :])
+            for entry in entries
+            if entry.startswith(_VERSION_PREFIX)
+            and entry[len(_VERSION_PREFIX) :].isdigit()
+            and os.path.isdir(os.path.join(self.root_dir, entry))
+        ]
+        return max(numbers_found, default=-1) + 1
+
+    def _ensure_log_dir(self) -> str:
+        """Create the run folder at the first write (not in ``__init__``: loggers may never write)."""
+        log_dir = self.log_dir
+        os.makedirs(log_dir, exist_ok=True)
+        return log_dir
+
+
+def _check_arguments(
+    save_dir: object, name: object, version: object, prefix: object, flush_every: object
+) -> None:
+    """Reject bad constructor arguments before anything is resolved or written."""
+
+    def fail(argument: str, value: object, expected: str, fix: str) -> ConfigurationError:
+        return ConfigurationError(
+            f"CSVLogger expected {argument} to be {expected}, received {describe(value)}. {fix}"
+        )
+
+    if not isinstance(save_dir, (str, os.PathLike)):
+        raise fail("save_dir", save_dir, "a str or os.PathLike", "Pass a folder, e.g. 'logs'.")
+    if name is not None and not isinstance(name, str):
+        raise fail("name", name, "a str or None", "Pass e.g. name='mnist'.")
+    is_bad_int = isinstance(version, bool) or (isinstance(version, int) and version < 0)
+    if (version is not None and not isinstance(version, (int, str))) or is_bad_int:
+        raise fail("version", version, "an int >= 0, a str or None", "Pass e.g. version=0.")
+    if version == "":
+        raise fail("version", version, "a non-empty str", "Pass None to pick the next version.")
+    if not isinstance(prefix, str):
+        raise fail("prefix", prefix, "a str", "Pass e.g. prefix='train'.")
+    if isinstance(flush_every, bool) or not isinstance(flush_every, int) or flush_every < 1:
+        raise fail(
+            "flush_logs_every_n_steps",
+            flush_every,
+            "an int >= 1",
+            "Pass the number of log_metrics calls between writes, e.g. 100.",
+        )
+
+
+def _to_float(key: str, value: Any) -> float:
+    """Read a metric as a plain float (tensors included) so the CSV holds numbers only."""
+    try:
+        return float(value)
+    except (TypeError, ValueError, RuntimeError) as err:
+        raise ConfigurationError(
+            f"CSVLogger.log_metrics expected metric {key!r} to be a number or a one-element "
+            f"tensor, received {describe(value)}. Log a scalar, e.g. loss.item() or x.mean()."
+        ) from err
+
+
+@contextlib.contextmanager
+def _atomic_open(path: str) -> Iterator[TextIO]:
+    """Write to a sibling temporary file, then ``os.replace``: a crash leaves the old file whole."""
+    tmp = f"{path}.{os.getpid()}.tmp"
+    try:
+        with open(tmp, "w", newline="", encoding="utf-8") as file:
+            yield file
+            file.flush()
+            os.fsync(file.fileno())
+        os.replace(tmp, path)
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            os.remove(tmp)
+
+
+def _write_rows(
+    file: TextIO, columns: list[str], rows: Iterable[Mapping[str, Any]], *, header: bool
+) -> None:
+    """Write ``rows`` under ``columns``; a missing key is an empty cell."""
+    writer = csv.DictWriter(file, fieldnames=columns, restval="", extrasaction="ignore")
+    if header:
+        writer.writeheader()
+    writer.writerows(rows)
+
+
+def _read_metrics(path: str) -> tuple[list[str], list[dict[str, str]]]:
+    """Header and rows of an existing ``metrics.csv`` (empty when there is none)."""
+    if not os.path.isfile(path):
+        return [], []
+    with open(path, newline="", encoding="utf-8") as file:
+        reader = csv.DictReader(file)
+        rows = list(reader)
+        return list(reader.fieldnames or []), rows
+
+
+def _merge_columns(old: list[str], new: list[str]) -> list[str]:
+    """Columns in order of first appearance: the file's first, then this run's new ones."""
+    if not old:
+        return list(new)
+    return [*old, *(column for column in new if column not in old)]
+
+
+def _is_at_or_after(row: Mapping[str, str], step: int) -> bool:
+    """Whether a stored row's step is >= ``step``; a row without a readable step is kept."""
+    text = row.get(_STEP_KEY) or ""
+    try:
+        return float(text) >= step
+    except ValueError:
+        return False
+
+
+def _read_hparams(path: str) -> dict[str, Any]:
+    """Hyperparameters an earlier run of this version wrote, so a resumed run merges into them."""
+    import yaml
+
+    if not os.path.isfile(path):
+        return {}
+    with open(path, encoding="utf-8") as file:
+        try:
+            loaded = yaml.safe_load(file)
+        except yaml.YAMLError as err:
+            raise ConfigurationError(
+                f"CSVLogger could not read the existing {path} ({err}). Fix or delete the file, "
+                f"or log to another version."
+            ) from err
+    return dict(loaded) if isinstance(loaded, Mapping) else {}
+
+
+def _to_yaml_safe(value: Any) -> Any:
+    """What ``yaml.safe_dump`` can write: plain scalars, lists and dicts; anything else as str()."""
+    if value is None or type(value) in (bool, int, float, str):
+        return value
+    if isinstance(value, argparse.Namespace):
+        value = vars(value)
+    if isinstance(value, Mapping):
+        return {_to_yaml_key(key): _to_yaml_safe(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple, set, frozenset)):
+        return [_to_yaml_safe(item) for item in value]
+    if isinstance(value, numbers.Integral):
+        return int(value)
+    if isinstance(value, numbers.Real):
+        return float(value)
+    return str(value)
+
+
+def _to_yaml_key(key: Any) -> Any:
+    """Mapping keys stay plain scalars; others (tuples, enums, ...) become their str()."""
+    return key if type(key) in (bool, int, float, str) else str(key)

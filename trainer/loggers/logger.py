@@ -1,0 +1,63 @@
+"""The Logger base class: what the Trainer and the Accelerator call on an experiment tracker.
+
+The Trainer calls loggers on global rank zero only, with plain Python floats (tensors are read
+once, when the write happens). This module owns the interface; each backend is one file.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from typing import Any
+
+__all__ = ["Logger"]
+
+
+class Logger(ABC):
+    """Base class of experiment trackers.
+
+    Subclasses implement :meth:`log_metrics` and :meth:`log_hyperparams`, and the ``name`` /
+    ``version`` properties; the rest has sensible defaults.
+    """
+
+    @property
+    @abstractmethod
+    def name(self) -> str:
+        """The experiment name."""
+
+    @property
+    @abstractmethod
+    def version(self) -> str | int | None:
+        """The run's version (number or id)."""
+
+    @property
+    def save_dir(self) -> str | None:
+        """Root directory the logger writes under, or None for remote-only loggers."""
+        return None
+
+    @property
+    def log_dir(self) -> str | None:
+        """Directory of this run's files, or None."""
+        return None
+
+    @property
+    def experiment(self) -> Any:
+        """The backend object (a writer, a run, ...)."""
+        return None
+
+    @abstractmethod
+    def log_metrics(self, metrics: dict[str, float], step: int) -> None:
+        """Record ``metrics`` (name -> float) at global ``step``."""
+
+    @abstractmethod
+    def log_hyperparams(self, params: dict[str, Any]) -> None:
+        """Record the run's hyperparameters."""
+
+    def save(self) -> None:
+        """Flush anything buffered to storage."""
+
+    def finalize(self, status: str) -> None:
+        """Close the run; ``status`` is "success", "failed" or "interrupted"."""
+        self.save()
+
+    def after_save_checkpoint(self, checkpoint_callback: Any) -> None:
+        """Called after a checkpoint is written (for artifact upload)."""

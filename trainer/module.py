@@ -1,0 +1,254 @@
+"""TrainModule (the model plus its step logic) and DataModule (the data, with its loaders).
+
+A user subclasses TrainModule and writes ``training_step`` and ``configure_optimizers``; the
+Trainer calls everything else. This module owns the user-facing surface only: the loop that
+calls it lives in ``trainer/trainer.py``.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from trainer.errors import ConfigurationError
+from trainer.module_hooks import ModuleHooks
+
+if TYPE_CHECKING:
+    from trainer.optimizer import AcceleratedOptimizer
+    from trainer.trainer import Trainer
+
+__all__ = ["AttributeDict", "DataModule", "TrainModule"]
+
+
+class AttributeDict(dict):
+    """A dict whose keys read as attributes: ``hparams.lr``."""
+
+    def __getattr__(self, key: str) -> Any:
+        try:
+            return self[key]
+        except KeyError as err:
+            raise AttributeError(f"no hyperparameter {key!r}; saved: {sorted(self)}") from err
+
+    def __setattr__(self, key: str, value: Any) -> None:
+        self[key] = value
+
+
+def _collect_init_args(
+    frame: Any, names: tuple[str, ...], ignore: tuple[str, ...], owner: str
+) -> AttributeDict:
+    """The arguments of the ``__init__`` that called ``save_hyperparameters``."""
+    info = inspect.getargvalues(frame)
+    values: dict[str, Any] = {name: info.locals[name] for name in info.args if name != "self"}
+    if info.varargs:
+        values[info.varargs] = info.locals[info.varargs]
+    if info.keywords:
+        values.update(info.locals[info.keywords])
+    if names:
+        missing = [n for n in names if n not in values]
+        if missing:
+            raise ConfigurationError(
+                f"{owner}.save_hyperparameters{names}: {missing} are not arguments of "
+                f"{owner}.__init__ (its arguments: {sorted(values)})."
+            )
+        values = {n: values[n] for n in names}
+    return AttributeDict({k: v for k, v in values.items() if k not in ignore})
+
+
+class _HyperparameterMixin:
+    def save_hyperparameters(self, *names: str, ignore: str | list[str] | None = None) -> None:
+        """Record ``__init__`` arguments (all of them, or those named) as ``self.hparams``.
+
+        They are written to every logger and to checkpoints.
+
+        Example:
+            >>> class Net(TrainModule):
+            ...     def __init__(self, lr: float = 0.1, hidden: int = 32):
+            ...         super().__init__()
+            ...         self.save_hyperparameters()
+            >>> Net(lr=0.01).hparams.lr
+            0.01
+        """
+        frame = inspect.currentframe()
+        caller = frame.f_back if frame is not None else None
+        if caller is None:
+            return
+        ignored = (ignore,) if isinstance(ignore, str) else tuple(ignore or ())
+        hparams = _collect_init_args(caller, names, ignored, type(self).__name__)
+        object.__setattr__(self, "_hparams", hparams)
+
+    @property
+    def hparams(self) -> AttributeDict:
+        """The saved hyperparameters (empty until ``save_hyperparameters`` is called)."""
+        if "_hparams" not in self.__dict__:
+            object.__setattr__(self, "_hparams", AttributeDict())
+        return self.__dict__["_hparams"]
+
+
+class TrainModule(_HyperparameterMixin, ModuleHooks, torch.nn.Module):
+    """A ``torch.nn.Module`` with its training logic.
+
+    Required: ``training_step(batch, batch_idx)`` returning the loss (a Tensor, a dict with
+    "loss", or None to skip the batch) and ``configure_optimizers()``. Optional: the other
+    ``*_step`` methods, ``configure_model`` and the ``*_dataloader`` methods, and any hook of
+    :class:`trainer.callbacks.Callback` (without its ``trainer, module`` arguments).
+
+    Example:
+        >>> class Regressor(TrainModule):
+        ...     def __init__(self):
+        ...         super().__init__()
+        ...         self.net = torch.nn.Linear(4, 1)
+        ...     def training_step(self, batch, batch_idx):
+        ...         x, y = batch
+        ...         loss = torch.nn.functional.mse_loss(self.net(x), y)
+        ...         self.log("train/loss", loss, prog_bar=True)
+        ...         return loss
+        ...     def configure_optimizers(self):
+        ...         return torch.optim.SGD(self.parameters(), lr=0.1)
+    """
+
+    automatic_optimization: bool = True
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._trainer: Trainer | None = None
+        self._metric_store: Any = None
+
+    # ---- read-only context ----------------------------------------------------------------
+    @property
+    def trainer(self) -> Trainer:
+        """The Trainer running this module."""
+        if self._trainer is None:
+            raise ConfigurationError(
+                f"{type(self).__name__}.trainer: the module is not attached to a Trainer. Call "
+                "trainer.fit(module) (or validate/test/predict) first."
+            )
+        return self._trainer
+
+    @property
+    def device(self) -> torch.device:
+        """The device the module computes on."""
+        if self._trainer is not None:
+            return self._trainer.accelerator.device
+        param = next(self.parameters(), None)
+        return param.device if param is not None else torch.device("cpu")
+
+    @property
+    def global_step(self) -> int:
+        return self._trainer.global_step if self._trainer is not None else 0
+
+    @property
+    def current_epoch(self) -> int:
+        return self._trainer.current_epoch if self._trainer is not None else 0
+
+    @property
+    def global_rank(self) -> int:
+        return self._trainer.global_rank if self._trainer is not None else 0
+
+    @property
+    def local_rank(self) -> int:
+        return self._trainer.local_rank if self._trainer is not None else 0
+
+    @property
+    def world_size(self) -> int:
+        return self._trainer.world_size if self._trainer is not None else 1
+
+    # ---- user hooks with defaults ----------------------------------------------------------
+    def configure_model(self) -> None:
+        """Build large layers here (called once, after the strategy is set up)."""
+
+    # ---- logging --------------------------------------------------------------------------
+    def log(
+        self,
+        name: str,
+        value: Any,
+        *,
+        on_step: bool | None = None,
+        on_epoch: bool | None = None,
+        prog_bar: bool = False,
+        logger: bool = True,
+        reduce_fx: str | Callable[..., Any] = "mean",
+        sync_dist: bool = False,
+        batch_size: int | None = None,
+    ) -> None:
+        """Record a metric.
+
+        Defaults: in ``training_step`` ``on_step=True, on_epoch=False``; in validation/test and
+        in ``*_epoch_end`` hooks ``on_step=False, on_epoch=True``, where the epoch value is the
+        batch-size-weighted mean (``reduce_fx`` "sum", "max", "min" also work). ``value`` is a
+        number, a scalar Tensor (kept on the device until a logger writes) or a torchmetrics
+        Metric (computed, synced and reset at epoch end). Logged with both ``on_step`` and
+        ``on_epoch`` it appears as ``name_step`` and ``name_epoch``.
+        """
+        store = self._metric_store
+        if store is None:
+            raise ConfigurationError(
+                f"{type(self).__name__}.log({name!r}): self.log works inside the hooks and steps "
+                "a Trainer calls; this call came from outside a Trainer run."
+            )
+        store.log(
+            name,
+            value,
+            on_step=on_step,
+            on_epoch=on_epoch,
+            prog_bar=prog_bar,
+            logger=logger,
+            reduce_fx=reduce_fx,
+            sync_dist=sync_dist,
+            batch_size=batch_size,
+        )
+
+    def log_dict(self, metrics: Mapping[str, Any], **kwargs: Any) -> None:
+        """``self.log`` for each item of ``metrics``, with the same options."""
+        for name, value in metrics.items():
+            self.log(name, value, **kwargs)
+
+    # ---- manual optimization --------------------------------------------------------------
+    def optimizers(self) -> AcceleratedOptimizer | list[AcceleratedOptimizer]:
+        """The prepared optimizer (or list of them) from ``configure_optimizers``."""
+        optimizers = self.trainer.optimizers
+        return optimizers[0] if len(optimizers) == 1 else optimizers
+
+    def lr_schedulers(self) -> Any:
+        """The scheduler (or list of them) from ``configure_optimizers``, or None."""
+        schedulers = [config.scheduler for config in self.trainer.lr_scheduler_configs]
+        if not schedulers:
+            return None
+        return schedulers[0] if len(schedulers) == 1 else schedulers
+
+    def manual_backward(self, loss: torch.Tensor, **kwargs: Any) -> None:
+        """Backpropagate ``loss`` (scaled, synced and hooked like the automatic path)."""
+        self.trainer._manual_backward(loss, **kwargs)
+
+    def print(self, *args: Any, **kwargs: Any) -> None:
+        """``print`` on global rank zero only."""
+        if self.global_rank == 0:
+            print(*args, **kwargs)
+
+
+class DataModule(_HyperparameterMixin):
+    """The data of a run: download once, build datasets per stage, hand out dataloaders.
+
+    Override ``setup(stage)`` and the ``*_dataloader`` methods you need; ``state_dict`` /
+    ``load_state_dict`` carry state through checkpoints.
+    """
+
+    def __init__(self) -> None:
+        self.trainer: Trainer | None = None
+
+    def prepare_data(self) -> None:
+        """Download or preprocess once per machine (called on local rank zero only)."""
+
+    def setup(self, stage: str) -> None:
+        """Build datasets for ``stage`` ("fit", "validate", "test" or "predict")."""
+
+    def teardown(self, stage: str) -> None:
+        """Release what ``setup`` built."""
+
+    def state_dict(self) -> dict[str, Any]:
+        return {}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Restore :meth:`state_dict`."""

@@ -1,0 +1,154 @@
+"""Prepared optimizers and schedulers: the step goes through the strategy and honours accumulation.
+
+:class:`AcceleratedOptimizer` steps (and zeroes gradients) only on batches where gradients are
+synchronised, and records whether the precision plugin skipped the step. :class:`AcceleratedScheduler`
+follows Accelerate: it steps with the optimizer, never after a skipped step.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from trainer.errors import ConfigurationError
+
+if TYPE_CHECKING:
+    from trainer.gradient_state import GradientState
+    from trainer.strategies import Strategy
+
+__all__ = ["AcceleratedOptimizer", "AcceleratedScheduler"]
+
+
+class AcceleratedOptimizer(torch.optim.Optimizer):
+    """Wraps an optimizer so ``step`` and ``zero_grad`` follow accumulation and precision.
+
+    It is an ``Optimizer`` (schedulers accept it) that delegates everything to ``optimizer``.
+    """
+
+    def __init__(
+        self, optimizer: torch.optim.Optimizer, strategy: Strategy, gradient_state: GradientState
+    ) -> None:
+        # Deliberately not calling Optimizer.__init__: all state lives in the wrapped optimizer.
+        self.optimizer = optimizer
+        self._strategy = strategy
+        self._gradient_state = gradient_state
+        self.step_was_skipped = False
+        self.step_count = 0  # optimizer steps actually taken
+
+    @property
+    def state(self) -> Any:  # type: ignore[override]
+        return self.optimizer.state
+
+    @state.setter
+    def state(self, value: Any) -> None:
+        self.optimizer.state = value
+
+    @property
+    def param_groups(self) -> list[dict[str, Any]]:  # type: ignore[override]
+        return self.optimizer.param_groups
+
+    @param_groups.setter
+    def param_groups(self, value: list[dict[str, Any]]) -> None:
+        self.optimizer.param_groups = value
+
+    @property
+    def defaults(self) -> dict[str, Any]:  # type: ignore[override]
+        return self.optimizer.defaults
+
+    @defaults.setter
+    def defaults(self, value: dict[str, Any]) -> None:
+        self.optimizer.defaults = value
+
+    def add_param_group(self, param_group: dict[str, Any]) -> None:
+        self.optimizer.add_param_group(param_group)
+
+    def state_dict(self) -> dict[str, Any]:
+        return self._strategy.optimizer_state_dict(self.optimizer)
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self._strategy.load_optimizer_state_dict(self.optimizer, state_dict)
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        """Zero gradients, except inside an accumulation window (they are still adding up)."""
+        if self._gradient_state.sync_gradients:
+            self.optimizer.zero_grad(set_to_none=set_to_none)
+
+    def step(self, closure: Callable[[], Any] | None = None) -> None:  # type: ignore[override]
+        """Step through the strategy on synchronising batches; a no-op while accumulating."""
+        if closure is not None:
+            raise ConfigurationError(
+                "optimizer.step(closure) is not supported by a prepared optimizer: compute the "
+                "loss, call accelerator.backward(loss), then optimizer.step()."
+            )
+        if self._gradient_state.sync_gradients:
+            self.step_was_skipped = not self._strategy.optimizer_step(self.optimizer)
+            if not self.step_was_skipped:
+                self.step_count += 1
+
+    def __repr__(self) -> str:
+        return f"AcceleratedOptimizer({self.optimizer!r})"
+
+    def __getstate__(self) -> dict[str, Any]:
+        return self.__dict__
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+
+
+class AcceleratedScheduler:
+    """Wraps a learning-rate scheduler so it steps with its optimizer.
+
+    With ``step_with_optimizer=True`` (Accelerate's default) a call to ``step()`` does nothing while
+    accumulating or after a skipped optimizer step; with several processes and
+    ``split_batches=False`` it advances once per process, so the schedule counts samples as a
+    one-process run would.
+    """
+
+    def __init__(
+        self,
+        scheduler: Any,
+        optimizers: list[AcceleratedOptimizer],
+        gradient_state: GradientState,
+        *,
+        step_with_optimizer: bool = True,
+        split_batches: bool = False,
+        num_processes: int = 1,
+    ) -> None:
+        self.scheduler = scheduler
+        self.optimizers = optimizers
+        self._gradient_state = gradient_state
+        self.step_with_optimizer = step_with_optimizer
+        self.split_batches = split_batches
+        self.num_processes = num_processes
+
+    def step(self, *args: Any, **kwargs: Any) -> None:
+        if not self.step_with_optimizer:
+            self.scheduler.step(*args, **kwargs)
+            return
+        if not self._gradient_state.sync_gradients:
+            if self._gradient_state.adjust_scheduler:
+                self.scheduler._step_count += 1
+            return
+        if any(opt.step_was_skipped for opt in self.optimizers):
+            return
+        repeats = 1 if self.split_batches else self.num_processes
+        for _ in range(repeats):
+            total = getattr(self.scheduler, "total_steps", None)  # OneCycleLR refuses extra steps
+            if total is None or self.scheduler._step_count <= total:
+                self.scheduler.step(*args, **kwargs)
+
+    def get_last_lr(self) -> list[float]:
+        return self.scheduler.get_last_lr()
+
+    def state_dict(self) -> dict[str, Any]:
+        return self.scheduler.state_dict()
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self.scheduler.load_state_dict(state_dict)
+
+    def __getattr__(self, name: str) -> Any:
+        if name == "scheduler":
+            raise AttributeError(name)
+        return getattr(self.scheduler, name)

@@ -1,0 +1,111 @@
+"""The precision modes other than 32-true: 64-true, the true-half modes, the mixed modes, fp8.
+
+Each class is one mode. Mixed modes run the forward pass under ``torch.autocast``; "16-mixed"
+scales the loss with ``torch.amp.GradScaler`` and reports skipped steps.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Any
+
+import torch
+
+from trainer.errors import ConfigurationError
+from trainer.precision.precision import Precision
+
+__all__ = ["DoublePrecision", "FP8Precision", "HalfPrecision", "MixedPrecision"]
+
+
+class DoublePrecision(Precision):
+    """``"64-true"``: parameters, inputs and math in ``float64``."""
+
+    name = "64-true"
+    param_dtype = torch.float64
+    compute_dtype = torch.float64
+
+
+class HalfPrecision(Precision):
+    """``"16-true"`` / ``"bf16-true"``: parameters and inputs stored in half precision.
+
+    No master copy in fp32 and no scaling: the cheapest mode, for fine-tuning and inference.
+    """
+
+    def __init__(self, precision: str = "bf16-true") -> None:
+        if precision not in ("16-true", "bf16-true"):
+            raise ConfigurationError(
+                f"HalfPrecision(precision={precision!r}): expected '16-true' or 'bf16-true'."
+            )
+        self.name = precision
+        self.param_dtype = torch.float16 if precision == "16-true" else torch.bfloat16
+        self.compute_dtype = self.param_dtype
+        self.mixed_precision = "fp16" if precision == "16-true" else "bf16"
+
+
+class MixedPrecision(Precision):
+    """``"16-mixed"`` / ``"bf16-mixed"``: fp32 parameters, the forward pass under autocast.
+
+    "16-mixed" scales the loss with ``torch.amp.GradScaler``; when a step has inf/NaN gradients the
+    scaler skips it, :meth:`optimizer_step` returns False and the scale is halved.
+    """
+
+    def __init__(self, precision: str = "bf16-mixed", scaler: Any | None = None) -> None:
+        if precision not in ("16-mixed", "bf16-mixed"):
+            raise ConfigurationError(
+                f"MixedPrecision(precision={precision!r}): expected '16-mixed' or 'bf16-mixed'."
+            )
+        self.name = precision
+        self.compute_dtype = torch.float16 if precision == "16-mixed" else torch.bfloat16
+        self.mixed_precision = "fp16" if precision == "16-mixed" else "bf16"
+        self.scaler = scaler
+        self.device_type = "cpu"
+
+    def setup(self, device: torch.device) -> None:
+        self.device_type = device.type
+        if self.name == "16-mixed" and self.scaler is None:
+            self.scaler = torch.amp.GradScaler(device.type)
+
+    def autocast(self) -> contextlib.AbstractContextManager[Any]:
+        return torch.autocast(self.device_type, dtype=self.compute_dtype)
+
+    def backward(self, loss: torch.Tensor, **kwargs: Any) -> None:
+        if self.scaler is not None:
+            loss = self.scaler.scale(loss)
+        loss.backward(**kwargs)
+
+    def unscale_gradients(self, optimizer: torch.optim.Optimizer) -> None:
+        if self.scaler is not None:
+            # GradScaler remembers unscaled optimizers; a second call in one step would raise.
+            state = self.scaler._per_optimizer_states[id(optimizer)]
+            if state["stage"].name != "UNSCALED":
+                self.scaler.unscale_(optimizer)
+
+    def optimizer_step(self, optimizer: torch.optim.Optimizer) -> bool:
+        if self.scaler is None:
+            optimizer.step()
+            return True
+        scale_before = self.scaler.get_scale()
+        self.scaler.step(optimizer)
+        self.scaler.update()
+        return self.scaler.get_scale() >= scale_before
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"scaler": self.scaler.state_dict()} if self.scaler is not None else {}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        if self.scaler is not None and "scaler" in state_dict:
+            self.scaler.load_state_dict(state_dict["scaler"])
+
+
+class FP8Precision(Precision):
+    """``"fp8"``: 8-bit float matmuls through TransformerEngine or torchao (not available yet)."""
+
+    name = "fp8"
+    mixed_precision = "fp8"
+
+    def __init__(self) -> None:
+        raise ConfigurationError(
+            "precision='fp8' is not available in this version of trainer: it needs the fp8 "
+            "backends (TransformerEngine or torchao) that come with the 'fp8' extra in a later "
+            "release. Use precision='bf16-mixed' for now."
+        )

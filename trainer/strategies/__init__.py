@@ -1,0 +1,59 @@
+"""Where and how processes and devices run: the Strategy classes and the name registry.
+
+A new engine is one new file here plus one line in ``STRATEGY_REGISTRY``; nothing outside this
+package asks which strategy runs. Engines whose library is heavy are imported only when chosen.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable
+from typing import Any
+
+from trainer.errors import ConfigurationError, describe
+from trainer.strategies.single import SingleDeviceStrategy
+from trainer.strategies.strategy import Strategy
+
+__all__ = [
+    "STRATEGY_REGISTRY",
+    "SingleDeviceStrategy",
+    "Strategy",
+    "register_strategy",
+    "resolve_strategy",
+]
+
+# name -> "module:Class" (imported on use) or a factory
+STRATEGY_REGISTRY: dict[str, str | Callable[..., Strategy]] = {
+    "single": "trainer.strategies.single:SingleDeviceStrategy",
+}
+
+
+def register_strategy(name: str, target: str | Callable[..., Strategy]) -> None:
+    """Make ``strategy=name`` build ``target`` ("package.module:Class" or a factory)."""
+    STRATEGY_REGISTRY[name] = target
+
+
+def resolve_strategy(
+    strategy: str | Strategy | None, *, argument: str = "strategy", **kwargs: Any
+) -> Strategy:
+    """Return a Strategy for a registered name or an instance.
+
+    ``kwargs`` (``device=...``) are passed to the class when a name is given.
+
+    Raises:
+        ConfigurationError: for a name that is not registered, listing the valid ones.
+    """
+    if isinstance(strategy, Strategy):
+        return strategy
+    name = "single" if strategy in (None, "auto") else strategy
+    target = STRATEGY_REGISTRY.get(name) if isinstance(name, str) else None
+    if target is None:
+        valid = ", ".join(repr(n) for n in ("auto", *STRATEGY_REGISTRY))
+        raise ConfigurationError(
+            f"{argument}={describe(strategy)} is not a known strategy. Expected one of {valid}, "
+            "or a trainer.strategies.Strategy instance."
+        )
+    if isinstance(target, str):
+        module_name, _, class_name = target.partition(":")
+        target = getattr(importlib.import_module(module_name), class_name)
+    return target(**kwargs)

@@ -1,0 +1,161 @@
+"""The Strategy base class: where and how processes and devices run.
+
+The base class is the single-device implementation of every verb (STYLE §c.2). Subclasses
+override only what their engine changes, with the same signatures. A strategy receives its
+Precision plugin and nothing above it: it knows nothing of the Trainer, callbacks or loggers.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterable, Iterator
+from typing import Any
+
+import torch
+
+from trainer.precision import Precision
+from trainer.state import DistributedType
+
+__all__ = ["Strategy"]
+
+ReduceOp = str  # "mean" | "sum" | "max" | "min"
+
+
+class Strategy:
+    """One process on one device. The interface every engine implements.
+
+    Args:
+        device: the device to run on ("cpu", "cuda:0", a torch.device); None picks the best
+            available (CUDA, then MPS, then CPU).
+        precision: the Precision plugin; the Accelerator fills it in when None.
+    """
+
+    name: str = "single"
+    distributed_type: DistributedType = DistributedType.NO
+
+    def __init__(
+        self, device: str | torch.device | None = None, *, precision: Precision | None = None
+    ) -> None:
+        self._device = torch.device(device) if device is not None else None
+        self.precision: Precision = precision if precision is not None else Precision()
+
+    # ---- facts -------------------------------------------------------------------------
+    @property
+    def root_device(self) -> torch.device:
+        """The device this process computes on."""
+        if self._device is None:
+            from trainer.state import _default_device
+
+            self._device = _default_device(False, self.local_rank)
+        return self._device
+
+    @property
+    def world_size(self) -> int:
+        return 1
+
+    @property
+    def global_rank(self) -> int:
+        return 0
+
+    @property
+    def local_rank(self) -> int:
+        return 0
+
+    @property
+    def node_rank(self) -> int:
+        return 0
+
+    @property
+    def is_global_zero(self) -> bool:
+        return self.global_rank == 0
+
+    @property
+    def distributed_sampler_kwargs(self) -> dict[str, int]:
+        """How the data layer shards: ``num_replicas`` data-parallel ranks, this one's ``rank``."""
+        return {"num_replicas": self.world_size, "rank": self.global_rank}
+
+    # ---- setup -------------------------------------------------------------------------
+    def setup_environment(self) -> None:
+        """Start what the engine needs (process group, device selection)."""
+        if self.root_device.type == "cuda":
+            torch.cuda.set_device(self.root_device)
+        self.precision.setup(self.root_device)
+
+    def setup_module(self, module: torch.nn.Module) -> torch.nn.Module:
+        """Convert the module's dtype, move it to the device, wrap it for the engine."""
+        module = self.precision.convert_module(module)
+        return module.to(self.root_device)
+
+    def setup_optimizer(self, optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer:
+        """Adapt an optimizer built on the module's parameters (engines may replace it)."""
+        return optimizer
+
+    # ---- training ----------------------------------------------------------------------
+    def backward(self, loss: torch.Tensor, module: torch.nn.Module | None, **kwargs: Any) -> None:
+        """Backpropagate ``loss`` through the precision plugin."""
+        self.precision.backward(loss, **kwargs)
+
+    def optimizer_step(self, optimizer: torch.optim.Optimizer) -> bool:
+        """Step ``optimizer``; False when the precision plugin skipped it."""
+        return self.precision.optimizer_step(optimizer)
+
+    @contextlib.contextmanager
+    def no_backward_sync(self, module: torch.nn.Module) -> Iterator[None]:
+        """Skip gradient synchronisation inside the block (accumulation); no-op on one device."""
+        yield
+
+    def clip_grad_norm_(
+        self,
+        module: torch.nn.Module | None,
+        parameters: Iterable[torch.Tensor],
+        max_norm: float,
+        norm_type: float = 2.0,
+    ) -> torch.Tensor:
+        """Clip the gradients' total norm to ``max_norm``; return the norm before clipping."""
+        return torch.nn.utils.clip_grad_norm_(parameters, max_norm, norm_type=norm_type)
+
+    # ---- collectives (identity on one process) ------------------------------------------
+    def all_reduce(self, tensor: torch.Tensor, op: ReduceOp = "mean") -> torch.Tensor:
+        """Reduce ``tensor`` over all processes with ``op``."""
+        return tensor
+
+    def all_gather(self, tensor: torch.Tensor) -> torch.Tensor:
+        """Stack ``tensor`` from every process: shape ``(world_size, *tensor.shape)``."""
+        return tensor.unsqueeze(0)
+
+    def broadcast(self, obj: Any, src: int = 0) -> Any:
+        """Send ``obj`` (a tensor or a picklable object) from process ``src`` to all."""
+        return obj
+
+    def barrier(self) -> None:
+        """Wait for every process."""
+
+    # ---- state -------------------------------------------------------------------------
+    def module_state_dict(self, module: torch.nn.Module) -> dict[str, Any]:
+        """The module's full state dict (gathered where sharded)."""
+        return module.state_dict()
+
+    def load_module_state_dict(
+        self, module: torch.nn.Module, state_dict: dict[str, Any], strict: bool = True
+    ) -> None:
+        module.load_state_dict(state_dict, strict=strict)
+
+    def optimizer_state_dict(self, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
+        return optimizer.state_dict()
+
+    def load_optimizer_state_dict(
+        self, optimizer: torch.optim.Optimizer, state_dict: dict[str, Any]
+    ) -> None:
+        optimizer.load_state_dict(state_dict)
+
+    def unwrap_module(self, module: torch.nn.Module) -> torch.nn.Module:
+        """The user's module inside whatever wrapper the engine added."""
+        return module
+
+    def teardown(self) -> None:
+        """Release what :meth:`setup_environment` started."""
+
+    def __repr__(self) -> str:
+        return (
+            f"{type(self).__name__}(device={self.root_device}, precision={self.precision.name!r})"
+        )

@@ -1,0 +1,1017 @@
+"""The Trainer: owns the loop (fit / validate / test / predict) and calls the hooks.
+
+The loop is plain methods, one per stage, in the order of DESIGN §3: ``_setup``,
+``_run_sanity_check``, ``_train_epoch``, ``_train_batch``, ``_optimizer_step``, ``_eval_epoch``.
+Everything device-, precision- and process-related goes through ``self.accelerator``; callbacks
+and loggers see only public attributes. Hooks go through one dispatcher, ``_call_hook``.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import math
+import os
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from functools import partial
+from typing import Any
+
+import torch
+from torch.utils.data import DataLoader
+
+from trainer._optim_config import SchedulerConfig, parse_optimizer_config
+from trainer._results import MetricStore, to_float
+from trainer._trainer_config import (
+    check_positive_int,
+    parse_max_time,
+    resolve_device,
+    resolve_limit,
+)
+from trainer.accelerator import Accelerator
+from trainer.callbacks.callback import Callback
+from trainer.errors import AnomalyError, ConfigurationError, HookResultError, describe
+from trainer.hooks import CALLBACK_HOOKS
+from trainer.loggers.logger import Logger
+from trainer.module import DataModule, TrainModule
+from trainer.module_hooks import ModuleHooks
+from trainer.precision import Precision, resolve_precision
+from trainer.strategies import Strategy, resolve_strategy
+
+__all__ = ["Progress", "Trainer", "TrainerState"]
+
+_STEP_NAMES = {"validation": "validation_step", "test": "test_step", "predict": "predict_step"}
+_STAGE_OF = {"validation": "validate", "test": "test", "predict": "predict"}
+
+
+@dataclass
+class Progress:
+    """Where training stands; saved as-is in checkpoints. One counter per fact."""
+
+    epoch: int = 0  # epochs completed; the current epoch's index while training
+    global_step: int = 0  # optimizer steps taken
+    batch_idx: int = 0  # next batch index inside the current epoch
+
+
+@dataclass
+class TrainerState:
+    """What the Trainer is doing: ``stage`` ("fit", "validate", "test", "predict") and status."""
+
+    stage: str | None = None
+    status: str = "initializing"  # "running", "finished", "interrupted", "failed"
+
+
+class _StepRouter(torch.nn.Module):
+    """Routes ``forward(step_name, ...)`` to the module's step, so engine wrappers (DDP) see it."""
+
+    def __init__(self, module: TrainModule) -> None:
+        super().__init__()
+        self.module = module
+
+    def forward(self, step_name: str, *args: Any) -> Any:
+        return getattr(self.module, step_name)(*args)
+
+
+class Trainer:
+    """Runs a :class:`~trainer.TrainModule`: the loop, the hooks, logging and stopping.
+
+    Arguments follow Lightning's names (see DESIGN §3 and docs/trainer.md for each).
+
+    Example:
+        >>> trainer = Trainer(max_epochs=3, precision="bf16-mixed", log_every_n_steps=10)
+        >>> trainer.fit(module, train_loader, val_loader)
+        >>> trainer.callback_metrics["val/acc"]
+        tensor(0.9600)
+    """
+
+    def __init__(
+        self,
+        max_epochs: int | None = None,
+        max_steps: int = -1,
+        max_time: str | dt.timedelta | dict[str, int] | None = None,
+        strategy: str | Strategy = "auto",
+        accelerator: str = "auto",
+        devices: int | str | list[int] = "auto",
+        num_nodes: int = 1,
+        precision: str | int | Precision = "32-true",
+        callbacks: list[Callback] | Callback | None = None,
+        logger: bool | Logger | Iterable[Logger] | None = True,
+        accumulate_grad_batches: int = 1,
+        gradient_clip_val: float | None = None,
+        gradient_clip_algorithm: str = "norm",
+        val_check_interval: int | float = 1.0,
+        check_val_every_n_epoch: int | None = 1,
+        num_sanity_val_steps: int = 2,
+        limit_train_batches: int | float | None = None,
+        limit_val_batches: int | float | None = None,
+        limit_test_batches: int | float | None = None,
+        limit_predict_batches: int | float | None = None,
+        log_every_n_steps: int = 50,
+        enable_progress_bar: bool = True,
+        enable_checkpointing: bool = True,
+        enable_model_summary: bool = True,
+        default_root_dir: str | os.PathLike[str] | None = None,
+        deterministic: bool = False,
+        fast_dev_run: bool | int = False,
+        detect_anomaly: bool = False,
+        use_distributed_sampler: bool = True,
+        compile: bool | dict[str, Any] = False,
+        seed: int | None = None,
+    ) -> None:
+        self.default_root_dir = os.fspath(default_root_dir or os.getcwd())
+        self.fast_dev_run = _check_fast_dev_run(fast_dev_run)
+        dev_batches = self.fast_dev_run or None
+        self.max_epochs = 1 if dev_batches else _default_max_epochs(max_epochs, max_steps)
+        self.max_steps = dev_batches or (max_steps if max_steps is not None else -1)
+        self.max_time = parse_max_time(max_time)
+        self.accumulate_grad_batches = check_positive_int(
+            "accumulate_grad_batches", accumulate_grad_batches
+        )
+        self.gradient_clip_val = gradient_clip_val
+        self.gradient_clip_algorithm = _check_clip(gradient_clip_val, gradient_clip_algorithm)
+        self.val_check_interval = 1.0 if dev_batches else _check_val_interval(val_check_interval)
+        self.check_val_every_n_epoch = check_val_every_n_epoch
+        self.num_sanity_val_steps = 0 if dev_batches else _check_sanity_steps(num_sanity_val_steps)
+        self.limit_batches = {
+            "train": dev_batches or limit_train_batches,
+            "validation": dev_batches or limit_val_batches,
+            "test": dev_batches or limit_test_batches,
+            "predict": dev_batches or limit_predict_batches,
+        }
+        self.log_every_n_steps = (
+            1 if dev_batches else check_positive_int("log_every_n_steps", log_every_n_steps)
+        )
+        self.deterministic = deterministic
+        self.detect_anomaly = detect_anomaly
+        self.use_distributed_sampler = use_distributed_sampler
+        self.compile = compile
+        self.seed = seed
+        self.num_nodes = check_positive_int("num_nodes", num_nodes)
+        self.accelerator = self._build_accelerator(strategy, accelerator, devices, precision)
+        self.loggers = [] if dev_batches else _build_loggers(logger, self.default_root_dir)
+        self.callbacks = _build_callbacks(callbacks, enable_progress_bar, enable_model_summary)
+        self.enable_checkpointing = enable_checkpointing and not dev_batches
+        self.progress = Progress()
+        self.state = TrainerState()
+        self.should_stop = False
+        self.sanity_checking = False
+        self.module: TrainModule | None = None
+        self.datamodule: DataModule | None = None
+        self.optimizers: list[Any] = []
+        self.lr_scheduler_configs: list[SchedulerConfig] = []
+        self.num_training_batches: float = 0
+        self.num_val_batches = 0
+        self.num_test_batches = 0
+        self.num_predict_batches = 0
+        self._stores = {
+            stage: MetricStore(self._reduce_for_logging)
+            for stage in ("train", "validation", "test")
+        }
+        self._logged_metrics: dict[str, Any] = {}
+        self._hooks: dict[str, list[Callable[..., Any]]] = {}
+        self._loaders: dict[str, Any] = {}
+        self._start_time = 0.0
+        self._previous_deterministic = torch.are_deterministic_algorithms_enabled()
+
+    def _build_accelerator(
+        self, strategy: Any, accelerator: str, devices: Any, precision: Any
+    ) -> Accelerator:
+        plugin = resolve_precision(precision)
+        if isinstance(strategy, Strategy):
+            chosen = strategy
+        elif strategy in ("auto", "single", None):
+            chosen = resolve_strategy(strategy, device=resolve_device(accelerator, devices))
+        else:
+            chosen = resolve_strategy(strategy)
+        return Accelerator(
+            mixed_precision=plugin,
+            strategy=chosen,
+            gradient_accumulation_steps=self.accumulate_grad_batches,
+            step_scheduler_with_optimizer=False,
+        )
+
+    # ---- public read-only facts -------------------------------------------------------------
+    @property
+    def global_step(self) -> int:
+        """Optimizer steps taken so far."""
+        return self.progress.global_step
+
+    @property
+    def current_epoch(self) -> int:
+        return self.progress.epoch
+
+    @property
+    def strategy(self) -> Strategy:
+        return self.accelerator.strategy
+
+    @property
+    def precision_plugin(self) -> Precision:
+        return self.accelerator.precision
+
+    @property
+    def precision(self) -> str:
+        """The precision mode's name, e.g. "bf16-mixed"."""
+        return self.accelerator.precision.name
+
+    @property
+    def global_rank(self) -> int:
+        return self.strategy.global_rank
+
+    @property
+    def local_rank(self) -> int:
+        return self.strategy.local_rank
+
+    @property
+    def world_size(self) -> int:
+        return self.strategy.world_size
+
+    @property
+    def is_global_zero(self) -> bool:
+        return self.strategy.is_global_zero
+
+    @property
+    def logger(self) -> Logger | None:
+        """The first logger, or None."""
+        return self.loggers[0] if self.loggers else None
+
+    @property
+    def log_dir(self) -> str:
+        """Where the first logger writes, else ``default_root_dir``."""
+        directory = self.logger.log_dir if self.logger is not None else None
+        return os.fspath(directory) if directory is not None else self.default_root_dir
+
+    @property
+    def checkpoint_callback(self) -> Callback | None:
+        """The first ModelCheckpoint among the callbacks, or None."""
+        return next((cb for cb in self.callbacks if _is_class(cb, "ModelCheckpoint")), None)
+
+    @property
+    def callback_metrics(self) -> dict[str, torch.Tensor]:
+        """Latest value of every logged metric (step and epoch), as tensors, for callbacks."""
+        merged: dict[str, Any] = {}
+        for store in self._stores.values():
+            merged.update(store.callback_items())
+        return {
+            k: v if isinstance(v, torch.Tensor) else torch.tensor(float(v))
+            for k, v in merged.items()
+        }
+
+    @property
+    def logged_metrics(self) -> dict[str, torch.Tensor]:
+        """The values last sent to the loggers."""
+        return dict(self._logged_metrics)
+
+    @property
+    def progress_bar_metrics(self) -> dict[str, float]:
+        """Metrics logged with ``prog_bar=True``, as floats (reading them syncs the device)."""
+        items: dict[str, Any] = {}
+        for store in self._stores.values():
+            items.update(store.epoch_items(for_bar=True))
+            items.update(store.step_items(for_bar=True))
+        return {k: to_float(v) for k, v in items.items()}
+
+    @property
+    def estimated_stepping_batches(self) -> float:
+        """Optimizer steps ``fit`` will take (``inf`` when unbounded); needs the train loader."""
+        if "train" not in self._loaders:
+            raise ConfigurationError(
+                "trainer.estimated_stepping_batches is known once fit has set up its train "
+                "dataloader: read it in configure_optimizers or later."
+            )
+        per_epoch = math.ceil(self.num_training_batches / self.accumulate_grad_batches)
+        total = per_epoch * self.max_epochs if self.max_epochs not in (None, -1) else math.inf
+        return min(total, self.max_steps) if self.max_steps not in (None, -1) else total
+
+    # ---- entry points -------------------------------------------------------------------------
+    def fit(
+        self,
+        module: TrainModule,
+        train_dataloaders: DataLoader | None = None,
+        val_dataloaders: DataLoader | None = None,
+        datamodule: DataModule | None = None,
+        ckpt_path: str | None = None,
+    ) -> None:
+        """Train ``module``; validate along the way when it has ``validation_step``.
+
+        Data comes from the arguments, else ``datamodule``, else the module's
+        ``*_dataloader`` methods.
+        """
+        self._attach(module, datamodule, "fit")
+        _reject_ckpt_path(ckpt_path, "fit")
+        try:
+            self._setup("fit", {"train": train_dataloaders, "validation": val_dataloaders})
+            self._run_sanity_check()
+            self._call_hook("on_train_start")
+            while not self._is_done():
+                self._train_epoch()
+            self._call_hook("on_train_end")
+            self._call_hook("on_fit_end")
+        except BaseException as err:
+            self._handle_exception(err, "fit")
+            raise
+        self._teardown("fit", "finished")
+
+    def validate(
+        self,
+        module: TrainModule | None = None,
+        dataloaders: DataLoader | None = None,
+        ckpt_path: str | None = None,
+        datamodule: DataModule | None = None,
+    ) -> list[dict[str, float]]:
+        """Run one validation epoch; return ``[{metric: value}]``."""
+        return self._run_eval("validation", module, dataloaders, ckpt_path, datamodule)
+
+    def test(
+        self,
+        module: TrainModule | None = None,
+        dataloaders: DataLoader | None = None,
+        ckpt_path: str | None = None,
+        datamodule: DataModule | None = None,
+    ) -> list[dict[str, float]]:
+        """Run one test epoch; return ``[{metric: value}]``."""
+        return self._run_eval("test", module, dataloaders, ckpt_path, datamodule)
+
+    def predict(
+        self,
+        module: TrainModule | None = None,
+        dataloaders: DataLoader | None = None,
+        ckpt_path: str | None = None,
+        datamodule: DataModule | None = None,
+    ) -> list[Any]:
+        """Run ``predict_step`` over the data; return its outputs, one per batch."""
+        return self._run_eval("predict", module, dataloaders, ckpt_path, datamodule)
+
+    def _run_eval(
+        self,
+        stage: str,
+        module: TrainModule | None,
+        dataloaders: Any,
+        ckpt_path: str | None,
+        datamodule: DataModule | None,
+    ) -> Any:
+        run_stage = _STAGE_OF[stage]
+        module = module if module is not None else self.module
+        if module is None:
+            raise ConfigurationError(
+                f"trainer.{run_stage}(): no module given and none was fitted before. Pass the "
+                f"module: trainer.{run_stage}(module, dataloaders)."
+            )
+        self._attach(module, datamodule, run_stage)
+        _reject_ckpt_path(ckpt_path, run_stage)
+        try:
+            self._setup(run_stage, {stage: dataloaders})
+            result = self._eval_epoch(stage)
+        except BaseException as err:
+            self._handle_exception(err, run_stage)
+            raise
+        self._teardown(run_stage, "finished")
+        if stage == "predict":
+            return result
+        return [{k: to_float(v) for k, v in result.items()}]
+
+    # ---- setup and teardown -----------------------------------------------------------------
+    def _attach(self, module: TrainModule, datamodule: DataModule | None, stage: str) -> None:
+        if not isinstance(module, TrainModule):
+            raise ConfigurationError(
+                f"trainer.{stage}(module={describe(module)}): expected a trainer.TrainModule "
+                "subclass instance. Subclass TrainModule and implement training_step."
+            )
+        if stage == "fit":
+            _check_module_for_fit(module)
+        if datamodule is not None and not isinstance(datamodule, DataModule):
+            raise ConfigurationError(
+                f"trainer.{stage}(datamodule={describe(datamodule)}): expected a trainer.DataModule."
+            )
+        self.module = module
+        self.datamodule = datamodule
+        module._trainer = self
+        if datamodule is not None:
+            datamodule.trainer = self
+        self.state = TrainerState(stage=stage, status="running")
+        self.should_stop = False
+        self._hooks = self._build_hook_table(module)
+
+    def _setup(self, stage: str, loaders: dict[str, Any]) -> None:
+        """Seed, set up data, hooks, model, optimizers and dataloaders for ``stage``."""
+        self._start_time = time.monotonic()
+        module = self.module
+        if self.seed is not None:
+            from trainer.seed import seed_everything
+
+            seed_everything(self.seed)
+        self._previous_deterministic = torch.are_deterministic_algorithms_enabled()
+        if self.deterministic:
+            torch.use_deterministic_algorithms(True, warn_only=True)
+        if self.datamodule is not None:
+            if self.is_global_zero:
+                self.datamodule.prepare_data()
+            self.datamodule.setup(stage)
+        self._stores[_store_key(stage)].reset()
+        self._call_hook("setup", stage)
+        module.configure_model()
+        if self.compile:
+            options = self.compile if isinstance(self.compile, dict) else {}
+            module.compile(**options)
+        self._prepare_module(module)
+        if stage == "fit":
+            self._configure_optimizers(module)
+        for name, given in loaders.items():
+            self._loaders[name] = self._prepare_loader(
+                name, given, required=name in ("train", "test", "predict")
+            )
+        module._metric_store = self._stores["train"]
+        if stage == "fit":
+            self._log_hyperparams()
+            self._call_hook("on_fit_start")
+
+    def _prepare_module(self, module: TrainModule) -> None:
+        router = _StepRouter(module)
+        prepared = self.accelerator.prepare(router)
+        self._wrapped_model = prepared
+        if prepared is router:  # nothing wraps the forward: call the steps directly (faster)
+            self._run_step: Callable[..., Any] = lambda name, *args: getattr(module, name)(*args)
+            self._training_step = module.training_step
+        else:
+            self._run_step = prepared
+            self._training_step = partial(prepared, "training_step")
+
+    def _configure_optimizers(self, module: TrainModule) -> None:
+        returned = module.configure_optimizers()
+        where = f"{type(module).__name__}.configure_optimizers"
+        if returned is None and module.automatic_optimization:
+            raise HookResultError(
+                f"configure_optimizers returned None under automatic optimization ({where}). "
+                "Return an optimizer, e.g. torch.optim.AdamW(self.parameters(), lr=1e-3), or "
+                "set automatic_optimization = False and step optimizers yourself."
+            )
+        optimizers, schedulers = (
+            ([], []) if returned is None else parse_optimizer_config(returned, where)
+        )
+        if module.automatic_optimization and len(optimizers) > 1:
+            raise HookResultError(
+                f"configure_optimizers returned {len(optimizers)} optimizers under automatic "
+                f"optimization ({where}). Return one, or set automatic_optimization = False and "
+                "step them in training_step with self.optimizers()."
+            )
+        prepared = self.accelerator.prepare(*optimizers) if optimizers else []
+        self.optimizers = (
+            list(prepared) if isinstance(prepared, tuple) else [prepared] if optimizers else []
+        )
+        self.lr_scheduler_configs = schedulers
+
+    def _prepare_loader(self, name: str, given: Any, *, required: bool) -> Any:
+        loader = given if given is not None else self._find_loader(name)
+        if loader is None:
+            if required:
+                raise ConfigurationError(
+                    f"trainer: no {name} dataloader. Pass one to the call, return one from "
+                    f"{name if name != 'validation' else 'val'}_dataloader(), or use a DataModule."
+                )
+            return None
+        if not isinstance(loader, DataLoader):
+            argument = {"train": "train_dataloaders", "validation": "val_dataloaders"}.get(
+                name, "dataloaders"
+            )
+            raise ConfigurationError(
+                f"trainer: {argument}={describe(loader)} is not a torch.utils.data.DataLoader. "
+                "Wrap your dataset: DataLoader(dataset, batch_size=32)."
+            )
+        prepared = self.accelerator.prepare_data_loader(loader)
+        length = _safe_len(prepared)
+        limit = resolve_limit(
+            f"limit_{'val' if name == 'validation' else name}_batches",
+            self.limit_batches[name],
+            length,
+        )
+        prepared.limit = None if math.isinf(limit) else int(limit)
+        count = limit if math.isinf(limit) else int(limit)
+        if name == "train":
+            self.num_training_batches = count
+        else:
+            setattr(self, f"num_{'val' if name == 'validation' else name}_batches", count)
+        return prepared
+
+    def _find_loader(self, name: str) -> Any:
+        method = f"{'val' if name == 'validation' else name}_dataloader"
+        for source in (self.datamodule, self.module):
+            function = getattr(source, method, None)
+            if function is not None:
+                return function()
+        return None
+
+    def _teardown(self, stage: str, status: str) -> None:
+        self.state.status = status
+        self._call_hook("teardown", stage)
+        if self.datamodule is not None:
+            self.datamodule.teardown(stage)
+        if stage == "fit" and self.is_global_zero:
+            for logger in self.loggers:
+                logger.finalize("success" if status == "finished" else status)
+        if not self._previous_deterministic:
+            torch.use_deterministic_algorithms(False)
+        if self.module is not None:
+            self.module._metric_store = None
+
+    def _handle_exception(self, err: BaseException, stage: str) -> None:
+        status = "interrupted" if isinstance(err, KeyboardInterrupt) else "failed"
+        self.state.status = status
+        try:
+            self._call_hook("on_exception", err)
+        finally:
+            self._teardown(stage, status)
+
+    # ---- the fit loop -------------------------------------------------------------------------
+    def _run_sanity_check(self) -> None:
+        if self.num_sanity_val_steps == 0 or not self._has_validation():
+            return
+        loader = self._loaders["validation"]
+        full_limit = loader.limit
+        steps = self.num_sanity_val_steps
+        loader.limit = (
+            None if steps < 0 else min(steps, full_limit if full_limit is not None else steps)
+        )
+        self.sanity_checking = True
+        try:
+            self._call_hook("on_sanity_check_start")
+            self._eval_epoch("validation")
+            self._call_hook("on_sanity_check_end")
+        finally:
+            self.sanity_checking = False
+            loader.limit = full_limit
+            self._stores["validation"].reset()  # sanity values are not real metrics
+
+    def _is_done(self) -> bool:
+        if self.should_stop:
+            return True
+        if self.max_steps != -1 and self.progress.global_step >= self.max_steps:
+            return True
+        if self.max_epochs not in (None, -1) and self.progress.epoch >= self.max_epochs:
+            return True
+        return self._time_is_up()
+
+    def _time_is_up(self) -> bool:
+        return (
+            self.max_time is not None
+            and time.monotonic() - self._start_time >= self.max_time.total_seconds()
+        )
+
+    def _train_epoch(self) -> None:
+        """One epoch of training, with validation where scheduled, then the epoch-end hooks."""
+        loader = self._loaders["train"]
+        store = self._stores["train"]
+        store.start_epoch()
+        loader.set_epoch(self.progress.epoch)
+        self._wrapped_model.train()
+        self._call_hook("on_train_epoch_start")
+        val_every = self._val_check_batches()
+        is_epoch_complete = True
+        for batch_idx, batch in enumerate(loader, start=self.progress.batch_idx):
+            self.progress.batch_idx = batch_idx + 1
+            if self._train_batch(batch, batch_idx) is _SKIP_EPOCH:
+                break
+            is_last = loader.end_of_dataloader
+            if (
+                val_every
+                and (batch_idx + 1) % val_every == 0
+                and not is_last
+                and self._should_validate_epoch()
+            ):
+                self._run_validation()
+            if self.should_stop or self._is_done():
+                is_epoch_complete = is_last
+                break
+        if self._should_validate_epoch() and (is_epoch_complete or self.should_stop):
+            self._run_validation()
+        self._end_train_epoch()
+
+    def _end_train_epoch(self) -> None:
+        store = self._stores["train"]
+        store.finalize_epoch()
+        store.default_on_step, store.default_on_epoch = False, True
+        self._call_hook("on_train_epoch_end")
+        store.default_on_step, store.default_on_epoch = True, False
+        epoch_metrics = store.finalize_epoch()
+        self._send_to_loggers(store.epoch_items(for_logger=True) if epoch_metrics else {})
+        self._step_schedulers("epoch")
+        self.progress.epoch += 1
+        self.progress.batch_idx = 0
+
+    def _train_batch(self, batch: Any, batch_idx: int) -> Any:
+        """One batch: step, backward, and on stepping batches the optimizer step."""
+        store = self._stores["train"]
+        store.current_batch = batch
+        if self._call_hook("on_train_batch_start", batch, batch_idx) == -1:
+            return _SKIP_EPOCH
+        module = self.module
+        if not module.automatic_optimization:
+            steps_before = sum(opt.step_count for opt in self.optimizers)
+            with self.accelerator.autocast():
+                output = self._training_step(batch, batch_idx)
+            self.progress.global_step += (
+                sum(opt.step_count for opt in self.optimizers) - steps_before
+            )
+        else:
+            with self.accelerator.accumulate(self._wrapped_model):
+                with self.accelerator.autocast():
+                    output = self._training_step(batch, batch_idx)
+                loss = self._loss_of(output, batch_idx)
+                if loss is not None:
+                    self._backward(loss)
+                    if self.accelerator.sync_gradients:
+                        self._optimizer_step()
+        outputs = {"loss": output.detach()} if isinstance(output, torch.Tensor) else output
+        self._call_hook("on_train_batch_end", outputs, batch, batch_idx)
+        return outputs
+
+    def _backward(self, loss: torch.Tensor, **kwargs: Any) -> None:
+        self._call_hook("on_before_backward", loss)
+        if self.detect_anomaly:
+            self._anomaly_backward(loss, **kwargs)
+        else:
+            self.accelerator.backward(loss, **kwargs)
+        self._call_hook("on_after_backward")
+
+    def _manual_backward(self, loss: torch.Tensor, **kwargs: Any) -> None:
+        """``TrainModule.manual_backward``: the same hooks and path as automatic backward."""
+        if self.detect_anomaly:
+            self._check_finite(loss, "training_step (manual_backward)")
+        self._backward(loss, **kwargs)
+
+    def _optimizer_step(self) -> None:
+        """Unscale, hooks, clip, step, zero; count the step and step 'step' schedulers."""
+        optimizer = self.optimizers[0]
+        self.accelerator.unscale_gradients()
+        self._call_hook("on_before_optimizer_step", optimizer)
+        if self.gradient_clip_val is not None:
+            parameters = self.module.parameters()
+            if self.gradient_clip_algorithm == "norm":
+                self.accelerator.clip_grad_norm_(parameters, self.gradient_clip_val)
+            else:
+                self.accelerator.clip_grad_value_(parameters, self.gradient_clip_val)
+        optimizer.step()
+        self._call_hook("on_before_zero_grad", optimizer)
+        optimizer.zero_grad()
+        self.progress.global_step += 1
+        if not self.accelerator.optimizer_step_was_skipped:
+            self._step_schedulers("step")
+        if self.progress.global_step % self.log_every_n_steps == 0:
+            self._send_to_loggers(self._stores["train"].step_items(for_logger=True))
+
+    def _loss_of(self, output: Any, batch_idx: int) -> torch.Tensor | None:
+        """Check ``training_step``'s result and return the loss (None skips the batch)."""
+        if isinstance(output, torch.Tensor):
+            loss = output
+        elif output is None:
+            return None
+        elif isinstance(output, dict) and isinstance(output.get("loss"), torch.Tensor):
+            loss = output["loss"]
+        else:
+            detail = " without a 'loss' Tensor" if isinstance(output, dict) else ""
+            raise HookResultError(
+                f"training_step returned {type(output).__name__}{detail}; expected a Tensor, a "
+                f'dict with "loss", or None ({self._where("training_step", batch_idx)}). Return '
+                "the loss tensor."
+            )
+        if loss.numel() != 1 or not loss.requires_grad:
+            problem = (
+                f"of shape {tuple(loss.shape)}"
+                if loss.numel() != 1
+                else "that does not require grad"
+            )
+            raise HookResultError(
+                f"training_step returned a loss {problem} ({self._where('training_step', batch_idx)}). "
+                "Return one scalar computed from the model's outputs, outside torch.no_grad() "
+                "and without .detach()."
+            )
+        if self.detect_anomaly:
+            self._check_finite(loss, self._where("training_step", batch_idx))
+        return loss
+
+    def _check_finite(self, loss: torch.Tensor, where: str) -> None:
+        if not torch.isfinite(loss).all():
+            kind = "nan" if torch.isnan(loss).any() else "inf"
+            raise AnomalyError(
+                f"detect_anomaly: the loss is {kind} ({where}). Check the inputs, lower the "
+                "learning rate, or clip gradients (gradient_clip_val)."
+            )
+
+    def _anomaly_backward(self, loss: torch.Tensor, **kwargs: Any) -> None:
+        try:
+            with torch.autograd.detect_anomaly(check_nan=True):
+                self.accelerator.backward(loss, **kwargs)
+        except RuntimeError as err:
+            if "nan" not in str(err).lower():
+                raise
+            raise AnomalyError(
+                f"detect_anomaly: backward produced nan gradients (after training_step, "
+                f"{self._where('training_step', self.progress.batch_idx - 1)}): {err}"
+            ) from err
+        bad = [
+            name
+            for name, p in self.module.named_parameters()
+            if p.grad is not None and not torch.isfinite(p.grad).all()
+        ]
+        if bad:
+            raise AnomalyError(
+                f"detect_anomaly: nan/inf gradients in {bad[:5]} after backward of training_step "
+                f"({self._where('training_step', self.progress.batch_idx - 1)})."
+            )
+
+    def _where(self, hook: str, batch_idx: int) -> str:
+        return (
+            f"{type(self.module).__name__}.{hook}, epoch {self.progress.epoch}, batch {batch_idx}"
+        )
+
+    def _step_schedulers(self, interval: str) -> None:
+        for config in self.lr_scheduler_configs:
+            if config.interval != interval:
+                continue
+            count = self.progress.global_step if interval == "step" else self.progress.epoch + 1
+            if count % config.frequency != 0:
+                continue
+            if config.is_plateau:
+                config.scheduler.step(self._monitored_value(config))
+            else:
+                config.scheduler.step()
+
+    def _monitored_value(self, config: SchedulerConfig) -> float:
+        metrics = self.callback_metrics
+        if config.monitor not in metrics:
+            raise ConfigurationError(
+                f"ReduceLROnPlateau monitors {config.monitor!r}, which was not logged; logged "
+                f"metrics: {sorted(metrics)}. Log it with self.log({config.monitor!r}, ...) or "
+                "change 'monitor' in configure_optimizers."
+            )
+        return to_float(metrics[config.monitor])
+
+    # ---- validation / test / predict ----------------------------------------------------------
+    def _has_validation(self) -> bool:
+        return self._loaders.get("validation") is not None and _overrides(
+            self.module, "validation_step"
+        )
+
+    def _val_check_batches(self) -> int:
+        """Run validation every this many train batches inside the epoch (0: only at the end)."""
+        if not self._has_validation():
+            return 0
+        interval = self.val_check_interval
+        if isinstance(interval, int):
+            if interval > self.num_training_batches:
+                raise ConfigurationError(
+                    f"Trainer(val_check_interval={interval}) is more than the "
+                    f"{self.num_training_batches} training batches per epoch. Use a smaller int, or a "
+                    "float fraction of the epoch."
+                )
+            return interval
+        if interval >= 1.0 or math.isinf(self.num_training_batches):
+            return 0
+        return max(1, int(self.num_training_batches * interval))
+
+    def _should_validate_epoch(self) -> bool:
+        if not self._has_validation() or self.num_val_batches == 0:
+            return False
+        every = self.check_val_every_n_epoch
+        return every is None or (self.progress.epoch + 1) % every == 0
+
+    def _run_validation(self) -> None:
+        was_training = self._wrapped_model.training
+        self._eval_epoch("validation")
+        self._wrapped_model.train(was_training)
+
+    def _eval_epoch(self, stage: str) -> Any:
+        """One epoch of ``stage`` ("validation", "test", "predict"): hooks, steps, metrics."""
+        loader = self._loaders.get(stage)
+        step_name = _STEP_NAMES[stage]
+        if loader is None or not _overrides(self.module, step_name):
+            if stage != "validation":
+                raise ConfigurationError(
+                    f"trainer.{_STAGE_OF[stage]}: {type(self.module).__name__} has no {step_name}. "
+                    f"Implement {step_name}(self, batch, batch_idx)."
+                )
+            return {}
+        store = self._stores.get(stage)
+        if store is not None:
+            store.start_epoch()
+            store.default_on_step, store.default_on_epoch = False, True
+            self.module._metric_store = store
+        self._wrapped_model.eval()
+        predictions: list[Any] = []
+        self._call_hook(f"on_{stage}_start")
+        self._call_hook(f"on_{stage}_epoch_start")
+        with torch.no_grad():
+            for batch_idx, batch in enumerate(loader):
+                if store is not None:
+                    store.current_batch = batch
+                self._call_hook(f"on_{stage}_batch_start", batch, batch_idx)
+                with self.accelerator.autocast():
+                    output = self._run_step(step_name, batch, batch_idx)
+                if stage == "predict":
+                    predictions.append(output)
+                self._call_hook(f"on_{stage}_batch_end", output, batch, batch_idx)
+        self._call_hook(f"on_{stage}_epoch_end")
+        metrics = store.finalize_epoch() if store is not None else {}
+        if store is not None and not self.sanity_checking:
+            self._send_to_loggers(store.epoch_items(for_logger=True))
+        self._call_hook(f"on_{stage}_end")
+        self.module._metric_store = self._stores["train"]
+        return predictions if stage == "predict" else metrics
+
+    # ---- logging -----------------------------------------------------------------------------
+    def _send_to_loggers(self, items: dict[str, Any]) -> None:
+        """Read the values (the one host sync) and write them to every logger on rank zero."""
+        if not items:
+            return
+        metrics = {name: to_float(value) for name, value in items.items()}
+        self._logged_metrics.update({k: torch.tensor(v) for k, v in metrics.items()})
+        if not self.loggers or not self.is_global_zero:
+            return
+        metrics["epoch"] = float(self.progress.epoch)
+        for logger in self.loggers:
+            logger.log_metrics(metrics, step=self.progress.global_step)
+
+    def _log_hyperparams(self) -> None:
+        params = dict(self.module.hparams)
+        if self.datamodule is not None:
+            params.update(self.datamodule.hparams)
+        if params and self.is_global_zero:
+            for logger in self.loggers:
+                logger.log_hyperparams(params)
+
+    def _reduce_for_logging(self, tensor: torch.Tensor, op: str) -> torch.Tensor:
+        return self.strategy.all_reduce(tensor, op=op)
+
+    # ---- hooks -------------------------------------------------------------------------------
+    def _build_hook_table(self, module: TrainModule) -> dict[str, list[Callable[..., Any]]]:
+        """For each hook, the overridden implementations to call: the module's, then callbacks'."""
+        table: dict[str, list[Callable[..., Any]]] = {}
+        for name in CALLBACK_HOOKS:
+            functions: list[Callable[..., Any]] = []
+            if getattr(type(module), name, None) is not getattr(ModuleHooks, name):
+                functions.append(getattr(module, name))
+            for callback in self.callbacks:
+                if getattr(type(callback), name, None) is not getattr(Callback, name):
+                    functions.append(partial(getattr(callback, name), self, module))
+            table[name] = functions
+        return table
+
+    def _call_hook(self, name: str, *args: Any) -> Any:
+        """Run hook ``name`` on the module, then on each callback in list order.
+
+        Returns the module's result (``on_train_batch_start`` may return -1 to end the epoch).
+        """
+        functions = self._hooks.get(name)
+        if functions is None:
+            raise ConfigurationError(
+                f"internal: {name!r} is not a hook; see trainer.hooks.CALLBACK_HOOKS"
+            )
+        result = None
+        for function in functions:
+            returned = function(*args)
+            if result is None:
+                result = returned
+        return result
+
+
+_SKIP_EPOCH = object()
+
+
+def _store_key(stage: str) -> str:
+    return {"fit": "train", "validate": "validation", "test": "test", "predict": "test"}[stage]
+
+
+def _overrides(module: Any, method: str) -> bool:
+    return callable(getattr(module, method, None))
+
+
+def _is_class(obj: object, name: str) -> bool:
+    return any(klass.__name__ == name for klass in type(obj).__mro__)
+
+
+def _safe_len(loader: Any) -> float:
+    try:
+        return len(loader)
+    except TypeError:
+        return math.inf
+
+
+def _reject_ckpt_path(ckpt_path: str | None, stage: str) -> None:
+    if ckpt_path is not None:
+        raise ConfigurationError(
+            f"trainer.{stage}(ckpt_path={ckpt_path!r}): loading checkpoints is not available in "
+            "this version of trainer (it arrives with the checkpoint format). Load weights with "
+            "module.load_state_dict(...) before the call."
+        )
+
+
+def _check_module_for_fit(module: TrainModule) -> None:
+    name = type(module).__name__
+    if not _overrides(module, "training_step"):
+        raise ConfigurationError(
+            f"{name} has no training_step. Implement training_step(self, batch, batch_idx) "
+            "returning the loss."
+        )
+    if not _overrides(module, "configure_optimizers"):
+        raise ConfigurationError(
+            f"{name} has no configure_optimizers. Implement it, e.g. "
+            "`return torch.optim.AdamW(self.parameters(), lr=1e-3)`."
+        )
+
+
+def _check_fast_dev_run(value: bool | int) -> int:
+    if isinstance(value, bool):
+        return int(value)
+    if not isinstance(value, int) or value < 0:
+        raise ConfigurationError(
+            f"Trainer(fast_dev_run={describe(value)}): expected True/False or an int >= 0 of batches."
+        )
+    return value
+
+
+def _default_max_epochs(max_epochs: int | None, max_steps: int | None) -> int | None:
+    if max_epochs is None and max_steps in (None, -1):
+        return 1000  # Lightning's default when nothing bounds the run
+    if max_epochs is not None and (not isinstance(max_epochs, int) or max_epochs < -1):
+        raise ConfigurationError(
+            f"Trainer(max_epochs={describe(max_epochs)}): expected an int >= 0, -1 or None."
+        )
+    return max_epochs if max_epochs is not None else -1
+
+
+def _check_clip(value: float | None, algorithm: str) -> str:
+    if algorithm not in ("norm", "value"):
+        raise ConfigurationError(
+            f"Trainer(gradient_clip_algorithm={algorithm!r}): expected 'norm' or 'value'."
+        )
+    if value is not None and (
+        isinstance(value, bool) or not isinstance(value, int | float) or value <= 0
+    ):
+        raise ConfigurationError(
+            f"Trainer(gradient_clip_val={describe(value)}): expected a positive number or None."
+        )
+    return algorithm
+
+
+def _check_val_interval(value: int | float) -> int | float:
+    if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
+        raise ConfigurationError(
+            f"Trainer(val_check_interval={describe(value)}): expected a float in (0.0, 1.0] "
+            "(fraction of an epoch) or an int number of training batches."
+        )
+    if isinstance(value, float) and value > 1.0:
+        raise ConfigurationError(
+            f"Trainer(val_check_interval={value}): a float must be in (0.0, 1.0]; for a count of "
+            "batches pass an int."
+        )
+    return value
+
+
+def _check_sanity_steps(value: int) -> int:
+    if not isinstance(value, int) or isinstance(value, bool) or value < -1:
+        raise ConfigurationError(
+            f"Trainer(num_sanity_val_steps={describe(value)}): expected an int >= 0, or -1 for "
+            "the whole validation set."
+        )
+    return value
+
+
+def _build_loggers(logger: Any, root: str) -> list[Logger]:
+    if logger is True:
+        from trainer.loggers.csv_logs import CSVLogger
+
+        return [CSVLogger(save_dir=root, name="trainer_logs")]
+    if logger in (False, None):
+        return []
+    loggers = [logger] if isinstance(logger, Logger) else list(logger)
+    for item in loggers:
+        if not isinstance(item, Logger):
+            raise ConfigurationError(
+                f"Trainer(logger=...): {describe(item)} is not a trainer.loggers.Logger. Pass "
+                "True, False, a Logger, or a list of Loggers."
+            )
+    return loggers
+
+
+def _build_callbacks(
+    callbacks: Any, enable_progress_bar: bool, enable_model_summary: bool
+) -> list[Callback]:
+    given = (
+        []
+        if callbacks is None
+        else [callbacks]
+        if isinstance(callbacks, Callback)
+        else list(callbacks)
+    )
+    for item in given:
+        if not isinstance(item, Callback):
+            raise ConfigurationError(
+                f"Trainer(callbacks=...): {describe(item)} is not a trainer.callbacks.Callback."
+            )
+    if enable_model_summary and not any(_is_class(cb, "ModelSummary") for cb in given):
+        from trainer.callbacks.model_summary import ModelSummary
+
+        given.insert(0, ModelSummary())
+    if enable_progress_bar and not any(_is_class(cb, "RichProgressBar") for cb in given):
+        from trainer.callbacks.progress import RichProgressBar
+
+        given.append(RichProgressBar())
+    return given
