@@ -413,12 +413,13 @@ class Trainer:
             options = self.compile if isinstance(self.compile, dict) else {}
             module.compile(**options)
         self._prepare_module(module)
-        if stage == "fit":
-            self._configure_optimizers(module)
-        for name, given in loaders.items():
+        self._loaders = {}
+        for name, given in loaders.items():  # before optimizers: schedulers may need the length
             self._loaders[name] = self._prepare_loader(
                 name, given, required=name in ("train", "test", "predict")
             )
+        if stage == "fit":
+            self._configure_optimizers(module)
         module._metric_store = self._stores["train"]
         if stage == "fit":
             self._log_hyperparams()

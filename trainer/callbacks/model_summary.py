@@ -105,7 +105,7 @@ def total_size_bytes(module: torch.nn.Module) -> int:
         110
     """
     tensors = [*module.parameters(), *module.buffers()]
-    return sum(_numel(t) * t.element_size() for t in tensors)
+    return sum(_numel(t) * t.element_size() for t in tensors if _numel(t))
 
 
 def format_count(number: int) -> str:
@@ -171,7 +171,7 @@ class ModelSummary(Callback):
         rows = summarize(module, self.max_depth)
         table = require("rich.table", **_RICH).Table(header_style="bold magenta")
         for header in ("", "Name", "Type", "Params", "Trainable", "Non-trainable"):
-            table.add_column(header, justify="right" if header != "Name" and header else "left")
+            table.add_column(header, justify="left" if header in ("Name", "Type") else "right")
         for index, row in enumerate(rows):
             counts = (row.params, row.trainable_params, row.non_trainable_params)
             table.add_row(str(index), row.name, row.type, *(format_count(n) for n in counts))

@@ -65,10 +65,16 @@ class RichProgressBar(Callback):
         plain_every_n_steps: int | None = None,
     ) -> None:
         if type(refresh_rate_s) not in (int, float) or refresh_rate_s < 0:  # bool is refused
-            raise _option_error("refresh_rate_s", "a number >= 0", refresh_rate_s, "0.1")
+            raise ConfigurationError(
+                f"RichProgressBar(refresh_rate_s=...) expected a number >= 0, received "
+                f"{describe(refresh_rate_s)}. Pass e.g. refresh_rate_s=0.1."
+            )
         every_n = plain_every_n_steps
         if every_n is not None and (type(every_n) is not int or every_n < 1):
-            raise _option_error("plain_every_n_steps", "an int >= 1 or None", every_n, "50")
+            raise ConfigurationError(
+                f"RichProgressBar(plain_every_n_steps=...) expected an int >= 1 or None, received "
+                f"{describe(every_n)}. Pass e.g. plain_every_n_steps=50."
+            )
         self.refresh_rate_s = float(refresh_rate_s)
         self.leave = leave
         self.plain_every_n_steps = plain_every_n_steps
@@ -171,10 +177,8 @@ class RichProgressBar(Callback):
 
     def _start(self, trainer: Trainer) -> None:
         """Choose the mode once per stage; the console (and rich) is only needed from here."""
-        if self._mode is not None:
-            return
-        if not trainer.is_global_zero:
-            self._mode = "off"
+        if self._mode is not None or not trainer.is_global_zero:
+            self._mode = self._mode or "off"  # other ranks show nothing
             return
         if self._console is None:
             self._console = require("rich.console", **_RICH).Console()
@@ -212,12 +216,15 @@ class RichProgressBar(Callback):
         else:
             name, count, total = self._eval_name, self._eval_count, self._eval_total
             seconds = monotonic() - self._eval_start
-        metrics = {} if name == "Predicting" else trainer.progress_bar_metrics
-        line = _format_plain_line(name, count, total, metrics, seconds, is_end)
+        line = _format_plain_line(name, count, total, self._metrics(trainer), seconds, is_end)
         self._console.print(line, markup=False, highlight=False, soft_wrap=True)
 
+    def _metrics(self, trainer: Trainer) -> dict[str, Any]:
+        """Progress-bar metrics; none for predict, where values left from fit would mislead."""
+        return {} if self._eval_name == "Predicting" else trainer.progress_bar_metrics
+
     def _update_live(self, trainer: Trainer, task: TaskID, count: int) -> None:
-        metrics = _format_metrics(trainer.progress_bar_metrics)
+        metrics = _format_metrics(self._metrics(trainer))
         self._progress.update(task, completed=count, metrics=metrics)
 
     def _finish_task(self, task: TaskID, *, keep: bool) -> None:
@@ -252,13 +259,6 @@ def _format_plain_line(
     elif rate is not None and total is not None:
         parts.append(f"ETA {_format_duration((total - count) / rate)}")
     return "  ".join(parts)
-
-
-def _option_error(name: str, expected: str, value: object, example: str) -> ConfigurationError:
-    return ConfigurationError(
-        f"RichProgressBar({name}=...) expected {expected}, received {describe(value)}. "
-        f"Pass e.g. {name}={example}."
-    )
 
 
 def _format_value(value: Any) -> str:

@@ -1,0 +1,67 @@
+"""Shared test helpers: tiny real data and a small TrainModule."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch.utils.data import DataLoader, TensorDataset
+
+import trainer
+
+
+def make_loader(n: int = 32, batch_size: int = 4, *, seed: int = 0, shuffle: bool = False) -> DataLoader:
+    """A regression problem y = x @ w, ``n`` samples of 4 features."""
+    generator = torch.Generator().manual_seed(seed)
+    x = torch.randn(n, 4, generator=generator)
+    y = x @ torch.tensor([[1.0], [-2.0], [0.5], [3.0]])
+    return DataLoader(TensorDataset(x, y), batch_size=batch_size, shuffle=shuffle)
+
+
+class LinearModule(trainer.TrainModule):
+    """Linear regression with SGD; logs train/loss and val/loss."""
+
+    def __init__(self, lr: float = 0.05) -> None:
+        super().__init__()
+        self.save_hyperparameters()
+        self.net = torch.nn.Linear(4, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.net(x)
+
+    def training_step(self, batch, batch_idx):
+        x, y = batch
+        loss = torch.nn.functional.mse_loss(self(x), y)
+        self.log("train/loss", loss, prog_bar=True)
+        return loss
+
+    def validation_step(self, batch, batch_idx):
+        x, y = batch
+        self.log("val/loss", torch.nn.functional.mse_loss(self(x), y))
+
+    def test_step(self, batch, batch_idx):
+        x, y = batch
+        self.log("test/loss", torch.nn.functional.mse_loss(self(x), y))
+
+    def predict_step(self, batch, batch_idx):
+        return self(batch[0])
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=self.hparams.lr)
+
+
+def quiet_trainer(tmp_path, **kwargs) -> trainer.Trainer:
+    """A Trainer with no bar, summary or logger unless asked, writing under ``tmp_path``."""
+    options = dict(
+        default_root_dir=str(tmp_path),
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        logger=False,
+        num_sanity_val_steps=0,
+    )
+    options.update(kwargs)
+    return trainer.Trainer(**options)
+
+
+@pytest.fixture
+def loader() -> DataLoader:
+    return make_loader()

@@ -1,0 +1,409 @@
+"""Trainer behaviour on one CPU: stopping, accumulation, clipping, schedulers, validation cadence."""
+
+from __future__ import annotations
+
+import datetime as dt
+import math
+
+import pytest
+import torch
+
+import trainer
+from tests.conftest import LinearModule, make_loader, quiet_trainer
+from trainer.callbacks import Callback
+
+
+def test_fit_trains_and_reduces_loss(tmp_path):
+    module = LinearModule(lr=0.1)
+    loader = make_loader(n=64, batch_size=8)
+    t = quiet_trainer(tmp_path, max_epochs=5)
+    before = t.validate(module, loader)[0]["val/loss"]
+    t.fit(module, loader, loader)
+    after = t.callback_metrics["val/loss"].item()
+    assert after < before * 0.1
+    assert t.global_step == 40 and t.current_epoch == 5
+    assert t.state.status == "finished" and t.state.stage == "fit"
+
+
+def test_max_steps_stops_mid_epoch(tmp_path):
+    t = quiet_trainer(tmp_path, max_steps=5)
+    t.fit(LinearModule(), make_loader(n=32, batch_size=4))
+    assert t.global_step == 5
+
+
+def test_max_epochs_none_and_max_steps_default_to_1000_epochs(tmp_path):
+    assert quiet_trainer(tmp_path).max_epochs == 1000
+    assert quiet_trainer(tmp_path, max_steps=3).max_epochs == -1
+
+
+def test_max_time_stops_training(tmp_path):
+    t = quiet_trainer(tmp_path, max_epochs=1000, max_time=dt.timedelta(seconds=0))
+    t.fit(LinearModule(), make_loader(n=8, batch_size=4))
+    assert t.global_step == 0  # already over time before the first epoch
+    t = quiet_trainer(tmp_path, max_epochs=1000, max_time="00:00:00:01")
+    assert t.max_time == dt.timedelta(seconds=1)
+
+
+def test_should_stop_from_a_callback_ends_after_the_batch(tmp_path):
+    class StopAt3(Callback):
+        def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx):
+            if trainer.global_step == 3:
+                trainer.should_stop = True
+
+    t = quiet_trainer(tmp_path, max_epochs=10, callbacks=[StopAt3()])
+    t.fit(LinearModule(), make_loader(n=32, batch_size=4))
+    assert t.global_step == 3 and t.current_epoch == 1
+
+
+def _accumulated_reference(accumulate: int, epochs: int, loader) -> list[torch.Tensor]:
+    torch.manual_seed(0)
+    module = LinearModule(lr=0.05)
+    optimizer = torch.optim.SGD(module.parameters(), lr=0.05)
+    batches = list(loader)
+    for _ in range(epochs):
+        for index, (x, y) in enumerate(batches):
+            loss = torch.nn.functional.mse_loss(module(x), y) / accumulate
+            loss.backward()
+            if (index + 1) % accumulate == 0 or index + 1 == len(batches):
+                optimizer.step()
+                optimizer.zero_grad()
+    return [p.detach().clone() for p in module.parameters()]
+
+
+def test_accumulation_matches_a_hand_written_loop(tmp_path):
+    loader = make_loader(n=20, batch_size=4)  # 5 batches: windows of 2, 2, 1
+    expected = _accumulated_reference(2, 2, loader)
+    torch.manual_seed(0)
+    module = LinearModule(lr=0.05)
+    t = quiet_trainer(tmp_path, max_epochs=2, accumulate_grad_batches=2)
+    t.fit(module, loader)
+    assert t.global_step == 6
+    for got, want in zip(module.parameters(), expected, strict=True):
+        torch.testing.assert_close(got.detach(), want, rtol=0, atol=1e-7)
+
+
+class _GradProbe(Callback):
+    def __init__(self):
+        self.norms: list[float] = []
+        self.max_abs: list[float] = []
+
+    def on_before_zero_grad(self, trainer, module, optimizer):
+        grads = [p.grad for p in module.parameters()]
+        self.norms.append(torch.linalg.vector_norm(torch.cat([g.flatten() for g in grads])).item())
+        self.max_abs.append(max(g.abs().max().item() for g in grads))
+
+
+def test_gradient_clip_by_norm_and_by_value(tmp_path):
+    probe = _GradProbe()
+    quiet_trainer(tmp_path, max_steps=4, gradient_clip_val=0.5, callbacks=[probe]).fit(LinearModule(), make_loader())
+    assert max(probe.norms) <= 0.5 + 1e-5
+    probe = _GradProbe()
+    quiet_trainer(tmp_path, max_steps=4, gradient_clip_val=0.01, gradient_clip_algorithm="value", callbacks=[probe]).fit(LinearModule(), make_loader())
+    assert max(probe.max_abs) <= 0.01 + 1e-7
+    unclipped = _GradProbe()
+    quiet_trainer(tmp_path, max_steps=4, callbacks=[unclipped]).fit(LinearModule(), make_loader())
+    assert max(unclipped.norms) > 0.5  # so the clipping above really did something
+
+
+class _SchedModule(LinearModule):
+    def __init__(self, form: str) -> None:
+        super().__init__(lr=1.0)
+        self.form = form
+
+    def configure_optimizers(self):
+        opt = torch.optim.SGD(self.parameters(), lr=1.0)
+        sched = torch.optim.lr_scheduler.StepLR(opt, step_size=1, gamma=0.5)
+        if self.form == "tuple":
+            return [opt], [sched]
+        if self.form == "step":
+            return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step", "frequency": 2}}
+        if self.form == "list_of_dicts":
+            return [{"optimizer": opt, "lr_scheduler": sched}]
+        return {"optimizer": opt, "lr_scheduler": sched}
+
+
+@pytest.mark.parametrize(
+    ("form", "expected_lr"),
+    [("tuple", 0.5**3), ("dict", 0.5**3), ("list_of_dicts", 0.5**3), ("step", 0.5**6)],
+)
+def test_scheduler_forms_and_intervals(tmp_path, form, expected_lr):
+    module = _SchedModule(form)
+    t = quiet_trainer(tmp_path, max_epochs=3)
+    t.fit(module, make_loader(n=16, batch_size=4))
+    # 3 epochs x 4 steps; epoch interval -> 3 decays; step interval every 2 steps -> 6 decays.
+    assert t.optimizers[0].param_groups[0]["lr"] == pytest.approx(expected_lr)
+    assert module.lr_schedulers() is t.lr_scheduler_configs[0].scheduler
+
+
+def test_reduce_lr_on_plateau_reads_the_monitored_metric(tmp_path):
+    class Plateau(LinearModule):
+        def validation_step(self, batch, batch_idx):
+            self.log("val/const", 1.0)
+
+        def configure_optimizers(self):
+            opt = torch.optim.SGD(self.parameters(), lr=1.0)
+            plateau = torch.optim.lr_scheduler.ReduceLROnPlateau(opt, patience=0, factor=0.1)
+            return {"optimizer": opt, "lr_scheduler": {"scheduler": plateau, "monitor": "val/const"}}
+
+    t = quiet_trainer(tmp_path, max_epochs=3)
+    t.fit(Plateau(), make_loader(n=8), make_loader(n=8))
+    # epoch 0 sets the best value; epochs 1 and 2 do not improve -> two reductions.
+    assert t.optimizers[0].param_groups[0]["lr"] == pytest.approx(0.01)
+
+
+def test_reduce_lr_on_plateau_missing_metric_names_the_logged_ones(tmp_path):
+    class Plateau(LinearModule):
+        def configure_optimizers(self):
+            opt = torch.optim.SGD(self.parameters(), lr=1.0)
+            return {"optimizer": opt, "lr_scheduler": {"scheduler": torch.optim.lr_scheduler.ReduceLROnPlateau(opt), "monitor": "nope"}}
+
+    with pytest.raises(trainer.ConfigurationError, match=r"'nope'.*logged metrics.*val/loss"):
+        quiet_trainer(tmp_path, max_epochs=1).fit(Plateau(), make_loader(n=8), make_loader(n=8))
+
+
+class _ValCounter(Callback):
+    def __init__(self):
+        self.val_steps: list[int] = []
+
+    def on_validation_start(self, trainer, module):
+        if not trainer.sanity_checking:
+            self.val_steps.append(trainer.global_step)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "expected"),
+    [
+        ({"val_check_interval": 0.5}, [2, 4, 6, 8]),
+        ({"val_check_interval": 1}, [1, 2, 3, 4, 5, 6, 7, 8]),
+        ({"val_check_interval": 3}, [3, 4, 7, 8]),
+        ({"check_val_every_n_epoch": 2}, [8]),
+    ],
+)
+def test_validation_cadence(tmp_path, kwargs, expected):
+    counter = _ValCounter()
+    t = quiet_trainer(tmp_path, max_epochs=2, callbacks=[counter], **kwargs)
+    t.fit(LinearModule(), make_loader(n=16, batch_size=4), make_loader(n=8))
+    assert counter.val_steps == expected
+
+
+def test_val_check_interval_larger_than_epoch_is_rejected(tmp_path):
+    with pytest.raises(trainer.ConfigurationError, match="val_check_interval=10"):
+        quiet_trainer(tmp_path, max_epochs=1, val_check_interval=10).fit(LinearModule(), make_loader(n=16), make_loader(n=8))
+
+
+def test_sanity_check_runs_n_batches_and_its_metrics_are_discarded(tmp_path):
+    seen: list[tuple[bool, int]] = []
+
+    class Probe(Callback):
+        def on_validation_batch_end(self, trainer, module, outputs, batch, batch_idx):
+            seen.append((trainer.sanity_checking, batch_idx))
+
+        def on_sanity_check_end(self, trainer, module):
+            seen.append(("metrics", "val/loss" in trainer.callback_metrics))
+
+    t = quiet_trainer(tmp_path, max_epochs=1, num_sanity_val_steps=2, callbacks=[Probe()], limit_train_batches=0)
+    t.fit(LinearModule(), make_loader(n=16), make_loader(n=16))
+    assert seen[:2] == [(True, 0), (True, 1)]
+    assert [s for s in seen if s[0] is True] == [(True, 0), (True, 1)]
+
+
+def test_limits_int_and_fraction(tmp_path):
+    t = quiet_trainer(tmp_path, max_epochs=1, limit_train_batches=0.5, limit_val_batches=1)
+    counter = _ValCounter()
+    t.callbacks.append(counter)
+    t.fit(LinearModule(), make_loader(n=32, batch_size=4), make_loader(n=32, batch_size=4))
+    assert t.global_step == 4 and t.num_training_batches == 4 and t.num_val_batches == 1
+    assert len(t.test(LinearModule(), make_loader(n=32, batch_size=4))) == 1
+    with pytest.raises(trainer.ConfigurationError, match="limit_train_batches=1.5"):
+        quiet_trainer(tmp_path, max_epochs=1, limit_train_batches=1.5).fit(LinearModule(), make_loader())
+
+
+def test_fast_dev_run_runs_one_batch_of_each_and_no_logger(tmp_path):
+    counter = _ValCounter()
+    t = trainer.Trainer(fast_dev_run=True, default_root_dir=str(tmp_path), callbacks=[counter], enable_progress_bar=False)
+    t.fit(LinearModule(), make_loader(n=32), make_loader(n=32))
+    assert t.global_step == 1 and counter.val_steps == [1]
+    assert t.loggers == [] and not (tmp_path / "trainer_logs").exists()
+    t = trainer.Trainer(fast_dev_run=3, default_root_dir=str(tmp_path), enable_progress_bar=False)
+    t.fit(LinearModule(), make_loader(n=32))
+    assert t.global_step == 3
+
+
+def test_estimated_stepping_batches(tmp_path):
+    seen = {}
+
+    class Reader(LinearModule):
+        def configure_optimizers(self):
+            seen["total"] = self.trainer.estimated_stepping_batches
+            return super().configure_optimizers()
+
+    quiet_trainer(tmp_path, max_epochs=3, accumulate_grad_batches=3).fit(Reader(), make_loader(n=28, batch_size=4))
+    assert seen["total"] == 3 * math.ceil(7 / 3)
+    quiet_trainer(tmp_path, max_epochs=3, max_steps=4).fit(Reader(), make_loader(n=28, batch_size=4))
+    assert seen["total"] == 4
+    with pytest.raises(trainer.ConfigurationError, match="estimated_stepping_batches"):
+        _ = quiet_trainer(tmp_path).estimated_stepping_batches
+
+
+def test_seed_makes_shuffled_runs_identical(tmp_path):
+    def run():
+        module = LinearModule()
+        t = quiet_trainer(tmp_path, max_epochs=2, seed=123)
+        torch.manual_seed(999)  # re-initialise differently: the Trainer's seed must not matter here
+        with torch.no_grad():
+            for p in module.parameters():
+                p.zero_()
+        t.fit(module, make_loader(n=32, batch_size=4, shuffle=True))
+        return [p.detach().clone() for p in module.parameters()]
+
+    first, second = run(), run()
+    for a, b in zip(first, second, strict=True):
+        assert torch.equal(a, b)
+
+
+def test_deterministic_is_restored_after_fit(tmp_path):
+    seen = {}
+
+    class Probe(Callback):
+        def on_train_start(self, trainer, module):
+            seen["during"] = torch.are_deterministic_algorithms_enabled()
+
+    quiet_trainer(tmp_path, max_steps=1, deterministic=True, callbacks=[Probe()]).fit(LinearModule(), make_loader())
+    assert seen["during"] is True
+    assert torch.are_deterministic_algorithms_enabled() is False
+
+
+def test_compile_with_aot_eager_trains_the_same(tmp_path):
+    torch.manual_seed(0)
+    eager = LinearModule()
+    torch.manual_seed(0)
+    compiled = LinearModule()
+    quiet_trainer(tmp_path, max_steps=3).fit(eager, make_loader())
+    quiet_trainer(tmp_path, max_steps=3, compile={"backend": "aot_eager"}).fit(compiled, make_loader())
+    assert compiled._compiled_call_impl is not None
+    for a, b in zip(eager.parameters(), compiled.parameters(), strict=True):
+        torch.testing.assert_close(a, b)
+
+
+@pytest.mark.slow
+def test_compile_true_uses_inductor(tmp_path):
+    module = LinearModule()
+    quiet_trainer(tmp_path, max_steps=2, compile=True).fit(module, make_loader())
+    assert module._compiled_call_impl is not None
+
+
+def test_predict_returns_one_output_per_batch(tmp_path):
+    out = quiet_trainer(tmp_path).predict(LinearModule(), make_loader(n=10, batch_size=4))
+    assert [o.shape[0] for o in out] == [4, 4, 2]
+
+
+def test_validate_reuses_the_fitted_module(tmp_path):
+    t = quiet_trainer(tmp_path, max_epochs=1)
+    module = LinearModule()
+    t.fit(module, make_loader())
+    result = t.validate(dataloaders=make_loader())
+    assert set(result[0]) == {"val/loss"}
+
+
+def test_datamodule_provides_the_loaders_and_hparams(tmp_path):
+    calls = []
+
+    class Data(trainer.DataModule):
+        def __init__(self, batch_size: int = 4):
+            super().__init__()
+            self.save_hyperparameters()
+
+        def prepare_data(self):
+            calls.append("prepare_data")
+
+        def setup(self, stage):
+            calls.append(f"setup:{stage}")
+
+        def train_dataloader(self):
+            return make_loader(batch_size=self.hparams.batch_size)
+
+        def val_dataloader(self):
+            return make_loader(batch_size=self.hparams.batch_size)
+
+        def teardown(self, stage):
+            calls.append(f"teardown:{stage}")
+
+    t = trainer.Trainer(max_epochs=1, default_root_dir=str(tmp_path), enable_progress_bar=False, enable_model_summary=False)
+    t.fit(LinearModule(), datamodule=Data(batch_size=8))
+    assert calls == ["prepare_data", "setup:fit", "teardown:fit"]
+    assert t.global_step == 4
+    hparams = (tmp_path / "trainer_logs" / "version_0" / "hparams.yaml").read_text()
+    assert "batch_size: 8" in hparams and "lr: 0.05" in hparams
+
+
+def test_module_dataloader_methods_are_used(tmp_path):
+    class WithData(LinearModule):
+        def train_dataloader(self):
+            return make_loader(n=12)
+
+    t = quiet_trainer(tmp_path, max_epochs=1)
+    t.fit(WithData())
+    assert t.global_step == 3
+
+
+def test_manual_optimization_counts_steps_and_uses_hooks(tmp_path):
+    class GAN(LinearModule):
+        automatic_optimization = False
+
+        def __init__(self):
+            super().__init__()
+            self.other = torch.nn.Linear(4, 1)
+
+        def training_step(self, batch, batch_idx):
+            opt_a, opt_b = self.optimizers()
+            x, y = batch
+            for opt, net in ((opt_a, self.net), (opt_b, self.other)):
+                loss = torch.nn.functional.mse_loss(net(x), y)
+                opt.zero_grad()
+                self.manual_backward(loss)
+                opt.step()
+            self.log("loss", loss)
+
+        def configure_optimizers(self):
+            return [torch.optim.SGD(self.net.parameters(), lr=0.1), torch.optim.SGD(self.other.parameters(), lr=0.1)]
+
+    backward_calls = []
+
+    class Probe(Callback):
+        def on_after_backward(self, trainer, module):
+            backward_calls.append(trainer.global_step)
+
+    module = GAN()
+    before = module.other.weight.detach().clone()
+    t = quiet_trainer(tmp_path, max_epochs=1, callbacks=[Probe()])
+    t.fit(module, make_loader(n=16))
+    assert t.global_step == 8  # two optimizer steps per batch, 4 batches
+    assert len(backward_calls) == 8
+    assert not torch.equal(before, module.other.weight)
+
+
+def test_callback_logged_and_progress_bar_metrics(tmp_path):
+    t = quiet_trainer(tmp_path, max_epochs=1, log_every_n_steps=2)
+    t.fit(LinearModule(), make_loader(n=16), make_loader(n=8))
+    assert set(t.callback_metrics) == {"train/loss", "val/loss"}
+    assert all(isinstance(v, torch.Tensor) for v in t.callback_metrics.values())
+    assert set(t.logged_metrics) == {"train/loss", "val/loss"}
+    assert set(t.progress_bar_metrics) == {"train/loss"}  # only prog_bar=True
+    assert isinstance(t.progress_bar_metrics["train/loss"], float)
+
+
+def test_trainer_properties(tmp_path):
+    t = quiet_trainer(tmp_path, precision="bf16")
+    assert t.precision == "bf16-mixed"
+    assert t.is_global_zero and t.world_size == 1 and t.global_rank == 0 and t.local_rank == 0
+    assert isinstance(t.accelerator, trainer.Accelerator)
+    assert t.strategy is t.accelerator.strategy
+    assert t.logger is None and t.log_dir == str(tmp_path) and t.checkpoint_callback is None
+    assert quiet_trainer(tmp_path, logger=True).logger.log_dir.startswith(str(tmp_path))
+
+
+def test_default_callbacks_are_summary_and_progress_bar(tmp_path):
+    t = trainer.Trainer(default_root_dir=str(tmp_path))
+    names = [type(cb).__name__ for cb in t.callbacks]
+    assert names == ["ModelSummary", "RichProgressBar"]
+    assert trainer.Trainer(enable_progress_bar=False, enable_model_summary=False).callbacks == []
