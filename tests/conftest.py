@@ -9,7 +9,9 @@ from torch.utils.data import DataLoader, TensorDataset
 import trainer
 
 
-def make_loader(n: int = 32, batch_size: int = 4, *, seed: int = 0, shuffle: bool = False) -> DataLoader:
+def make_loader(
+    n: int = 32, batch_size: int = 4, *, seed: int = 0, shuffle: bool = False
+) -> DataLoader:
     """A regression problem y = x @ w, ``n`` samples of 4 features."""
     generator = torch.Generator().manual_seed(seed)
     x = torch.randn(n, 4, generator=generator)

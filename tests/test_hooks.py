@@ -8,7 +8,14 @@ from tests.conftest import LinearModule, make_loader, quiet_trainer
 from trainer.callbacks import Callback
 from trainer.hooks import CALLBACK_HOOKS, FIT_ORDER, Block, eval_sequence, fit_sequence
 
-_RECORDED_STEPS = ("training_step", "validation_step", "test_step", "predict_step", "configure_optimizers", "configure_model")
+_RECORDED_STEPS = (
+    "training_step",
+    "validation_step",
+    "test_step",
+    "predict_step",
+    "configure_optimizers",
+    "configure_model",
+)
 
 
 class RecordingModule(LinearModule):
@@ -63,7 +70,9 @@ for _name in CALLBACK_HOOKS:
     setattr(
         RecordingCallback,
         _name,
-        (lambda name: lambda self, trainer, module, *args: self.calls.append(f"{self.tag}{name}"))(_name),
+        (lambda name: lambda self, trainer, module, *args: self.calls.append(f"{self.tag}{name}"))(
+            _name
+        ),
     )
 
 
@@ -82,7 +91,11 @@ def _run_fit(tmp_path, *, accumulate: int, sanity: int) -> list[str]:
     module = RecordingModule(calls)
     callbacks = [RecordingCallback(calls, "cb1:"), RecordingCallback(calls, "cb2:")]
     trainer = quiet_trainer(
-        tmp_path, max_epochs=2, callbacks=callbacks, accumulate_grad_batches=accumulate, num_sanity_val_steps=sanity
+        tmp_path,
+        max_epochs=2,
+        callbacks=callbacks,
+        accumulate_grad_batches=accumulate,
+        num_sanity_val_steps=sanity,
     )
     trainer.fit(module, make_loader(n=12, batch_size=4), make_loader(n=8, batch_size=4))
     return calls
@@ -126,7 +139,9 @@ def test_fit_order_literal_for_one_batch():
 def test_eval_stage_order(tmp_path, stage):
     calls: list[str] = []
     module = RecordingModule(calls)
-    trainer = quiet_trainer(tmp_path, callbacks=[RecordingCallback(calls, "cb1:"), RecordingCallback(calls, "cb2:")])
+    trainer = quiet_trainer(
+        tmp_path, callbacks=[RecordingCallback(calls, "cb1:"), RecordingCallback(calls, "cb2:")]
+    )
     getattr(trainer, stage)(module, make_loader(n=8, batch_size=4))
     step_stage = {"validate": "validation", "test": "test", "predict": "predict"}[stage]
     expected = ["setup", "configure_model", *eval_sequence(step_stage, 2), "teardown"]

@@ -95,10 +95,18 @@ class _GradProbe(Callback):
 
 def test_gradient_clip_by_norm_and_by_value(tmp_path):
     probe = _GradProbe()
-    quiet_trainer(tmp_path, max_steps=4, gradient_clip_val=0.5, callbacks=[probe]).fit(LinearModule(), make_loader())
+    quiet_trainer(tmp_path, max_steps=4, gradient_clip_val=0.5, callbacks=[probe]).fit(
+        LinearModule(), make_loader()
+    )
     assert max(probe.norms) <= 0.5 + 1e-5
     probe = _GradProbe()
-    quiet_trainer(tmp_path, max_steps=4, gradient_clip_val=0.01, gradient_clip_algorithm="value", callbacks=[probe]).fit(LinearModule(), make_loader())
+    quiet_trainer(
+        tmp_path,
+        max_steps=4,
+        gradient_clip_val=0.01,
+        gradient_clip_algorithm="value",
+        callbacks=[probe],
+    ).fit(LinearModule(), make_loader())
     assert max(probe.max_abs) <= 0.01 + 1e-7
     unclipped = _GradProbe()
     quiet_trainer(tmp_path, max_steps=4, callbacks=[unclipped]).fit(LinearModule(), make_loader())
@@ -116,7 +124,10 @@ class _SchedModule(LinearModule):
         if self.form == "tuple":
             return [opt], [sched]
         if self.form == "step":
-            return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step", "frequency": 2}}
+            return {
+                "optimizer": opt,
+                "lr_scheduler": {"scheduler": sched, "interval": "step", "frequency": 2},
+            }
         if self.form == "list_of_dicts":
             return [{"optimizer": opt, "lr_scheduler": sched}]
         return {"optimizer": opt, "lr_scheduler": sched}
@@ -143,7 +154,10 @@ def test_reduce_lr_on_plateau_reads_the_monitored_metric(tmp_path):
         def configure_optimizers(self):
             opt = torch.optim.SGD(self.parameters(), lr=1.0)
             plateau = torch.optim.lr_scheduler.ReduceLROnPlateau(opt, patience=0, factor=0.1)
-            return {"optimizer": opt, "lr_scheduler": {"scheduler": plateau, "monitor": "val/const"}}
+            return {
+                "optimizer": opt,
+                "lr_scheduler": {"scheduler": plateau, "monitor": "val/const"},
+            }
 
     t = quiet_trainer(tmp_path, max_epochs=3)
     t.fit(Plateau(), make_loader(n=8), make_loader(n=8))
@@ -155,7 +169,13 @@ def test_reduce_lr_on_plateau_missing_metric_names_the_logged_ones(tmp_path):
     class Plateau(LinearModule):
         def configure_optimizers(self):
             opt = torch.optim.SGD(self.parameters(), lr=1.0)
-            return {"optimizer": opt, "lr_scheduler": {"scheduler": torch.optim.lr_scheduler.ReduceLROnPlateau(opt), "monitor": "nope"}}
+            return {
+                "optimizer": opt,
+                "lr_scheduler": {
+                    "scheduler": torch.optim.lr_scheduler.ReduceLROnPlateau(opt),
+                    "monitor": "nope",
+                },
+            }
 
     with pytest.raises(trainer.ConfigurationError, match=r"'nope'.*logged metrics.*val/loss"):
         quiet_trainer(tmp_path, max_epochs=1).fit(Plateau(), make_loader(n=8), make_loader(n=8))
@@ -188,7 +208,9 @@ def test_validation_cadence(tmp_path, kwargs, expected):
 
 def test_val_check_interval_larger_than_epoch_is_rejected(tmp_path):
     with pytest.raises(trainer.ConfigurationError, match="val_check_interval=10"):
-        quiet_trainer(tmp_path, max_epochs=1, val_check_interval=10).fit(LinearModule(), make_loader(n=16), make_loader(n=8))
+        quiet_trainer(tmp_path, max_epochs=1, val_check_interval=10).fit(
+            LinearModule(), make_loader(n=16), make_loader(n=8)
+        )
 
 
 def test_sanity_check_runs_n_batches_and_its_metrics_are_discarded(tmp_path):
@@ -201,7 +223,9 @@ def test_sanity_check_runs_n_batches_and_its_metrics_are_discarded(tmp_path):
         def on_sanity_check_end(self, trainer, module):
             seen.append(("metrics", "val/loss" in trainer.callback_metrics))
 
-    t = quiet_trainer(tmp_path, max_epochs=1, num_sanity_val_steps=2, callbacks=[Probe()], limit_train_batches=0)
+    t = quiet_trainer(
+        tmp_path, max_epochs=1, num_sanity_val_steps=2, callbacks=[Probe()], limit_train_batches=0
+    )
     t.fit(LinearModule(), make_loader(n=16), make_loader(n=16))
     assert seen[:2] == [(True, 0), (True, 1)]
     assert [s for s in seen if s[0] is True] == [(True, 0), (True, 1)]
@@ -215,12 +239,19 @@ def test_limits_int_and_fraction(tmp_path):
     assert t.global_step == 4 and t.num_training_batches == 4 and t.num_val_batches == 1
     assert len(t.test(LinearModule(), make_loader(n=32, batch_size=4))) == 1
     with pytest.raises(trainer.ConfigurationError, match="limit_train_batches=1.5"):
-        quiet_trainer(tmp_path, max_epochs=1, limit_train_batches=1.5).fit(LinearModule(), make_loader())
+        quiet_trainer(tmp_path, max_epochs=1, limit_train_batches=1.5).fit(
+            LinearModule(), make_loader()
+        )
 
 
 def test_fast_dev_run_runs_one_batch_of_each_and_no_logger(tmp_path):
     counter = _ValCounter()
-    t = trainer.Trainer(fast_dev_run=True, default_root_dir=str(tmp_path), callbacks=[counter], enable_progress_bar=False)
+    t = trainer.Trainer(
+        fast_dev_run=True,
+        default_root_dir=str(tmp_path),
+        callbacks=[counter],
+        enable_progress_bar=False,
+    )
     t.fit(LinearModule(), make_loader(n=32), make_loader(n=32))
     assert t.global_step == 1 and counter.val_steps == [1]
     assert t.loggers == [] and not (tmp_path / "trainer_logs").exists()
@@ -237,9 +268,13 @@ def test_estimated_stepping_batches(tmp_path):
             seen["total"] = self.trainer.estimated_stepping_batches
             return super().configure_optimizers()
 
-    quiet_trainer(tmp_path, max_epochs=3, accumulate_grad_batches=3).fit(Reader(), make_loader(n=28, batch_size=4))
+    quiet_trainer(tmp_path, max_epochs=3, accumulate_grad_batches=3).fit(
+        Reader(), make_loader(n=28, batch_size=4)
+    )
     assert seen["total"] == 3 * math.ceil(7 / 3)
-    quiet_trainer(tmp_path, max_epochs=3, max_steps=4).fit(Reader(), make_loader(n=28, batch_size=4))
+    quiet_trainer(tmp_path, max_epochs=3, max_steps=4).fit(
+        Reader(), make_loader(n=28, batch_size=4)
+    )
     assert seen["total"] == 4
     with pytest.raises(trainer.ConfigurationError, match="estimated_stepping_batches"):
         _ = quiet_trainer(tmp_path).estimated_stepping_batches
@@ -268,7 +303,9 @@ def test_deterministic_is_restored_after_fit(tmp_path):
         def on_train_start(self, trainer, module):
             seen["during"] = torch.are_deterministic_algorithms_enabled()
 
-    quiet_trainer(tmp_path, max_steps=1, deterministic=True, callbacks=[Probe()]).fit(LinearModule(), make_loader())
+    quiet_trainer(tmp_path, max_steps=1, deterministic=True, callbacks=[Probe()]).fit(
+        LinearModule(), make_loader()
+    )
     assert seen["during"] is True
     assert torch.are_deterministic_algorithms_enabled() is False
 
@@ -279,7 +316,9 @@ def test_compile_with_aot_eager_trains_the_same(tmp_path):
     torch.manual_seed(0)
     compiled = LinearModule()
     quiet_trainer(tmp_path, max_steps=3).fit(eager, make_loader())
-    quiet_trainer(tmp_path, max_steps=3, compile={"backend": "aot_eager"}).fit(compiled, make_loader())
+    quiet_trainer(tmp_path, max_steps=3, compile={"backend": "aot_eager"}).fit(
+        compiled, make_loader()
+    )
     assert compiled._compiled_call_impl is not None
     for a, b in zip(eager.parameters(), compiled.parameters(), strict=True):
         torch.testing.assert_close(a, b)
@@ -328,7 +367,12 @@ def test_datamodule_provides_the_loaders_and_hparams(tmp_path):
         def teardown(self, stage):
             calls.append(f"teardown:{stage}")
 
-    t = trainer.Trainer(max_epochs=1, default_root_dir=str(tmp_path), enable_progress_bar=False, enable_model_summary=False)
+    t = trainer.Trainer(
+        max_epochs=1,
+        default_root_dir=str(tmp_path),
+        enable_progress_bar=False,
+        enable_model_summary=False,
+    )
     t.fit(LinearModule(), datamodule=Data(batch_size=8))
     assert calls == ["prepare_data", "setup:fit", "teardown:fit"]
     assert t.global_step == 4
@@ -365,7 +409,10 @@ def test_manual_optimization_counts_steps_and_uses_hooks(tmp_path):
             self.log("loss", loss)
 
         def configure_optimizers(self):
-            return [torch.optim.SGD(self.net.parameters(), lr=0.1), torch.optim.SGD(self.other.parameters(), lr=0.1)]
+            return [
+                torch.optim.SGD(self.net.parameters(), lr=0.1),
+                torch.optim.SGD(self.other.parameters(), lr=0.1),
+            ]
 
     backward_calls = []
 

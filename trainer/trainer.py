@@ -406,7 +406,9 @@ class Trainer:
             if self.is_global_zero:
                 self.datamodule.prepare_data()
             self.datamodule.setup(stage)
-        self._stores[_store_key(stage)].reset()
+        for store in self._stores.values():  # metrics of an earlier run are not this run's
+            store.reset()
+        self._logged_metrics = {}
         self._call_hook("setup", stage)
         module.configure_model()
         if self.compile:
@@ -532,6 +534,7 @@ class Trainer:
             None if steps < 0 else min(steps, full_limit if full_limit is not None else steps)
         )
         self.sanity_checking = True
+        full_count, self.num_val_batches = self.num_val_batches, _safe_len(loader)
         try:
             self._call_hook("on_sanity_check_start")
             self._eval_epoch("validation")
@@ -539,6 +542,7 @@ class Trainer:
         finally:
             self.sanity_checking = False
             loader.limit = full_limit
+            self.num_val_batches = full_count
             self._stores["validation"].reset()  # sanity values are not real metrics
 
     def _is_done(self) -> bool:
@@ -874,10 +878,6 @@ class Trainer:
 
 
 _SKIP_EPOCH = object()
-
-
-def _store_key(stage: str) -> str:
-    return {"fit": "train", "validate": "validation", "test": "test", "predict": "test"}[stage]
 
 
 def _overrides(module: Any, method: str) -> bool:

@@ -1,0 +1,64 @@
+"""DataLoaderShard: lookahead end-of-data flag, limits, skips, input casting."""
+
+from __future__ import annotations
+
+import torch
+from torch.utils.data import DataLoader, IterableDataset
+
+from trainer.data import DataLoaderShard, send_to_device, skip_first_batches
+from trainer.gradient_state import GradientState
+
+
+def test_end_of_dataloader_is_known_while_the_last_batch_is_used():
+    state = GradientState()
+    shard = DataLoaderShard(DataLoader(list(range(6)), batch_size=2), gradient_state=state)
+    flags = [(shard.end_of_dataloader, state.end_of_dataloader) for _ in shard]
+    assert flags == [(False, False), (False, False), (True, True)]
+    assert state.end_of_dataloader is False and not state.in_dataloader  # reset after the loop
+
+
+def test_limit_stops_early_and_marks_the_last_batch():
+    shard = DataLoaderShard(DataLoader(list(range(10)), batch_size=2))
+    shard.limit = 2
+    assert [b.tolist() for b in shard] == [[0, 1], [2, 3]] and shard.end_of_dataloader
+    assert len(shard) == 2
+    shard.limit = 0
+    assert list(shard) == []
+
+
+class _Stream(IterableDataset):
+    def __iter__(self):
+        return iter(range(5))
+
+
+def test_iterable_dataset_without_length():
+    shard = DataLoaderShard(DataLoader(_Stream(), batch_size=2))
+    assert [b.tolist() for b in shard] == [[0, 1], [2, 3], [4]]
+    assert [b.tolist() for b in skip_first_batches(DataLoader(_Stream(), batch_size=2), 2)] == [[4]]
+
+
+def test_transform_and_set_epoch_reach_the_sampler():
+    epochs = []
+
+    class Sampler(torch.utils.data.Sampler):
+        def __iter__(self):
+            return iter(range(4))
+
+        def __len__(self):
+            return 4
+
+        def set_epoch(self, epoch):
+            epochs.append(epoch)
+
+    loader = DataLoader([torch.tensor(1.0)] * 4, batch_size=2, sampler=Sampler())
+    shard = DataLoaderShard(loader, transform=lambda b: b.to(torch.float64))
+    shard.set_epoch(3)
+    assert epochs == [3]
+    assert all(b.dtype == torch.float64 for b in shard)
+    assert shard.batch_size == 2  # delegated attribute
+
+
+def test_send_to_device_keeps_structure():
+    batch = {"x": torch.ones(2), "pair": (torch.zeros(1), "label"), "n": 3}
+    moved = send_to_device(batch, torch.device("cpu"))
+    assert set(moved) == {"x", "pair", "n"} and moved["pair"][1] == "label" and moved["n"] == 3

@@ -1,0 +1,277 @@
+"""TrainModule: self.log semantics, torchmetrics values, save_hyperparameters, context properties."""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import pytest
+import torch
+import torchmetrics
+from torch.utils.data import DataLoader, TensorDataset
+
+import trainer
+from tests.conftest import LinearModule, make_loader, quiet_trainer
+from trainer.loggers import Logger
+
+
+class MemoryLogger(Logger):
+    """A real Logger subclass that keeps what it receives (for reading back in tests)."""
+
+    def __init__(self) -> None:
+        self.rows: list[tuple[int, dict[str, float]]] = []
+        self.hparams: dict = {}
+        self.status = None
+
+    @property
+    def name(self):
+        return "memory"
+
+    @property
+    def version(self):
+        return 0
+
+    def log_metrics(self, metrics, step):
+        self.rows.append((step, dict(metrics)))
+
+    def log_hyperparams(self, params):
+        self.hparams.update(params)
+
+    def finalize(self, status):
+        self.status = status
+
+
+def _data(values: list[float], batch_size: int) -> DataLoader:
+    x = torch.tensor(values).unsqueeze(1)
+    return DataLoader(TensorDataset(x, x), batch_size=batch_size)
+
+
+class ValueLogger(LinearModule):
+    """Logs the batch's mean input value, so epoch aggregates are known exactly."""
+
+    def __init__(self, **log_kwargs) -> None:
+        super().__init__()
+        self.net = torch.nn.Linear(1, 1)
+        self.log_kwargs = log_kwargs
+
+    def training_step(self, batch, batch_idx):
+        self.log("train/value", batch[0].mean(), **self.log_kwargs)
+        return self.net(batch[0]).pow(2).mean()
+
+    def validation_step(self, batch, batch_idx):
+        self.log("val/value", batch[0].mean(), **self.log_kwargs)
+
+
+def test_validation_epoch_value_is_the_batch_size_weighted_mean(tmp_path):
+    values = [
+        1.0,
+        2.0,
+        3.0,
+        4.0,
+        10.0,
+    ]  # batches [1,2], [3,4], [10]: unweighted mean of means = 5.0
+    t = quiet_trainer(tmp_path)
+    result = t.validate(ValueLogger(), _data(values, 2))
+    assert result == [{"val/value": pytest.approx(4.0)}]  # the dataset mean
+
+
+def test_explicit_batch_size_overrides_inference(tmp_path):
+    class Weighted(ValueLogger):
+        def validation_step(self, batch, batch_idx):
+            self.log("val/value", batch[0].mean(), batch_size=1)  # equal weights per batch
+
+    assert quiet_trainer(tmp_path).validate(Weighted(), _data([1.0, 2.0, 3.0, 4.0, 10.0], 2)) == [
+        {"val/value": pytest.approx(5.0)}
+    ]
+
+
+@pytest.mark.parametrize(
+    ("reduce_fx", "expected"), [("sum", 15.0), ("max", 10.0), ("min", 1.5), (torch.max, 10.0)]
+)
+def test_reduce_fx(tmp_path, reduce_fx, expected):
+    t = quiet_trainer(tmp_path)
+    result = t.validate(ValueLogger(reduce_fx=reduce_fx), _data([1.0, 2.0, 3.0, 4.0, 10.0], 2))
+    assert result[0]["val/value"] == pytest.approx(expected)
+
+
+def test_training_defaults_are_on_step_and_both_give_suffixes(tmp_path):
+    memory = MemoryLogger()
+    t = quiet_trainer(tmp_path, max_epochs=1, logger=memory, log_every_n_steps=1)
+    t.fit(ValueLogger(on_step=True, on_epoch=True), _data([1.0, 2.0, 3.0, 4.0], 2))
+    step_rows = [metrics for _, metrics in memory.rows if "train/value_step" in metrics]
+    epoch_rows = [metrics for _, metrics in memory.rows if "train/value_epoch" in metrics]
+    assert [r["train/value_step"] for r in step_rows] == [1.5, 3.5]
+    assert [r["train/value_epoch"] for r in epoch_rows] == [2.5]
+    metrics = t.callback_metrics
+    assert metrics["train/value"].item() == 2.5  # the plain name holds the epoch value at the end
+    assert metrics["train/value_step"].item() == 3.5 and metrics["train/value_epoch"].item() == 2.5
+    assert [step for step, _ in memory.rows] == [1, 2, 2] and memory.status == "success"
+
+
+def test_log_every_n_steps_and_epoch_column(tmp_path):
+    memory = MemoryLogger()
+    quiet_trainer(tmp_path, max_epochs=2, logger=memory, log_every_n_steps=3).fit(
+        ValueLogger(), _data([float(i) for i in range(8)], 2)
+    )
+    assert [step for step, _ in memory.rows] == [3, 6]
+    assert [row["epoch"] for _, row in memory.rows] == [0.0, 1.0]
+
+
+def test_logging_in_epoch_end_hooks_defaults_to_on_epoch(tmp_path):
+    class EpochEnd(ValueLogger):
+        def on_train_epoch_end(self):
+            self.log("epoch_marker", float(self.current_epoch))
+
+        def on_validation_epoch_end(self):
+            self.log("val_marker", 7.0)
+
+    memory = MemoryLogger()
+    t = quiet_trainer(tmp_path, max_epochs=2, logger=memory)
+    t.fit(EpochEnd(), _data([1.0, 2.0], 1), _data([1.0], 1))
+    markers = [row["epoch_marker"] for _, row in memory.rows if "epoch_marker" in row]
+    assert markers == [0.0, 1.0]
+    assert t.callback_metrics["val_marker"].item() == 7.0
+
+
+def test_torchmetrics_metric_is_computed_at_epoch_end_and_reset(tmp_path):
+    class WithMetric(LinearModule):
+        def __init__(self):
+            super().__init__()
+            self.net = torch.nn.Linear(1, 1)
+            self.total = torchmetrics.SumMetric()
+
+        def validation_step(self, batch, batch_idx):
+            self.total.update(batch[0].sum())
+            self.log("val/total", self.total)
+
+    module = WithMetric()
+    t = quiet_trainer(tmp_path)
+    assert t.validate(module, _data([1.0, 2.0, 3.0], 2)) == [{"val/total": 6.0}]
+    assert t.validate(module, _data([1.0, 2.0, 3.0], 2)) == [{"val/total": 6.0}]  # reset in between
+
+
+def test_torchmetrics_accuracy_logged_on_step_uses_the_forward_value(tmp_path):
+    class Acc(LinearModule):
+        def __init__(self):
+            super().__init__()
+            self.net = torch.nn.Linear(1, 1)
+            self.acc = torchmetrics.Accuracy(task="binary")
+
+        def training_step(self, batch, batch_idx):
+            x = batch[0]
+            self.acc(torch.ones(len(x)), torch.tensor([1, 0][: len(x)]))
+            self.log("train/acc", self.acc, on_step=True, on_epoch=True)
+            return self.net(x).pow(2).mean()
+
+    t = quiet_trainer(tmp_path, max_epochs=1)
+    t.fit(Acc(), _data([1.0, 2.0, 3.0, 4.0], 2))
+    assert t.callback_metrics["train/acc_step"].item() == 0.5
+    assert t.callback_metrics["train/acc_epoch"].item() == 0.5
+
+
+def test_logging_does_not_read_tensors_between_logger_writes(tmp_path, monkeypatch):
+    """self.log every step, logger every 50 steps: no .item()/float() per step (DESIGN §2)."""
+    reads = []
+    original_item = torch.Tensor.item
+    original_float = torch.Tensor.__float__
+
+    def _is_ours() -> bool:  # the DataLoader draws its own seed with .item() once per epoch
+        caller = sys._getframe(2).f_code.co_filename
+        return f"{os.sep}trainer{os.sep}" in caller and f"{os.sep}tests{os.sep}" not in caller
+
+    def counting_item(self):
+        if _is_ours():
+            reads.append("item")
+        return original_item(self)
+
+    def counting_float(self):
+        if _is_ours():
+            reads.append("float")
+        return original_float(self)
+
+    memory = MemoryLogger()
+    t = quiet_trainer(tmp_path, max_epochs=1, logger=memory, log_every_n_steps=50)
+    module = ValueLogger(prog_bar=True)
+    monkeypatch.setattr(torch.Tensor, "item", counting_item)
+    monkeypatch.setattr(torch.Tensor, "__float__", counting_float)
+    t.fit(module, _data([float(i) for i in range(200)], 2))  # 100 steps
+    monkeypatch.undo()
+    assert len([step for step, _ in memory.rows]) == 2
+    assert len(reads) == 2  # one read per logger write of train/value, none per step
+
+
+def test_log_dict_and_logger_false_and_prog_bar(tmp_path):
+    class Dict(LinearModule):
+        def validation_step(self, batch, batch_idx):
+            self.log_dict({"a": 1.0, "b": 2.0}, prog_bar=True)
+            self.log("hidden", 3.0, logger=False)
+
+    memory = MemoryLogger()
+    t = quiet_trainer(tmp_path, max_epochs=1, logger=memory)
+    t.fit(Dict(), make_loader(n=8), make_loader(n=8))
+    val_rows = [row for _, row in memory.rows if "a" in row]
+    assert val_rows and "hidden" not in val_rows[0]
+    assert t.callback_metrics["hidden"].item() == 3.0
+    assert {"a", "b"} <= set(t.progress_bar_metrics)
+
+
+def test_save_hyperparameters_all_named_and_ignored():
+    class Net(trainer.TrainModule):
+        def __init__(self, lr: float = 0.1, hidden: int = 32, encoder=None, **extra):
+            super().__init__()
+            self.save_hyperparameters(ignore="encoder")
+
+    hp = Net(lr=0.01, depth=3).hparams
+    assert dict(hp) == {"lr": 0.01, "hidden": 32, "depth": 3} and hp.lr == 0.01
+
+    class Some(trainer.TrainModule):
+        def __init__(self, lr: float = 0.1, hidden: int = 32):
+            super().__init__()
+            self.save_hyperparameters("lr")
+
+    assert dict(Some().hparams) == {"lr": 0.1}
+
+    class Wrong(trainer.TrainModule):
+        def __init__(self, lr: float = 0.1):
+            super().__init__()
+            self.save_hyperparameters("lrr")
+
+    with pytest.raises(
+        trainer.ConfigurationError, match=r"\['lrr'\] are not arguments of Wrong.__init__"
+    ):
+        Wrong()
+    with pytest.raises(AttributeError, match="no hyperparameter 'nope'"):
+        _ = hp.nope
+
+
+def test_context_properties(tmp_path):
+    seen = {}
+
+    class Probe(LinearModule):
+        def on_train_batch_end(self, outputs, batch, batch_idx):
+            seen.update(
+                step=self.global_step,
+                epoch=self.current_epoch,
+                rank=(self.global_rank, self.local_rank, self.world_size),
+                device=self.device,
+                trainer=self.trainer,
+            )
+
+    module = Probe()
+    assert module.global_step == 0 and module.device == torch.device("cpu")
+    with pytest.raises(trainer.ConfigurationError, match="not attached to a Trainer"):
+        _ = module.trainer
+    t = quiet_trainer(tmp_path, max_steps=2)
+    t.fit(module, make_loader())
+    assert seen == {
+        "step": 2,
+        "epoch": 0,
+        "rank": (0, 0, 1),
+        "device": torch.device("cpu"),
+        "trainer": t,
+    }
+
+
+def test_module_print_only_prints_on_rank_zero(capsys):
+    LinearModule().print("hi")
+    assert capsys.readouterr().out == "hi\n"
