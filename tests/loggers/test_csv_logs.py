@@ -143,7 +143,7 @@ def test_flush_cadence(tmp_path: Path) -> None:
 
     logger.log_metrics({"loss": 0.125}, step=3)
     logger.log_metrics({"loss": 0.0625}, step=4)
-    assert len(read_csv(path)[1]) == 3  # 2 calls since the last write
+    assert len(read_csv(path)[1]) == 3  # step 4 is 2 steps past the last write (step 2)
     logger.finalize("success")
     assert [row["step"] for row in read_csv(path)[1]] == ["0", "1", "2", "3", "4"]
 
@@ -276,3 +276,17 @@ def test_save_without_metrics_writes_nothing(tmp_path: Path) -> None:
     logger.save()
     logger.finalize("success")
     assert not os.path.exists(logger.root_dir)
+
+
+def test_flush_counts_steps_not_calls(tmp_path: Path) -> None:
+    """Logged every 50 steps with the default 100: written every 100 steps, not every 100 calls."""
+    logger = CSVLogger(tmp_path)
+    path = metrics_path(logger)
+    logger.log_metrics({"loss": 1.0}, step=50)
+    assert not os.path.exists(path)
+    logger.log_metrics({"loss": 0.5}, step=100)
+    assert [row["step"] for row in read_csv(path)[1]] == ["50", "100"]
+    logger.log_metrics({"loss": 0.4}, step=150)
+    assert len(read_csv(path)[1]) == 2
+    logger.log_metrics({"loss": 0.3}, step=200)
+    assert len(read_csv(path)[1]) == 4

@@ -39,8 +39,8 @@ class CSVLogger(Logger):
     ``step`` column, then one column per metric in order of first appearance; a metric that
     appears later widens the header and earlier rows get an empty cell.
 
-    Rows are kept in memory and written every ``flush_logs_every_n_steps`` calls of
-    :meth:`log_metrics`, and by :meth:`save` / :meth:`finalize`. Passing the ``version`` of an
+    Rows are kept in memory and written by :meth:`log_metrics` once a step is
+    ``flush_logs_every_n_steps`` past the last write, and by :meth:`save` / :meth:`finalize`. Passing the ``version`` of an
     earlier run resumes it: its rows are kept, except those at or after the first step logged
     now, so a run resumed from a checkpoint has no duplicated steps.
 
@@ -51,7 +51,8 @@ class CSVLogger(Logger):
             None picks the next free ``version_<N>`` under ``<save_dir>/<name>``.
         prefix: put before every metric name, joined with ``"-"`` (``"train"`` ->
             ``"train-loss"``).
-        flush_logs_every_n_steps: number of :meth:`log_metrics` calls between writes.
+        flush_logs_every_n_steps: write ``metrics.csv`` when a logged step is at least this many
+            steps past the last write (and always in ``save`` / ``finalize``).
 
     Raises:
         ConfigurationError: an argument has the wrong type or value.
@@ -86,7 +87,7 @@ class CSVLogger(Logger):
         self._columns: list[str] = [_STEP_KEY]
         # Header of the metrics.csv this logger last wrote; None until its first write.
         self._disk_columns: list[str] | None = None
-        self._calls_since_flush = 0
+        self._flushed_step = -1  # last step written to metrics.csv
         self._last_step: int | None = None
         self._hparams: dict[str, Any] | None = None
 
@@ -154,8 +155,7 @@ class CSVLogger(Logger):
         self._columns.extend(column for column in row if column not in self._columns)
         self._pending.append(row)
         self._last_step = step
-        self._calls_since_flush += 1
-        if self._calls_since_flush >= self._flush_every:
+        if step - self._flushed_step >= self._flush_every:
             self.save()
 
     def log_hyperparams(self, params: Mapping[str, Any] | argparse.Namespace) -> None:
@@ -194,7 +194,8 @@ class CSVLogger(Logger):
 
     def save(self) -> None:
         """Write the buffered rows to ``metrics.csv`` (atomically); a no-op when none are."""
-        self._calls_since_flush = 0
+        if self._last_step is not None:
+            self._flushed_step = self._last_step
         if not self._pending:
             return
         path = os.path.join(self._ensure_log_dir(), _METRICS_FILE)
