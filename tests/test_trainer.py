@@ -454,3 +454,16 @@ def test_default_callbacks_are_summary_and_progress_bar(tmp_path):
     names = [type(cb).__name__ for cb in t.callbacks]
     assert names == ["ModelSummary", "RichProgressBar"]
     assert trainer.Trainer(enable_progress_bar=False, enable_model_summary=False).callbacks == []
+
+
+def test_accumulate_grad_batches_can_change_between_epochs(tmp_path):
+    class Schedule(Callback):
+        def on_train_epoch_start(self, trainer, module):
+            trainer.accumulate_grad_batches = 1 if trainer.current_epoch == 0 else 4
+
+    t = quiet_trainer(tmp_path, max_epochs=2, callbacks=[Schedule()])
+    t.fit(LinearModule(), make_loader(n=32, batch_size=4))
+    assert t.global_step == 8 + 2
+    assert t.accelerator.gradient_accumulation_steps == 4
+    with pytest.raises(trainer.ConfigurationError, match="accumulate_grad_batches=0"):
+        t.accumulate_grad_batches = 0

@@ -124,7 +124,7 @@ class Trainer:
         self.max_epochs = 1 if dev_batches else _default_max_epochs(max_epochs, max_steps)
         self.max_steps = dev_batches or (max_steps if max_steps is not None else -1)
         self.max_time = parse_max_time(max_time)
-        self.accumulate_grad_batches = check_positive_int(
+        self._accumulate_grad_batches = check_positive_int(
             "accumulate_grad_batches", accumulate_grad_batches
         )
         self.gradient_clip_val = gradient_clip_val
@@ -186,9 +186,19 @@ class Trainer:
         return Accelerator(
             mixed_precision=plugin,
             strategy=chosen,
-            gradient_accumulation_steps=self.accumulate_grad_batches,
+            gradient_accumulation_steps=self._accumulate_grad_batches,
             step_scheduler_with_optimizer=False,
         )
+
+    @property
+    def accumulate_grad_batches(self) -> int:
+        """Batches per optimizer step; settable between epochs (GradientAccumulationScheduler)."""
+        return self._accumulate_grad_batches
+
+    @accumulate_grad_batches.setter
+    def accumulate_grad_batches(self, value: int) -> None:
+        self._accumulate_grad_batches = check_positive_int("accumulate_grad_batches", value)
+        self.accelerator.gradient_accumulation_steps = value
 
     # ---- public read-only facts -------------------------------------------------------------
     @property
