@@ -11,6 +11,7 @@ import torchmetrics
 from torch.utils.data import DataLoader, TensorDataset
 
 import trainer
+import trainer.callbacks
 from tests.conftest import LinearModule, make_loader, quiet_trainer
 from trainer.loggers import Logger
 
@@ -172,12 +173,17 @@ def test_torchmetrics_accuracy_logged_on_step_uses_the_forward_value(tmp_path):
 def test_logging_does_not_read_tensors_between_logger_writes(tmp_path, monkeypatch):
     """self.log every step, logger every 50 steps: no .item()/float() per step (DESIGN §2)."""
     reads = []
+    counting = {"on": False}
     original_item = torch.Tensor.item
     original_float = torch.Tensor.__float__
 
     def _is_ours() -> bool:  # the DataLoader draws its own seed with .item() once per epoch
         caller = sys._getframe(2).f_code.co_filename
-        return f"{os.sep}trainer{os.sep}" in caller and f"{os.sep}tests{os.sep}" not in caller
+        return (
+            counting["on"]
+            and f"{os.sep}trainer{os.sep}" in caller
+            and f"{os.sep}tests{os.sep}" not in caller
+        )
 
     def counting_item(self):
         if _is_ours():
@@ -189,8 +195,17 @@ def test_logging_does_not_read_tensors_between_logger_writes(tmp_path, monkeypat
             reads.append("float")
         return original_float(self)
 
+    class Window(trainer.callbacks.Callback):  # count inside the training loop only
+        def on_train_start(self, trainer, module):
+            counting["on"] = True
+
+        def on_train_end(self, trainer, module):
+            counting["on"] = False
+
     memory = MemoryLogger()
-    t = quiet_trainer(tmp_path, max_epochs=1, logger=memory, log_every_n_steps=50)
+    t = quiet_trainer(
+        tmp_path, max_epochs=1, logger=memory, log_every_n_steps=50, callbacks=[Window()]
+    )
     module = ValueLogger(prog_bar=True)
     monkeypatch.setattr(torch.Tensor, "item", counting_item)
     monkeypatch.setattr(torch.Tensor, "__float__", counting_float)

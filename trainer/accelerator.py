@@ -278,6 +278,10 @@ class Accelerator:
             if self.precision.param_dtype is not None
             else None,
         )
+        if self.dataloader_config.use_seedable_sampler:
+            # Drawn from the global generator, so torch.manual_seed(...) before prepare decides it.
+            shard.seed = int(torch.randint(0, 2**31 - 1, (1,)).item())
+            shard.set_epoch(0)
         self._dataloaders.append(shard)
         return shard
 

@@ -20,7 +20,14 @@ from typing import Any
 import torch
 from torch.utils.data import DataLoader
 
+from trainer._checkpointing import (
+    dump_checkpoint,
+    load_checkpoint,
+    resolve_ckpt_path,
+    restore_checkpoint,
+)
 from trainer._optim_config import SchedulerConfig, parse_optimizer_config
+from trainer._preemption import catch_preemption_signals, save_and_exit
 from trainer._results import MetricStore, to_float
 from trainer._trainer_config import (
     check_positive_int,
@@ -30,12 +37,15 @@ from trainer._trainer_config import (
 )
 from trainer.accelerator import Accelerator
 from trainer.callbacks.callback import Callback
+from trainer.checkpoint import write_checkpoint
+from trainer.configs import DataLoaderConfiguration
 from trainer.errors import AnomalyError, ConfigurationError, HookResultError, describe
 from trainer.hooks import CALLBACK_HOOKS
 from trainer.loggers.logger import Logger
 from trainer.module import DataModule, TrainModule
 from trainer.module_hooks import ModuleHooks
 from trainer.precision import Precision, resolve_precision
+from trainer.seed import set_rng_states
 from trainer.strategies import Strategy, resolve_strategy
 
 __all__ = ["Progress", "Trainer", "TrainerState"]
@@ -172,6 +182,8 @@ class Trainer:
         self._loaders: dict[str, Any] = {}
         self._start_time = 0.0
         self._previous_deterministic = torch.are_deterministic_algorithms_enabled()
+        self._pending_rng_state: dict[str, Any] | None = None  # applied when training resumes
+        self._received_signal: int | None = None  # SIGTERM/SIGUSR1 seen: save at the next step
 
     def _build_accelerator(
         self, strategy: Any, accelerator: str, devices: Any, precision: Any
@@ -188,6 +200,7 @@ class Trainer:
             strategy=chosen,
             gradient_accumulation_steps=self._accumulate_grad_batches,
             step_scheduler_with_optimizer=False,
+            dataloader_config=DataLoaderConfiguration(use_seedable_sampler=True),
         )
 
     @property
@@ -304,16 +317,18 @@ class Trainer:
         """Train ``module``; validate along the way when it has ``validation_step``.
 
         Data comes from the arguments, else ``datamodule``, else the module's
-        ``*_dataloader`` methods.
+        ``*_dataloader`` methods. ``ckpt_path`` ("last", "best" or a path) resumes training
+        exactly where that checkpoint stopped.
         """
         self._attach(module, datamodule, "fit")
-        _reject_ckpt_path(ckpt_path, "fit")
         try:
-            self._setup("fit", {"train": train_dataloaders, "validation": val_dataloaders})
-            self._run_sanity_check()
-            self._call_hook("on_train_start")
-            while not self._is_done():
-                self._train_epoch()
+            with catch_preemption_signals(self):
+                loaders = {"train": train_dataloaders, "validation": val_dataloaders}
+                self._setup("fit", loaders, ckpt_path)
+                self._run_sanity_check()
+                self._call_hook("on_train_start")
+                while not self._is_done():
+                    self._train_epoch()
             self._call_hook("on_train_end")
             self._call_hook("on_fit_end")
         except BaseException as err:
@@ -367,9 +382,8 @@ class Trainer:
                 f"module: trainer.{run_stage}(module, dataloaders)."
             )
         self._attach(module, datamodule, run_stage)
-        _reject_ckpt_path(ckpt_path, run_stage)
         try:
-            self._setup(run_stage, {stage: dataloaders})
+            self._setup(run_stage, {stage: dataloaders}, ckpt_path)
             result = self._eval_epoch(stage)
         except BaseException as err:
             self._handle_exception(err, run_stage)
@@ -378,6 +392,23 @@ class Trainer:
         if stage == "predict":
             return result
         return [{k: to_float(v) for k, v in result.items()}]
+
+    def save_checkpoint(self, filepath: str | os.PathLike[str], weights_only: bool = False) -> None:
+        """Write a checkpoint directory at ``filepath`` (atomically; see docs/checkpointing.md).
+
+        Raises:
+            ConfigurationError: no module is attached yet (call fit/validate/... first).
+            CheckpointError: the write failed; an earlier checkpoint at ``filepath`` is intact.
+        """
+        if self.module is None:
+            raise ConfigurationError(
+                "trainer.save_checkpoint: no module is attached. Call trainer.fit(module, ...) first."
+            )
+        checkpoint = dump_checkpoint(self, weights_only=weights_only)
+        self._call_hook("on_save_checkpoint", checkpoint)
+        if self.is_global_zero:
+            write_checkpoint(filepath, checkpoint, world_size=self.world_size)
+        self.strategy.barrier()
 
     # ---- setup and teardown -----------------------------------------------------------------
     def _attach(self, module: TrainModule, datamodule: DataModule | None, stage: str) -> None:
@@ -401,8 +432,8 @@ class Trainer:
         self.should_stop = False
         self._hooks = self._build_hook_table(module)
 
-    def _setup(self, stage: str, loaders: dict[str, Any]) -> None:
-        """Seed, set up data, hooks, model, optimizers and dataloaders for ``stage``."""
+    def _setup(self, stage: str, loaders: dict[str, Any], ckpt_path: Any = None) -> None:
+        """Seed, set up data, hooks, model, optimizers, dataloaders; restore ``ckpt_path``."""
         self._start_time = time.monotonic()
         module = self.module
         if self.seed is not None:
@@ -433,6 +464,9 @@ class Trainer:
         if stage == "fit":
             self._configure_optimizers(module)
         module._metric_store = self._stores["train"]
+        path = resolve_ckpt_path(self, ckpt_path, stage)
+        if path is not None:
+            restore_checkpoint(self, load_checkpoint(path), full=stage == "fit")
         if stage == "fit":
             self._log_hyperparams()
             self._call_hook("on_fit_start")
@@ -576,6 +610,10 @@ class Trainer:
         store = self._stores["train"]
         store.start_epoch()
         loader.set_epoch(self.progress.epoch)
+        loader.skip_batches = self.progress.batch_idx  # > 0 only when resuming mid-epoch
+        if self._pending_rng_state is not None:  # resuming: continue the saved random streams
+            set_rng_states(self._pending_rng_state)
+            self._pending_rng_state = None
         self._wrapped_model.train()
         self._call_hook("on_train_epoch_start")
         val_every = self._val_check_batches()
@@ -584,6 +622,8 @@ class Trainer:
             self.progress.batch_idx = batch_idx + 1
             if self._train_batch(batch, batch_idx) is _SKIP_EPOCH:
                 break
+            if self._received_signal is not None and self.accelerator.sync_gradients:
+                save_and_exit(self)
             is_last = loader.end_of_dataloader
             if (
                 val_every
@@ -597,9 +637,10 @@ class Trainer:
                 break
         if self._should_validate_epoch() and (is_epoch_complete or self.should_stop):
             self._run_validation()
-        self._end_train_epoch()
+        self._end_train_epoch(is_epoch_complete)
 
-    def _end_train_epoch(self) -> None:
+    def _end_train_epoch(self, is_complete: bool) -> None:
+        """Epoch-end hooks and metrics; a stopped epoch keeps its position for resuming."""
         store = self._stores["train"]
         store.finalize_epoch()
         store.default_on_step, store.default_on_epoch = False, True
@@ -607,9 +648,10 @@ class Trainer:
         store.default_on_step, store.default_on_epoch = True, False
         epoch_metrics = store.finalize_epoch()
         self._send_to_loggers(store.epoch_items(for_logger=True) if epoch_metrics else {})
-        self._step_schedulers("epoch")
-        self.progress.epoch += 1
-        self.progress.batch_idx = 0
+        if is_complete:
+            self._step_schedulers("epoch")
+            self.progress.epoch += 1
+            self.progress.batch_idx = 0
 
     def _train_batch(self, batch: Any, batch_idx: int) -> Any:
         """One batch: step, backward, and on stepping batches the optimizer step."""
@@ -903,15 +945,6 @@ def _safe_len(loader: Any) -> float:
         return len(loader)
     except TypeError:
         return math.inf
-
-
-def _reject_ckpt_path(ckpt_path: str | None, stage: str) -> None:
-    if ckpt_path is not None:
-        raise ConfigurationError(
-            f"trainer.{stage}(ckpt_path={ckpt_path!r}): loading checkpoints is not available in "
-            "this version of trainer (it arrives with the checkpoint format). Load weights with "
-            "module.load_state_dict(...) before the call."
-        )
 
 
 def _check_module_for_fit(module: TrainModule) -> None:

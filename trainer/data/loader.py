@@ -13,7 +13,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
-from torch.utils.data import BatchSampler, DataLoader, IterableDataset, Sampler
+from torch.utils.data import BatchSampler, DataLoader, IterableDataset, RandomSampler, Sampler
 
 from trainer.errors import ConfigurationError
 
@@ -80,6 +80,7 @@ class DataLoaderShard:
         self.end_of_dataloader = False
         self.batches_yielded = 0
         self.remainder = -1  # samples in the last batch that are real (gather_for_metrics)
+        self.seed: int | None = None  # set: shuffle order and worker seeds follow (seed, epoch)
         self._epoch = 0
 
     def __getattr__(self, name: str) -> Any:
@@ -93,8 +94,14 @@ class DataLoaderShard:
         return length if self.limit is None else min(length, self.limit)
 
     def set_epoch(self, epoch: int) -> None:
-        """Tell the sampler (and the dataset, when it can) which epoch starts, for reshuffling."""
+        """Tell the sampler (and the dataset, when it can) which epoch starts, for reshuffling.
+
+        With a ``seed``, the shuffle order and the worker seeds of the epoch are a function of
+        ``(seed, epoch)`` alone, so a run resumed mid-epoch sees the same order.
+        """
         self._epoch = epoch
+        if self.seed is not None:
+            self._seed_epoch(self.seed + epoch)
         for obj in (
             getattr(self.base_dataloader, "sampler", None),
             getattr(self.base_dataloader, "batch_sampler", None),
@@ -103,11 +110,31 @@ class DataLoaderShard:
             if hasattr(obj, "set_epoch"):
                 obj.set_epoch(epoch)
 
+    def _seed_epoch(self, seed: int) -> None:
+        loader = self.base_dataloader
+        loader.generator = torch.Generator().manual_seed(seed)  # workers' base seed
+        sampler = getattr(loader, "sampler", None)
+        if isinstance(sampler, RandomSampler):
+            sampler.generator = torch.Generator().manual_seed(seed + 1)
+
+    def state_dict(self) -> dict[str, Any]:
+        """Where the loader stands: its seed and epoch (the batch position is the Trainer's)."""
+        return {"seed": self.seed, "epoch": self._epoch}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.seed = state.get("seed", self.seed)
+        self.set_epoch(state.get("epoch", self._epoch))
+
     def __iter__(self) -> Iterator[Any]:
         self.end_of_dataloader = False
         self.batches_yielded = 0
         skip, self.skip_batches = self.skip_batches, 0  # a skip applies to one iteration only
-        iterator = iter(self.base_dataloader)
+        loader = self.base_dataloader
+        if skip and _can_skip_indices(loader):
+            # Skip whole index batches: no sample of the skipped batches is loaded.
+            loader = _with_batch_sampler(loader, SkipBatchSampler(loader.batch_sampler, skip))
+            skip = 0
+        iterator = iter(loader)
         for _ in range(skip):
             if next(iterator, _DONE) is _DONE:
                 return
@@ -144,6 +171,32 @@ class DataLoaderShard:
 _DONE = object()
 
 
+def _can_skip_indices(loader: DataLoader) -> bool:
+    return (
+        isinstance(loader, DataLoader)
+        and not isinstance(loader.dataset, IterableDataset)
+        and loader.batch_sampler is not None
+    )
+
+
+def _with_batch_sampler(loader: DataLoader, batch_sampler: Sampler[list[int]]) -> DataLoader:
+    """A copy of ``loader`` drawing its index batches from ``batch_sampler``."""
+    return DataLoader(
+        loader.dataset,
+        batch_sampler=batch_sampler,
+        num_workers=loader.num_workers,
+        collate_fn=loader.collate_fn,
+        pin_memory=loader.pin_memory,
+        timeout=loader.timeout,
+        worker_init_fn=loader.worker_init_fn,
+        multiprocessing_context=loader.multiprocessing_context,
+        generator=loader.generator,
+        prefetch_factor=loader.prefetch_factor,
+        persistent_workers=False,
+        in_order=getattr(loader, "in_order", True),
+    )
+
+
 def skip_first_batches(dataloader: Any, num_batches: int = 0) -> Any:
     """A loader that starts at batch ``num_batches`` of ``dataloader`` (for a mid-epoch resume).
 
@@ -164,6 +217,8 @@ def skip_first_batches(dataloader: Any, num_batches: int = 0) -> Any:
             skip_batches=num_batches,
         )
         shard.limit = dataloader.limit
+        shard.seed = dataloader.seed
+        shard._epoch = dataloader._epoch
         return shard
     if isinstance(dataloader, DataLoader) and not isinstance(dataloader.dataset, IterableDataset):
         if dataloader.batch_sampler is None:
@@ -171,15 +226,7 @@ def skip_first_batches(dataloader: Any, num_batches: int = 0) -> Any:
                 "skip_first_batches(dataloader): the DataLoader has batch_size=None, so it has no "
                 "batches to skip. Give it a batch_size or a batch_sampler."
             )
-        return DataLoader(
-            dataloader.dataset,
-            batch_sampler=SkipBatchSampler(dataloader.batch_sampler, num_batches),
-            num_workers=dataloader.num_workers,
-            collate_fn=dataloader.collate_fn,
-            pin_memory=dataloader.pin_memory,
-            timeout=dataloader.timeout,
-            worker_init_fn=dataloader.worker_init_fn,
-            generator=dataloader.generator,
-            persistent_workers=dataloader.persistent_workers,
+        return _with_batch_sampler(
+            dataloader, SkipBatchSampler(dataloader.batch_sampler, num_batches)
         )
     return DataLoaderShard(dataloader, skip_batches=num_batches)

@@ -81,6 +81,7 @@ class CSVLogger(Logger):
         self._save_dir = os.fspath(save_dir)
         self._name = name or ""
         self._version: int | str | None = version
+        self._is_version_given = version is not None
         self._prefix = prefix
         self._flush_every = flush_logs_every_n_steps
         self._pending: list[dict[str, float | int]] = []
@@ -217,6 +218,12 @@ class CSVLogger(Logger):
                 _write_rows(file, self._columns, [*old_rows, *self._pending], header=True)
         self._disk_columns = list(self._columns)
         self._pending.clear()
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Continue the saved run's ``version_N`` folder, unless a version was given."""
+        saved = state_dict.get("version")
+        if not self._is_version_given and saved is not None and not self._pending:
+            self._version = saved
 
     def finalize(self, status: str) -> None:
         """Write what is buffered; ``status`` ("success", "failed", ...) is not recorded."""

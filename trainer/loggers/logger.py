@@ -59,5 +59,12 @@ class Logger(ABC):
         """Close the run; ``status`` is "success", "failed" or "interrupted"."""
         self.save()
 
+    def state_dict(self) -> dict[str, Any]:
+        """The run's identity, saved in checkpoints so a resumed run continues the same run."""
+        return {"name": self.name, "version": self.version}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Continue the run recorded by :meth:`state_dict` (when the user did not pick one)."""
+
     def after_save_checkpoint(self, checkpoint_callback: Any) -> None:
         """Called after a checkpoint is written (for artifact upload)."""

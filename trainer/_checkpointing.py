@@ -1,0 +1,159 @@
+"""What the Trainer puts in a checkpoint and how it takes it back; where ``ckpt_path`` points.
+
+The Trainer calls :func:`dump_checkpoint` / :func:`restore_checkpoint`; the file format lives in
+``trainer/checkpoint/``. A checkpoint holds the model, optimizers, schedulers, precision state,
+the progress (epoch, global step, batch position), the train loader's seed, the RNG states, the
+callbacks', datamodule's and loggers' state, and the hyperparameters.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import warnings
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from trainer.checkpoint import find_latest_checkpoint, load_weights_file, read_checkpoint
+from trainer.errors import CheckpointError, ConfigurationError
+from trainer.seed import get_rng_states
+
+if TYPE_CHECKING:
+    from trainer.trainer import Trainer
+
+__all__ = [
+    "checkpoint_dir",
+    "dump_checkpoint",
+    "load_checkpoint",
+    "resolve_ckpt_path",
+    "restore_checkpoint",
+]
+
+_VERSION = 1
+
+
+def checkpoint_dir(trainer: Trainer) -> Path:
+    """Where checkpoints live: the ModelCheckpoint's ``dirpath``, else ``<root>/checkpoints``."""
+    callback = trainer.checkpoint_callback
+    dirpath = getattr(callback, "dirpath", None)
+    return Path(dirpath) if dirpath else Path(trainer.default_root_dir) / "checkpoints"
+
+
+def dump_checkpoint(trainer: Trainer, *, weights_only: bool = False) -> dict[str, Any]:
+    """The checkpoint dict of the current state (before ``on_save_checkpoint`` hooks)."""
+    module = trainer.module
+    checkpoint: dict[str, Any] = {
+        "trainer_checkpoint_version": _VERSION,
+        "epoch": trainer.progress.epoch,
+        "global_step": trainer.progress.global_step,
+        "state_dict": trainer.accelerator.get_state_dict(module),
+        "hyper_parameters": dict(module.hparams),
+    }
+    if weights_only:
+        return checkpoint
+    train_loader = trainer._loaders.get("train")
+    checkpoint.update(
+        progress=dataclasses.asdict(trainer.progress),
+        optimizer_states=[optimizer.state_dict() for optimizer in trainer.optimizers],
+        lr_schedulers=[config.scheduler.state_dict() for config in trainer.lr_scheduler_configs],
+        precision=trainer.precision_plugin.state_dict(),
+        callbacks={callback.state_key: callback.state_dict() for callback in trainer.callbacks},
+        datamodule=trainer.datamodule.state_dict() if trainer.datamodule is not None else None,
+        loops={"train_loader": train_loader.state_dict() if train_loader is not None else None},
+        rng_states=[get_rng_states()],
+        loggers=[{"class": type(lg).__name__, **lg.state_dict()} for lg in trainer.loggers],
+    )
+    return checkpoint
+
+
+def resolve_ckpt_path(
+    trainer: Trainer, ckpt_path: str | os.PathLike[str] | None, stage: str
+) -> Path | None:
+    """A concrete path for ``ckpt_path`` ("last", "best", a path or None).
+
+    "last" with no checkpoint yet warns and returns None (a fresh start), so a job script can
+    always pass it; "best" needs a ModelCheckpoint that has saved one.
+    """
+    if ckpt_path is None:
+        return None
+    if ckpt_path == "last":
+        latest = find_latest_checkpoint(checkpoint_dir(trainer))
+        if latest is None:
+            warnings.warn(
+                f"{stage}(ckpt_path='last'): no checkpoint in {checkpoint_dir(trainer)} yet; starting from scratch.",
+                stacklevel=3,
+            )
+        return latest
+    if ckpt_path == "best":
+        best = getattr(trainer.checkpoint_callback, "best_model_path", "")
+        if not best:
+            raise ConfigurationError(
+                f"{stage}(ckpt_path='best'): no best checkpoint is known. Add a ModelCheckpoint with a monitor and fit first, or pass a path."
+            )
+        return Path(best)
+    path = Path(ckpt_path)
+    if not path.exists():
+        raise CheckpointError(
+            f"{stage}(ckpt_path={os.fspath(ckpt_path)!r}): no such file or directory."
+        )
+    return path
+
+
+def load_checkpoint(path: Path) -> dict[str, Any]:
+    """Read a checkpoint directory (verified) or a single weights file."""
+    return read_checkpoint(path) if path.is_dir() else load_weights_file(path)
+
+
+def restore_checkpoint(trainer: Trainer, checkpoint: dict[str, Any], *, full: bool) -> None:
+    """Put ``checkpoint`` back: weights always; with ``full`` the whole training state."""
+    module = trainer.module
+    trainer._call_hook("on_load_checkpoint", checkpoint)
+    try:
+        trainer.strategy.load_module_state_dict(module, checkpoint["state_dict"])
+    except RuntimeError as err:
+        raise CheckpointError(
+            f"the checkpoint's weights do not fit {type(module).__name__}: {err}"
+        ) from err
+    if not full or "progress" not in checkpoint:
+        return
+    _restore_optimizers(trainer, checkpoint)
+    for config, state in zip(
+        trainer.lr_scheduler_configs, checkpoint.get("lr_schedulers", []), strict=False
+    ):
+        config.scheduler.load_state_dict(state)
+    trainer.precision_plugin.load_state_dict(checkpoint.get("precision") or {})
+    progress = checkpoint["progress"]
+    trainer.progress.epoch = progress["epoch"]
+    trainer.progress.global_step = progress["global_step"]
+    trainer.progress.batch_idx = progress["batch_idx"]
+    callback_states = checkpoint.get("callbacks") or {}
+    for callback in trainer.callbacks:
+        if callback.state_key in callback_states:
+            callback.load_state_dict(callback_states[callback.state_key])
+    if trainer.datamodule is not None and checkpoint.get("datamodule") is not None:
+        trainer.datamodule.load_state_dict(checkpoint["datamodule"])
+    loader_state = (checkpoint.get("loops") or {}).get("train_loader")
+    if loader_state is not None and trainer._loaders.get("train") is not None:
+        trainer._loaders["train"].load_state_dict(loader_state)
+    for logger, state in zip(trainer.loggers, checkpoint.get("loggers") or [], strict=False):
+        if state.get("class") == type(logger).__name__:
+            logger.load_state_dict(state)
+    rng_states = checkpoint.get("rng_states") or []
+    trainer._pending_rng_state = (
+        rng_states[min(trainer.global_rank, len(rng_states) - 1)] if rng_states else None
+    )
+
+
+def _restore_optimizers(trainer: Trainer, checkpoint: dict[str, Any]) -> None:
+    states = checkpoint.get("optimizer_states") or []
+    if len(states) != len(trainer.optimizers):
+        raise CheckpointError(
+            f"the checkpoint has {len(states)} optimizer states but configure_optimizers returned {len(trainer.optimizers)}. Resume with the same configure_optimizers."
+        )
+    for optimizer, state in zip(trainer.optimizers, states, strict=True):
+        try:
+            optimizer.load_state_dict(state)
+        except (ValueError, KeyError) as err:
+            raise CheckpointError(
+                f"the checkpoint's optimizer state does not fit {type(optimizer.optimizer).__name__}: {err}"
+            ) from err

@@ -1,0 +1,99 @@
+"""JSON with tensors by reference: how ``state.json`` holds everything that is not a weight.
+
+:func:`encode` turns a nest of dicts, lists, tuples, numbers, strings, tensors and numpy arrays into
+JSON-able data, moving every tensor into a ``sink`` dict (later written as safetensors) and leaving
+``{"__tensor__": key}`` in its place. :func:`decode` reverses it. Nothing here ever unpickles:
+a type it does not know is refused with the path to the value.
+"""
+
+from __future__ import annotations
+
+import base64
+import math
+from typing import Any
+
+import torch
+
+from trainer.errors import CheckpointError
+
+__all__ = ["decode", "encode"]
+
+_TENSOR, _TUPLE, _DICT, _NDARRAY, _BYTES, _FLOAT = (
+    "__tensor__",
+    "__tuple__",
+    "__dict__",
+    "__ndarray__",
+    "__bytes__",
+    "__float__",
+)
+_MARKERS = {_TENSOR, _TUPLE, _DICT, _NDARRAY, _BYTES, _FLOAT}
+
+
+def encode(value: Any, sink: dict[str, torch.Tensor], path: str) -> Any:
+    """JSON-able form of ``value``; tensors go into ``sink`` under keys derived from ``path``."""
+    if value is None or isinstance(value, bool | int | str):
+        return value
+    if isinstance(value, float):
+        return value if math.isfinite(value) else {_FLOAT: repr(value)}
+    if isinstance(value, torch.Tensor):
+        key = path if path not in sink else f"{path}#{len(sink)}"
+        sink[key] = value.detach().cpu().contiguous()
+        return {_TENSOR: key}
+    if isinstance(value, dict):
+        if all(isinstance(k, str) for k in value) and not (_MARKERS & set(value)):
+            return {k: encode(v, sink, f"{path}.{k}") for k, v in value.items()}
+        return {
+            _DICT: [
+                [encode(k, sink, f"{path}.key{i}"), encode(v, sink, f"{path}.{k}")]
+                for i, (k, v) in enumerate(value.items())
+            ]
+        }
+    if isinstance(value, tuple):
+        return {_TUPLE: [encode(v, sink, f"{path}.{i}") for i, v in enumerate(value)]}
+    if isinstance(value, list):
+        return [encode(v, sink, f"{path}.{i}") for i, v in enumerate(value)]
+    if isinstance(value, bytes):
+        return {_BYTES: base64.b64encode(value).decode("ascii")}
+    if type(value).__module__ == "numpy":
+        import numpy as np
+
+        if isinstance(value, np.ndarray):
+            return {_NDARRAY: encode(torch.from_numpy(value.copy()), sink, path)}
+        if isinstance(value, np.generic):
+            return encode(value.item(), sink, path)
+    raise CheckpointError(
+        f"cannot store a {type(value).__name__} at {path!r} in a checkpoint: values must be "
+        "numbers, strings, lists, dicts, tuples, tensors or numpy arrays (nothing is pickled). "
+        "Convert it in state_dict() / on_save_checkpoint."
+    )
+
+
+def decode(value: Any, tensors: dict[str, torch.Tensor]) -> Any:
+    """Rebuild what :func:`encode` produced, taking tensors from ``tensors``."""
+    if isinstance(value, list):
+        return [decode(v, tensors) for v in value]
+    if not isinstance(value, dict):
+        return value
+    if len(value) == 1:
+        ((marker, inner),) = value.items()
+        if marker == _TENSOR:
+            if inner not in tensors:
+                raise CheckpointError(
+                    f"state.json refers to tensor {inner!r}, which no tensor file holds."
+                )
+            return tensors[inner]
+        if marker == _TUPLE:
+            return tuple(decode(v, tensors) for v in inner)
+        if marker == _DICT:
+            return {_hashable(decode(k, tensors)): decode(v, tensors) for k, v in inner}
+        if marker == _NDARRAY:
+            return decode(inner, tensors).numpy()
+        if marker == _BYTES:
+            return base64.b64decode(inner)
+        if marker == _FLOAT:
+            return float(inner)
+    return {k: decode(v, tensors) for k, v in value.items()}
+
+
+def _hashable(key: Any) -> Any:
+    return tuple(_hashable(k) for k in key) if isinstance(key, list | tuple) else key

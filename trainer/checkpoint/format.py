@@ -1,0 +1,339 @@
+"""The checkpoint directory format (DESIGN §6): write, verify, read, find the newest.
+
+```
+<name>/manifest.json          format name and version, each file's size and sha256, world size
+<name>/model.safetensors      or model-0000i-of-0000N.safetensors + model.safetensors.index.json
+<name>/optimizer.safetensors  optimizer state tensors, one entry per tensor
+<name>/state.json             everything else as JSON (tensors by reference into state.safetensors)
+```
+
+The manifest is written last; a directory without a valid manifest is not a checkpoint. Loading
+verifies every file against the manifest before reading any tensor, and never unpickles.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import os
+import re
+import warnings
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from trainer.checkpoint.atomic import atomic_directory, is_temporary
+from trainer.checkpoint.codec import decode, encode
+from trainer.checkpoint.tensor_files import (
+    deduplicate,
+    hash_file,
+    read_safetensors,
+    shard_tensors,
+    write_safetensors,
+)
+from trainer.errors import CheckpointError
+
+__all__ = [
+    "FORMAT_NAME",
+    "FORMAT_VERSION",
+    "find_latest_checkpoint",
+    "is_checkpoint_dir",
+    "load_model_weights",
+    "parse_size",
+    "read_checkpoint",
+    "read_manifest",
+    "verify_checkpoint",
+    "write_checkpoint",
+    "write_model_files",
+]
+
+FORMAT_NAME = "trainer-checkpoint"
+FORMAT_VERSION = 1
+MANIFEST = "manifest.json"
+MODEL_FILE = "model.safetensors"
+MODEL_INDEX = "model.safetensors.index.json"
+OPTIMIZER_FILE = "optimizer.safetensors"
+STATE_FILE = "state.json"
+STATE_TENSORS = "state.safetensors"
+_SHARD_RE = re.compile(r"model-(\d{5})-of-(\d{5})\.safetensors")
+_SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGT]?i?B)?\s*$", re.IGNORECASE)
+_UNITS = {
+    "B": 1,
+    "KB": 10**3,
+    "MB": 10**6,
+    "GB": 10**9,
+    "TB": 10**12,
+    "KIB": 2**10,
+    "MIB": 2**20,
+    "GIB": 2**30,
+    "TIB": 2**40,
+}
+
+
+def parse_size(size: int | str) -> int:
+    """Bytes in ``size``: an int, or a string like "10GB", "500MB", "2GiB"."""
+    if isinstance(size, int) and not isinstance(size, bool) and size > 0:
+        return size
+    match = _SIZE_RE.match(size) if isinstance(size, str) else None
+    if match is None:
+        raise CheckpointError(
+            f"max_shard_size={size!r}: expected a positive int of bytes or a string like '10GB' or '500MB'."
+        )
+    return int(float(match.group(1)) * _UNITS[(match.group(2) or "B").upper()])
+
+
+def write_model_files(
+    directory: Path, state_dict: dict[str, torch.Tensor], max_shard_size: int | str = "10GB"
+) -> dict[str, dict[str, Any]]:
+    """Write model weights as one safetensors file or several shards plus an index.
+
+    Tied weights are stored once; the aliases are recorded in the file metadata and restored on
+    load. Returns the manifest records of the files written.
+    """
+    tensors, aliases = deduplicate(state_dict)
+    metadata = {"format": "pt", "aliases": json.dumps(aliases)}
+    shards = list(shard_tensors(tensors, parse_size(max_shard_size)))
+    records: dict[str, dict[str, Any]] = {}
+    if len(shards) == 1:
+        records[MODEL_FILE] = write_safetensors(str(directory / MODEL_FILE), shards[0], metadata)
+        return records
+    weight_map = {}
+    for index, shard in enumerate(shards, start=1):
+        name = f"model-{index:05d}-of-{len(shards):05d}.safetensors"
+        records[name] = write_safetensors(
+            str(directory / name), shard, metadata if index == 1 else {"format": "pt"}
+        )
+        weight_map.update(dict.fromkeys(shard, name))
+    total = sum(t.numel() * t.element_size() for t in tensors.values())
+    index_text = json.dumps(
+        {"metadata": {"total_size": total, "aliases": aliases}, "weight_map": weight_map},
+        indent=2,
+        sort_keys=True,
+    )
+    records[MODEL_INDEX] = _write_json(directory / MODEL_INDEX, index_text)
+    return records
+
+
+def _write_json(path: Path, text: str) -> dict[str, Any]:
+    data = text.encode("utf-8")
+    with open(path, "wb") as file:
+        file.write(data)
+        file.flush()
+        os.fsync(file.fileno())
+    import hashlib
+
+    return {"size": len(data), "sha256": hashlib.sha256(data).hexdigest()}
+
+
+def write_checkpoint(
+    path: str | os.PathLike[str],
+    checkpoint: dict[str, Any],
+    *,
+    world_size: int = 1,
+    max_shard_size: int | str = "10GB",
+) -> Path:
+    """Write ``checkpoint`` as a checkpoint directory at ``path``, atomically.
+
+    ``checkpoint["state_dict"]`` (model weights) goes to safetensors; ``"optimizer_states"``
+    tensors to ``optimizer.safetensors``; every other key to ``state.json`` (tensors by reference
+    into ``state.safetensors``). Returns the final path.
+
+    Raises:
+        CheckpointError: a value cannot be stored, or the write failed (the previous checkpoint
+            under ``path``, if any, is left intact).
+    """
+    final = Path(path)
+    rest = dict(checkpoint)
+    model_state = rest.pop("state_dict", None)
+    optimizer_states = rest.pop("optimizer_states", None)
+    optimizer_tensors: dict[str, torch.Tensor] = {}
+    state_tensors: dict[str, torch.Tensor] = {}
+    document: dict[str, Any] = {}
+    if optimizer_states is not None:
+        document["optimizer_states"] = encode(optimizer_states, optimizer_tensors, "optimizer")
+    document.update(encode(rest, state_tensors, "state"))
+    with atomic_directory(final) as directory:
+        records: dict[str, dict[str, Any]] = {}
+        if model_state is not None:
+            records.update(write_model_files(directory, model_state, max_shard_size))
+        if optimizer_states is not None:
+            records[OPTIMIZER_FILE] = write_safetensors(
+                str(directory / OPTIMIZER_FILE), optimizer_tensors
+            )
+        if state_tensors:
+            records[STATE_TENSORS] = write_safetensors(
+                str(directory / STATE_TENSORS), state_tensors
+            )
+        records[STATE_FILE] = _write_json(directory / STATE_FILE, json.dumps(document, indent=1))
+        manifest = {
+            "format": FORMAT_NAME,
+            "format_version": FORMAT_VERSION,
+            "created": dt.datetime.now(dt.timezone.utc).isoformat(),
+            "world_size": world_size,
+            "epoch": rest.get("epoch"),
+            "global_step": rest.get("global_step"),
+            "files": dict(sorted(records.items())),
+        }
+        _write_json(directory / MANIFEST, json.dumps(manifest, indent=1))
+    return final
+
+
+def read_manifest(path: str | os.PathLike[str]) -> dict[str, Any]:
+    """The parsed, format-checked manifest of a checkpoint directory (files not yet verified)."""
+    directory = Path(path)
+    manifest_path = directory / MANIFEST
+    if not directory.is_dir():
+        raise CheckpointError(f"checkpoint {directory} does not exist or is not a directory.")
+    if not manifest_path.is_file():
+        raise CheckpointError(
+            f"{directory} is not a trainer checkpoint: it has no {MANIFEST} (an unfinished or foreign directory)."
+        )
+    try:
+        manifest = json.loads(manifest_path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise CheckpointError(f"{manifest_path} is unreadable or corrupt: {err}.") from err
+    if not isinstance(manifest, dict) or manifest.get("format") != FORMAT_NAME:
+        raise CheckpointError(
+            f"{manifest_path} is not a trainer checkpoint manifest (format {manifest.get('format') if isinstance(manifest, dict) else None!r})."
+        )
+    if manifest.get("format_version") != FORMAT_VERSION:
+        raise CheckpointError(
+            f"{manifest_path} has format version {manifest.get('format_version')!r}; this trainer reads version {FORMAT_VERSION}. Use the trainer version that wrote it."
+        )
+    if not isinstance(manifest.get("files"), dict):
+        raise CheckpointError(f"{manifest_path} lists no files.")
+    return manifest
+
+
+def verify_checkpoint(path: str | os.PathLike[str]) -> dict[str, Any]:
+    """Check every file against the manifest (presence, no extras, size, sha256); return it.
+
+    Raises:
+        CheckpointError: naming the first file that is missing, unexpected, truncated or altered.
+    """
+    directory = Path(path)
+    manifest = read_manifest(directory)
+    expected: dict[str, dict[str, Any]] = manifest["files"]
+    present = {entry.name for entry in directory.iterdir() if entry.name != MANIFEST}
+    for name in sorted(expected):
+        if name not in present:
+            raise CheckpointError(f"checkpoint {directory} is incomplete: {name} is missing.")
+    for name in sorted(present - set(expected)):
+        raise CheckpointError(
+            f"checkpoint {directory} holds a file its manifest does not list: {name}. Remove it or re-save."
+        )
+    for name, record in expected.items():
+        size = (directory / name).stat().st_size
+        if size != record.get("size"):
+            raise CheckpointError(
+                f"checkpoint file {directory / name} has {size} bytes; the manifest says {record.get('size')} (truncated or altered)."
+            )
+    names = sorted(expected)
+    with ThreadPoolExecutor(max_workers=min(4, len(names) or 1)) as pool:
+        actual = dict(
+            zip(
+                names,
+                pool.map(lambda n: hash_file(str(directory / n))["sha256"], names),
+                strict=True,
+            )
+        )
+    for name in names:
+        if actual[name] != expected[name].get("sha256"):
+            raise CheckpointError(
+                f"checkpoint file {directory / name} does not match its sha256 in the manifest (corrupt or altered)."
+            )
+    return manifest
+
+
+def is_checkpoint_dir(path: str | os.PathLike[str]) -> bool:
+    """Whether ``path`` looks like a checkpoint directory (has a manifest; not verified)."""
+    return (Path(path) / MANIFEST).is_file()
+
+
+def load_model_weights(
+    directory: Path, files: dict[str, Any], device: str = "cpu"
+) -> dict[str, torch.Tensor]:
+    """Model weights of a checkpoint or save_model directory, tied weights restored."""
+    if MODEL_FILE in files:
+        tensors, metadata = read_safetensors(str(directory / MODEL_FILE), device)
+        aliases = json.loads(metadata.get("aliases", "{}"))
+    elif MODEL_INDEX in files:
+        index = json.loads((directory / MODEL_INDEX).read_text(encoding="utf-8"))
+        tensors = {}
+        for shard in sorted(set(index["weight_map"].values())):
+            tensors.update(read_safetensors(str(directory / shard), device)[0])
+        aliases = index.get("metadata", {}).get("aliases", {})
+    else:
+        return {}
+    for alias, kept in aliases.items():
+        tensors[alias] = tensors[kept]
+    return tensors
+
+
+def read_checkpoint(
+    path: str | os.PathLike[str], *, device: str = "cpu", verify: bool = True
+) -> dict[str, Any]:
+    """Verify (unless ``verify=False``) and load a checkpoint directory into one dict.
+
+    The dict has ``"state_dict"`` (model weights), ``"optimizer_states"`` (if saved) and every
+    key of ``state.json``.
+    """
+    directory = Path(path)
+    manifest = verify_checkpoint(directory) if verify else read_manifest(directory)
+    files = manifest["files"]
+    try:
+        document = json.loads((directory / STATE_FILE).read_text(encoding="utf-8"))
+        state_tensors = (
+            read_safetensors(str(directory / STATE_TENSORS), device)[0]
+            if STATE_TENSORS in files
+            else {}
+        )
+        optimizer_tensors = (
+            read_safetensors(str(directory / OPTIMIZER_FILE), device)[0]
+            if OPTIMIZER_FILE in files
+            else {}
+        )
+        model = load_model_weights(directory, files, device)
+    except (OSError, ValueError, json.JSONDecodeError) as err:
+        raise CheckpointError(f"checkpoint {directory} could not be read: {err}.") from err
+    optimizer_doc = document.pop("optimizer_states", None)
+    checkpoint: dict[str, Any] = decode(document, state_tensors)
+    checkpoint["state_dict"] = model
+    if optimizer_doc is not None:
+        checkpoint["optimizer_states"] = decode(optimizer_doc, optimizer_tensors)
+    return checkpoint
+
+
+def find_latest_checkpoint(dirpath: str | os.PathLike[str]) -> Path | None:
+    """The newest complete and valid checkpoint under ``dirpath`` (by global step, then time).
+
+    Torn or corrupt directories are skipped with a warning that names them.
+    """
+    root = Path(dirpath)
+    if not root.is_dir():
+        return None
+    candidates: list[tuple[int, str, Path]] = []
+    for entry in root.iterdir():
+        if not entry.is_dir() or entry.is_symlink() or is_temporary(entry.name):
+            continue
+        try:
+            manifest = read_manifest(entry)
+        except CheckpointError as err:
+            if (entry / MANIFEST).exists() or entry.name.startswith(
+                ("epoch", "step", "last", "checkpoint")
+            ):
+                warnings.warn(f"skipping {entry}: {err}", stacklevel=2)
+            continue
+        candidates.append(
+            (int(manifest.get("global_step") or 0), str(manifest.get("created", "")), entry)
+        )
+    for _, _, entry in sorted(candidates, reverse=True):
+        try:
+            verify_checkpoint(entry)
+        except CheckpointError as err:
+            warnings.warn(f"skipping corrupt checkpoint {entry}: {err}", stacklevel=2)
+            continue
+        return entry
+    return None

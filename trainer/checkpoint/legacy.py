@@ -1,0 +1,56 @@
+"""Weights from files that are not checkpoint directories: ``.safetensors``, and legacy pickles.
+
+Legacy ``.ckpt`` / ``.pt`` / ``.pth`` / ``.bin`` files are read with
+``torch.load(weights_only=True)`` only, so a pickle that would run code is refused, never run.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from trainer.checkpoint.tensor_files import read_safetensors
+from trainer.errors import CheckpointError
+
+__all__ = ["LEGACY_SUFFIXES", "load_weights_file"]
+
+LEGACY_SUFFIXES = (".ckpt", ".pt", ".pth", ".bin")
+
+
+def load_weights_file(path: str | os.PathLike[str], device: str = "cpu") -> dict[str, Any]:
+    """A checkpoint-like dict from a single file.
+
+    ``.safetensors`` gives ``{"state_dict": tensors}``; a legacy pickle gives its dict as saved
+    (a Lightning ``.ckpt`` already has ``"state_dict"``; a bare state dict is wrapped).
+
+    Raises:
+        CheckpointError: unknown suffix, unreadable file, or a pickle with anything but tensors
+            and plain containers in it.
+    """
+    file = Path(path)
+    if not file.is_file():
+        raise CheckpointError(f"checkpoint file {file} does not exist.")
+    if file.suffix == ".safetensors":
+        try:
+            return {"state_dict": read_safetensors(str(file), device)[0]}
+        except Exception as err:  # safetensors raises its own SafetensorError on corrupt files
+            raise CheckpointError(f"{file} is not a valid safetensors file: {err}") from err
+    if file.suffix not in LEGACY_SUFFIXES:
+        raise CheckpointError(
+            f"cannot load {file}: expected a checkpoint directory, a .safetensors file, or a legacy {'/'.join(LEGACY_SUFFIXES)} file."
+        )
+    try:
+        loaded = torch.load(file, map_location=device, weights_only=True)
+    except (pickle.UnpicklingError, RuntimeError, EOFError, ValueError, AttributeError) as err:
+        raise CheckpointError(
+            f"refusing to load {file}: it is not a plain tensor checkpoint that can be read without running code ({type(err).__name__}: {str(err).splitlines()[0][:200]})."
+        ) from err
+    if isinstance(loaded, dict) and "state_dict" in loaded:
+        return loaded
+    if isinstance(loaded, dict) and all(isinstance(v, torch.Tensor) for v in loaded.values()):
+        return {"state_dict": loaded}
+    raise CheckpointError(f"{file} holds {type(loaded).__name__}, not a state dict.")
