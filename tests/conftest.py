@@ -58,6 +58,7 @@ def quiet_trainer(tmp_path, **kwargs) -> trainer.Trainer:
         enable_progress_bar=False,
         enable_model_summary=False,
         logger=False,
+        enable_checkpointing=False,
         num_sanity_val_steps=0,
     )
     options.update(kwargs)

@@ -450,11 +450,18 @@ def test_trainer_properties(tmp_path):
     assert quiet_trainer(tmp_path, logger=True).logger.log_dir.startswith(str(tmp_path))
 
 
-def test_default_callbacks_are_summary_and_progress_bar(tmp_path):
+def test_default_callbacks_are_summary_progress_bar_and_checkpoint(tmp_path):
     t = trainer.Trainer(default_root_dir=str(tmp_path))
     names = [type(cb).__name__ for cb in t.callbacks]
-    assert names == ["ModelSummary", "RichProgressBar"]
-    assert trainer.Trainer(enable_progress_bar=False, enable_model_summary=False).callbacks == []
+    assert names == ["ModelSummary", "RichProgressBar", "ModelCheckpoint"]
+    off = trainer.Trainer(enable_progress_bar=False, enable_model_summary=False, enable_checkpointing=False)
+    assert off.callbacks == []
+    # A user's ModelCheckpoint replaces the default and moves last.
+    from trainer.callbacks import ModelCheckpoint
+
+    mine = ModelCheckpoint(monitor="val/loss")
+    t = trainer.Trainer(callbacks=[mine, _ValCounter()], enable_progress_bar=False, enable_model_summary=False)
+    assert t.callbacks[-1] is mine and len(t.callbacks) == 2
 
 
 def test_accumulate_grad_batches_can_change_between_epochs(tmp_path):

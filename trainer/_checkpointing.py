@@ -62,6 +62,9 @@ def dump_checkpoint(trainer: Trainer, *, weights_only: bool = False) -> dict[str
         loops={"train_loader": train_loader.state_dict() if train_loader is not None else None},
         rng_states=[get_rng_states()],
         loggers=[{"class": type(lg).__name__, **lg.state_dict()} for lg in trainer.loggers],
+        callback_metrics={
+            k: float(v) for k, v in trainer.callback_metrics.items() if v.numel() == 1
+        },
     )
     return checkpoint
 
@@ -126,6 +129,8 @@ def restore_checkpoint(trainer: Trainer, checkpoint: dict[str, Any], *, full: bo
     trainer.progress.epoch = progress["epoch"]
     trainer.progress.global_step = progress["global_step"]
     trainer.progress.batch_idx = progress["batch_idx"]
+    trainer.progress.last_val_step = progress.get("last_val_step", -1)
+    trainer._restored_metrics = dict(checkpoint.get("callback_metrics") or {})
     callback_states = checkpoint.get("callbacks") or {}
     for callback in trainer.callbacks:
         if callback.state_key in callback_states:

@@ -370,7 +370,9 @@ class Accelerator:
         self.unscale_gradients()
         torch.nn.utils.clip_grad_value_(parameters, clip_value)
 
-    def get_state_dict(self, model: torch.nn.Module, unwrap: bool = True) -> dict[str, torch.Tensor]:
+    def get_state_dict(
+        self, model: torch.nn.Module, unwrap: bool = True
+    ) -> dict[str, torch.Tensor]:
         """The full state dict of ``model`` (gathered by the strategy when sharded)."""
         module = self.unwrap_model(model) if unwrap else model
         return self.strategy.module_state_dict(module)

@@ -61,6 +61,7 @@ class Progress:
     epoch: int = 0  # epochs completed; the current epoch's index while training
     global_step: int = 0  # optimizer steps taken
     batch_idx: int = 0  # next batch index inside the current epoch
+    last_val_step: int = -1  # global step of the last validation during fit
 
 
 @dataclass
@@ -159,8 +160,10 @@ class Trainer:
         self.num_nodes = check_positive_int("num_nodes", num_nodes)
         self.accelerator = self._build_accelerator(strategy, accelerator, devices, precision)
         self.loggers = [] if dev_batches else _build_loggers(logger, self.default_root_dir)
-        self.callbacks = _build_callbacks(callbacks, enable_progress_bar, enable_model_summary)
         self.enable_checkpointing = enable_checkpointing and not dev_batches
+        self.callbacks = _build_callbacks(
+            callbacks, enable_progress_bar, enable_model_summary, self.enable_checkpointing
+        )
         self.progress = Progress()
         self.state = TrainerState()
         self.should_stop = False
@@ -183,6 +186,7 @@ class Trainer:
         self._start_time = 0.0
         self._previous_deterministic = torch.are_deterministic_algorithms_enabled()
         self._pending_rng_state: dict[str, Any] | None = None  # applied when training resumes
+        self._restored_metrics: dict[str, float] = {}  # callback_metrics of a resumed checkpoint
         self._received_signal: int | None = None  # SIGTERM/SIGUSR1 seen: save at the next step
 
     def _build_accelerator(
@@ -271,7 +275,7 @@ class Trainer:
     @property
     def callback_metrics(self) -> dict[str, torch.Tensor]:
         """Latest value of every logged metric (step and epoch), as tensors, for callbacks."""
-        merged: dict[str, Any] = {}
+        merged: dict[str, Any] = dict(self._restored_metrics)
         for store in self._stores.values():
             merged.update(store.callback_items())
         return {
@@ -450,6 +454,7 @@ class Trainer:
         for store in self._stores.values():  # metrics of an earlier run are not this run's
             store.reset()
         self._logged_metrics = {}
+        self._restored_metrics = {}
         self._call_hook("setup", stage)
         module.configure_model()
         if self.compile:
@@ -635,7 +640,12 @@ class Trainer:
             if self.should_stop or self._is_done():
                 is_epoch_complete = is_last
                 break
-        if self._should_validate_epoch() and (is_epoch_complete or self.should_stop):
+        is_validated = self.progress.last_val_step == self.progress.global_step  # e.g. on resume
+        if (
+            self._should_validate_epoch()
+            and (is_epoch_complete or self.should_stop)
+            and not is_validated
+        ):
             self._run_validation()
         self._end_train_epoch(is_epoch_complete)
 
@@ -832,6 +842,7 @@ class Trainer:
 
     def _run_validation(self) -> None:
         was_training = self._wrapped_model.training
+        self.progress.last_val_step = self.progress.global_step
         self._eval_epoch("validation")
         self._wrapped_model.train(was_training)
 
@@ -1036,7 +1047,10 @@ def _build_loggers(logger: Any, root: str) -> list[Logger]:
 
 
 def _build_callbacks(
-    callbacks: Any, enable_progress_bar: bool, enable_model_summary: bool
+    callbacks: Any,
+    enable_progress_bar: bool,
+    enable_model_summary: bool,
+    enable_checkpointing: bool,
 ) -> list[Callback]:
     given = (
         []
@@ -1058,4 +1072,10 @@ def _build_callbacks(
         from trainer.callbacks.progress import RichProgressBar
 
         given.append(RichProgressBar())
-    return given
+    if enable_checkpointing and not any(_is_class(cb, "ModelCheckpoint") for cb in given):
+        from trainer.callbacks.model_checkpoint import ModelCheckpoint
+
+        given.append(ModelCheckpoint())
+    # Checkpoint callbacks go last, so they see what every other callback did (Lightning's order).
+    checkpoints = [cb for cb in given if _is_class(cb, "ModelCheckpoint")]
+    return [cb for cb in given if cb not in checkpoints] + checkpoints

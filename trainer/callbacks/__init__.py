@@ -11,12 +11,21 @@ from typing import TYPE_CHECKING, Any
 from trainer.callbacks.callback import Callback
 
 if TYPE_CHECKING:
+    from trainer.callbacks.model_checkpoint import ModelCheckpoint, OnExceptionCheckpoint
     from trainer.callbacks.model_summary import ModelSummary
     from trainer.callbacks.progress import RichProgressBar
 
-__all__ = ["Callback", "ModelSummary", "RichProgressBar"]
+__all__ = [
+    "Callback",
+    "ModelCheckpoint",
+    "ModelSummary",
+    "OnExceptionCheckpoint",
+    "RichProgressBar",
+]
 
 _LAZY = {
+    "ModelCheckpoint": "trainer.callbacks.model_checkpoint",
+    "OnExceptionCheckpoint": "trainer.callbacks.model_checkpoint",
     "ModelSummary": "trainer.callbacks.model_summary",
     "RichProgressBar": "trainer.callbacks.progress",
 }
