@@ -12,7 +12,9 @@ from typing import Any
 
 import torch
 
+from trainer.callbacks.callback import Callback
 from trainer.errors import ConfigurationError, describe
+from trainer.loggers.logger import Logger
 
 __all__ = ["check_positive_int", "parse_max_time", "resolve_device", "resolve_limit"]
 
@@ -98,3 +100,117 @@ def resolve_device(accelerator: str, devices: Any) -> torch.device:
     if accelerator == "cpu":
         return torch.device("cpu")
     return torch.device(accelerator, index) if accelerator == "cuda" else torch.device(accelerator)
+
+
+def is_instance_named(obj: object, name: str) -> bool:
+    """Whether a class named ``name`` is in ``obj``'s MRO (without importing that class)."""
+    return any(klass.__name__ == name for klass in type(obj).__mro__)
+
+
+def check_fast_dev_run(value: bool | int) -> int:
+    if isinstance(value, bool):
+        return int(value)
+    if not isinstance(value, int) or value < 0:
+        raise ConfigurationError(
+            f"Trainer(fast_dev_run={describe(value)}): expected True/False or an int >= 0 of batches."
+        )
+    return value
+
+
+def default_max_epochs(max_epochs: int | None, max_steps: int | None) -> int | None:
+    if max_epochs is None and max_steps in (None, -1):
+        return 1000  # Lightning's default when nothing bounds the run
+    if max_epochs is not None and (not isinstance(max_epochs, int) or max_epochs < -1):
+        raise ConfigurationError(
+            f"Trainer(max_epochs={describe(max_epochs)}): expected an int >= 0, -1 or None."
+        )
+    return max_epochs if max_epochs is not None else -1
+
+
+def check_clip(value: float | None, algorithm: str) -> str:
+    if algorithm not in ("norm", "value"):
+        raise ConfigurationError(
+            f"Trainer(gradient_clip_algorithm={algorithm!r}): expected 'norm' or 'value'."
+        )
+    if value is not None and (
+        isinstance(value, bool) or not isinstance(value, int | float) or value <= 0
+    ):
+        raise ConfigurationError(
+            f"Trainer(gradient_clip_val={describe(value)}): expected a positive number or None."
+        )
+    return algorithm
+
+
+def check_val_interval(value: int | float) -> int | float:
+    if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
+        raise ConfigurationError(
+            f"Trainer(val_check_interval={describe(value)}): expected a float in (0.0, 1.0] "
+            "(fraction of an epoch) or an int number of training batches."
+        )
+    if isinstance(value, float) and value > 1.0:
+        raise ConfigurationError(
+            f"Trainer(val_check_interval={value}): a float must be in (0.0, 1.0]; for a count of "
+            "batches pass an int."
+        )
+    return value
+
+
+def check_sanity_steps(value: int) -> int:
+    if not isinstance(value, int) or isinstance(value, bool) or value < -1:
+        raise ConfigurationError(
+            f"Trainer(num_sanity_val_steps={describe(value)}): expected an int >= 0, or -1 for "
+            "the whole validation set."
+        )
+    return value
+
+
+def build_loggers(logger: Any, root: str) -> list[Logger]:
+    if logger is True:
+        from trainer.loggers.csv_logs import CSVLogger
+
+        return [CSVLogger(save_dir=root, name="trainer_logs")]
+    if logger in (False, None):
+        return []
+    loggers = [logger] if isinstance(logger, Logger) else list(logger)
+    for item in loggers:
+        if not isinstance(item, Logger):
+            raise ConfigurationError(
+                f"Trainer(logger=...): {describe(item)} is not a trainer.loggers.Logger. Pass "
+                "True, False, a Logger, or a list of Loggers."
+            )
+    return loggers
+
+
+def build_callbacks(
+    callbacks: Any,
+    enable_progress_bar: bool,
+    enable_model_summary: bool,
+    enable_checkpointing: bool,
+) -> list[Callback]:
+    given = (
+        []
+        if callbacks is None
+        else [callbacks]
+        if isinstance(callbacks, Callback)
+        else list(callbacks)
+    )
+    for item in given:
+        if not isinstance(item, Callback):
+            raise ConfigurationError(
+                f"Trainer(callbacks=...): {describe(item)} is not a trainer.callbacks.Callback."
+            )
+    if enable_model_summary and not any(is_instance_named(cb, "ModelSummary") for cb in given):
+        from trainer.callbacks.model_summary import ModelSummary
+
+        given.insert(0, ModelSummary())
+    if enable_progress_bar and not any(is_instance_named(cb, "RichProgressBar") for cb in given):
+        from trainer.callbacks.progress import RichProgressBar
+
+        given.append(RichProgressBar())
+    if enable_checkpointing and not any(is_instance_named(cb, "ModelCheckpoint") for cb in given):
+        from trainer.callbacks.model_checkpoint import ModelCheckpoint
+
+        given.append(ModelCheckpoint())
+    # Checkpoint callbacks go last, so they see what every other callback did (Lightning's order).
+    checkpoints = [cb for cb in given if is_instance_named(cb, "ModelCheckpoint")]
+    return [cb for cb in given if cb not in checkpoints] + checkpoints

@@ -30,7 +30,14 @@ from trainer._optim_config import SchedulerConfig, parse_optimizer_config
 from trainer._preemption import catch_preemption_signals, save_and_exit
 from trainer._results import MetricStore, to_float
 from trainer._trainer_config import (
+    build_callbacks,
+    build_loggers,
+    check_clip,
+    check_fast_dev_run,
     check_positive_int,
+    check_sanity_steps,
+    check_val_interval,
+    default_max_epochs,
     parse_max_time,
     resolve_device,
     resolve_limit,
@@ -130,19 +137,19 @@ class Trainer:
         seed: int | None = None,
     ) -> None:
         self.default_root_dir = os.fspath(default_root_dir or os.getcwd())
-        self.fast_dev_run = _check_fast_dev_run(fast_dev_run)
+        self.fast_dev_run = check_fast_dev_run(fast_dev_run)
         dev_batches = self.fast_dev_run or None
-        self.max_epochs = 1 if dev_batches else _default_max_epochs(max_epochs, max_steps)
+        self.max_epochs = 1 if dev_batches else default_max_epochs(max_epochs, max_steps)
         self.max_steps = dev_batches or (max_steps if max_steps is not None else -1)
         self.max_time = parse_max_time(max_time)
         self._accumulate_grad_batches = check_positive_int(
             "accumulate_grad_batches", accumulate_grad_batches
         )
         self.gradient_clip_val = gradient_clip_val
-        self.gradient_clip_algorithm = _check_clip(gradient_clip_val, gradient_clip_algorithm)
-        self.val_check_interval = 1.0 if dev_batches else _check_val_interval(val_check_interval)
+        self.gradient_clip_algorithm = check_clip(gradient_clip_val, gradient_clip_algorithm)
+        self.val_check_interval = 1.0 if dev_batches else check_val_interval(val_check_interval)
         self.check_val_every_n_epoch = check_val_every_n_epoch
-        self.num_sanity_val_steps = 0 if dev_batches else _check_sanity_steps(num_sanity_val_steps)
+        self.num_sanity_val_steps = 0 if dev_batches else check_sanity_steps(num_sanity_val_steps)
         self.limit_batches = {
             "train": dev_batches or limit_train_batches,
             "validation": dev_batches or limit_val_batches,
@@ -159,9 +166,9 @@ class Trainer:
         self.seed = seed
         self.num_nodes = check_positive_int("num_nodes", num_nodes)
         self.accelerator = self._build_accelerator(strategy, accelerator, devices, precision)
-        self.loggers = [] if dev_batches else _build_loggers(logger, self.default_root_dir)
+        self.loggers = [] if dev_batches else build_loggers(logger, self.default_root_dir)
         self.enable_checkpointing = enable_checkpointing and not dev_batches
-        self.callbacks = _build_callbacks(
+        self.callbacks = build_callbacks(
             callbacks, enable_progress_bar, enable_model_summary, self.enable_checkpointing
         )
         self.progress = Progress()
@@ -970,112 +977,3 @@ def _check_module_for_fit(module: TrainModule) -> None:
             f"{name} has no configure_optimizers. Implement it, e.g. "
             "`return torch.optim.AdamW(self.parameters(), lr=1e-3)`."
         )
-
-
-def _check_fast_dev_run(value: bool | int) -> int:
-    if isinstance(value, bool):
-        return int(value)
-    if not isinstance(value, int) or value < 0:
-        raise ConfigurationError(
-            f"Trainer(fast_dev_run={describe(value)}): expected True/False or an int >= 0 of batches."
-        )
-    return value
-
-
-def _default_max_epochs(max_epochs: int | None, max_steps: int | None) -> int | None:
-    if max_epochs is None and max_steps in (None, -1):
-        return 1000  # Lightning's default when nothing bounds the run
-    if max_epochs is not None and (not isinstance(max_epochs, int) or max_epochs < -1):
-        raise ConfigurationError(
-            f"Trainer(max_epochs={describe(max_epochs)}): expected an int >= 0, -1 or None."
-        )
-    return max_epochs if max_epochs is not None else -1
-
-
-def _check_clip(value: float | None, algorithm: str) -> str:
-    if algorithm not in ("norm", "value"):
-        raise ConfigurationError(
-            f"Trainer(gradient_clip_algorithm={algorithm!r}): expected 'norm' or 'value'."
-        )
-    if value is not None and (
-        isinstance(value, bool) or not isinstance(value, int | float) or value <= 0
-    ):
-        raise ConfigurationError(
-            f"Trainer(gradient_clip_val={describe(value)}): expected a positive number or None."
-        )
-    return algorithm
-
-
-def _check_val_interval(value: int | float) -> int | float:
-    if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
-        raise ConfigurationError(
-            f"Trainer(val_check_interval={describe(value)}): expected a float in (0.0, 1.0] "
-            "(fraction of an epoch) or an int number of training batches."
-        )
-    if isinstance(value, float) and value > 1.0:
-        raise ConfigurationError(
-            f"Trainer(val_check_interval={value}): a float must be in (0.0, 1.0]; for a count of "
-            "batches pass an int."
-        )
-    return value
-
-
-def _check_sanity_steps(value: int) -> int:
-    if not isinstance(value, int) or isinstance(value, bool) or value < -1:
-        raise ConfigurationError(
-            f"Trainer(num_sanity_val_steps={describe(value)}): expected an int >= 0, or -1 for "
-            "the whole validation set."
-        )
-    return value
-
-
-def _build_loggers(logger: Any, root: str) -> list[Logger]:
-    if logger is True:
-        from trainer.loggers.csv_logs import CSVLogger
-
-        return [CSVLogger(save_dir=root, name="trainer_logs")]
-    if logger in (False, None):
-        return []
-    loggers = [logger] if isinstance(logger, Logger) else list(logger)
-    for item in loggers:
-        if not isinstance(item, Logger):
-            raise ConfigurationError(
-                f"Trainer(logger=...): {describe(item)} is not a trainer.loggers.Logger. Pass "
-                "True, False, a Logger, or a list of Loggers."
-            )
-    return loggers
-
-
-def _build_callbacks(
-    callbacks: Any,
-    enable_progress_bar: bool,
-    enable_model_summary: bool,
-    enable_checkpointing: bool,
-) -> list[Callback]:
-    given = (
-        []
-        if callbacks is None
-        else [callbacks]
-        if isinstance(callbacks, Callback)
-        else list(callbacks)
-    )
-    for item in given:
-        if not isinstance(item, Callback):
-            raise ConfigurationError(
-                f"Trainer(callbacks=...): {describe(item)} is not a trainer.callbacks.Callback."
-            )
-    if enable_model_summary and not any(_is_class(cb, "ModelSummary") for cb in given):
-        from trainer.callbacks.model_summary import ModelSummary
-
-        given.insert(0, ModelSummary())
-    if enable_progress_bar and not any(_is_class(cb, "RichProgressBar") for cb in given):
-        from trainer.callbacks.progress import RichProgressBar
-
-        given.append(RichProgressBar())
-    if enable_checkpointing and not any(_is_class(cb, "ModelCheckpoint") for cb in given):
-        from trainer.callbacks.model_checkpoint import ModelCheckpoint
-
-        given.append(ModelCheckpoint())
-    # Checkpoint callbacks go last, so they see what every other callback did (Lightning's order).
-    checkpoints = [cb for cb in given if _is_class(cb, "ModelCheckpoint")]
-    return [cb for cb in given if cb not in checkpoints] + checkpoints

@@ -123,7 +123,7 @@ def read_safetensors(
 
     with safe_open(path, framework="pt", device=device) as handle:
         metadata = handle.metadata() or {}
-        return {name: handle.get_tensor(name) for name in handle.keys()}, metadata  # noqa: SIM118
+        return {name: handle.get_tensor(name) for name in handle.keys()}, metadata
 
 
 def deduplicate(tensors: dict[str, torch.Tensor]) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
