@@ -187,16 +187,18 @@ class ModelCheckpoint(Callback):
         metrics = trainer.callback_metrics
         score = self._score(metrics)
         path = os.path.join(self.dirpath, self.format_name(trainer.current_epoch, step, metrics))
-        written = ""
+        written, dropped = "", []
         if self._is_top_k(score):
             trainer.save_checkpoint(path, weights_only=self.save_weights_only)
             written = path
-            self._record(path, score)
+            dropped = self._record(path, score)
         if self.save_last:
             if not written:
                 written = os.path.join(self.dirpath, f"last-{os.path.basename(path)}")
                 trainer.save_checkpoint(written, weights_only=self.save_weights_only)
             self._point_last_at(written)
+        for old in dropped:  # only now: the new checkpoint and the `last` link are in place
+            self._delete(old)
         self._last_saved_step = step
         if written and self.verbose and trainer.is_global_zero:
             print(f"ModelCheckpoint: saved {written}")
@@ -228,22 +230,24 @@ class ModelCheckpoint(Callback):
         pick = max if self.mode == "min" else min
         return pick(self.best_k_models, key=self.best_k_models.__getitem__)
 
-    def _record(self, path: str, score: float | None) -> None:
-        """Register a complete checkpoint, then delete what falls out of the top k."""
+    def _record(self, path: str, score: float | None) -> list[str]:
+        """Register a complete checkpoint; return those that fell out of the top k."""
+        dropped: list[str] = []
         if score is None:
             self._saved.append(path)
             self.best_model_path = path
             while self.save_top_k != -1 and len(self._saved) > self.save_top_k:
-                self._delete(self._saved.pop(0))
-            return
+                dropped.append(self._saved.pop(0))
+            return dropped
         self.best_k_models[path] = score
         if self.save_top_k != -1 and len(self.best_k_models) > self.save_top_k:
             worst = self._worst()
             del self.best_k_models[worst]
-            self._delete(worst)
+            dropped.append(worst)
         pick = min if self.mode == "min" else max
         self.best_model_path = pick(self.best_k_models, key=self.best_k_models.__getitem__)
         self.best_model_score = torch.tensor(self.best_k_models[self.best_model_path])
+        return dropped
 
     def _delete(self, path: str) -> None:
         if path != self.last_model_path and os.path.isdir(path):

@@ -1,0 +1,350 @@
+"""Exact resume: an interrupted-and-resumed fit ends with parameters equal to an uninterrupted one."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+import trainer
+from tests.checkpoint.resume_job import Net, SelfSignal, data
+from tests.conftest import LinearModule, make_loader, quiet_trainer
+from trainer.callbacks import Callback, ModelCheckpoint
+
+JOB = Path(__file__).with_name("resume_job.py")
+
+
+def _fit(tmp_path, module, *, loader_workers=0, ckpt_path=None, **kwargs):
+    t = quiet_trainer(tmp_path, **kwargs)
+    t.fit(module, data(loader_workers), ckpt_path=ckpt_path)
+    return t
+
+
+def _uninterrupted(tmp_path, **kwargs) -> Net:
+    torch.manual_seed(1)
+    module = Net()
+    _fit(tmp_path / "full", module, max_epochs=3, **kwargs)
+    return module
+
+
+def _assert_same(a: torch.nn.Module, b: torch.nn.Module) -> None:
+    for (name, p), q in zip(a.named_parameters(), b.parameters(), strict=True):
+        assert torch.equal(p, q), name
+
+
+@pytest.mark.parametrize("stop_at", [3, 10, 13, 20])  # mid-epoch, epoch end, mid-epoch, epoch end
+def test_resume_mid_epoch_and_at_epoch_end_is_exact(tmp_path, stop_at):
+    full = _uninterrupted(tmp_path)
+    torch.manual_seed(1)
+    first = Net()
+    t = _fit(tmp_path / "a", first, max_epochs=3, max_steps=stop_at)
+    t.save_checkpoint(tmp_path / "ck")
+    torch.manual_seed(
+        99
+    )  # a different init and RNG state: everything must come from the checkpoint
+    resumed = Net()
+    t2 = _fit(tmp_path / "b", resumed, max_epochs=3, ckpt_path=tmp_path / "ck")
+    assert t2.global_step == 30 and t2.current_epoch == 3
+    _assert_same(full, resumed)
+
+
+@pytest.mark.parametrize(
+    "stop_at", [2, 5]
+)  # with accumulation 3 over 10 batches: windows end at 3, 6, 9, 10
+def test_resume_with_accumulation_on_a_window_boundary(tmp_path, stop_at):
+    full = _uninterrupted(tmp_path, accumulate_grad_batches=3)
+    torch.manual_seed(1)
+    first = Net()
+    t = _fit(tmp_path / "a", first, max_epochs=3, max_steps=stop_at, accumulate_grad_batches=3)
+    t.save_checkpoint(tmp_path / "ck")
+    torch.manual_seed(99)
+    resumed = Net()
+    _fit(
+        tmp_path / "b", resumed, max_epochs=3, ckpt_path=tmp_path / "ck", accumulate_grad_batches=3
+    )
+    _assert_same(full, resumed)
+
+
+def test_signal_inside_an_accumulation_window_finishes_the_window_then_saves(tmp_path, capsys):
+    full = _uninterrupted(tmp_path, accumulate_grad_batches=3)
+
+    class SignalInsideWindow(Callback):
+        def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx):
+            if trainer.current_epoch == 1 and batch_idx == 4:  # window = batches 3, 4, 5
+                os.kill(os.getpid(), signal.SIGTERM)
+
+    torch.manual_seed(1)
+    first = Net()
+    with pytest.raises(SystemExit) as info:
+        _fit(
+            tmp_path / "a",
+            first,
+            max_epochs=3,
+            accumulate_grad_batches=3,
+            callbacks=[SignalInsideWindow()],
+        )
+    assert info.value.code == 0
+    assert "received SIGTERM" in capsys.readouterr().err
+    saved = list((tmp_path / "a" / "checkpoints").iterdir())
+    assert [p.name for p in saved] == ["preempted-epoch=1-step=6"]  # after batch 5's step
+    torch.manual_seed(99)
+    resumed = Net()
+    _fit(tmp_path / "a", resumed, max_epochs=3, accumulate_grad_batches=3, ckpt_path="last")
+    _assert_same(full, resumed)
+
+
+def test_resume_with_two_dataloader_workers(tmp_path):
+    full = _uninterrupted(tmp_path, loader_workers=2)
+    torch.manual_seed(1)
+    t = _fit(tmp_path / "a", Net(), loader_workers=2, max_epochs=3, max_steps=14)
+    t.save_checkpoint(tmp_path / "ck")
+    torch.manual_seed(99)
+    resumed = Net()
+    _fit(tmp_path / "b", resumed, loader_workers=2, max_epochs=3, ckpt_path=tmp_path / "ck")
+    _assert_same(full, resumed)
+
+
+def test_last_resolves_the_newest_valid_checkpoint_and_skips_a_torn_one(tmp_path):
+    root = tmp_path / "run"
+    torch.manual_seed(1)
+    _fit(
+        root,
+        Net(),
+        max_epochs=1,
+        callbacks=[ModelCheckpoint(every_n_train_steps=3, save_top_k=-1)],
+        enable_checkpointing=True,
+    )
+    ckpts = root / "checkpoints"
+    assert sorted(p.name for p in ckpts.iterdir()) == [
+        "epoch=0-step=3",
+        "epoch=0-step=6",
+        "epoch=0-step=9",
+    ]
+    (ckpts / "epoch=0-step=9" / "state.json").write_text("{}")  # corrupt the newest
+    steps_run = []
+
+    class Count(Callback):
+        def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx):
+            steps_run.append(trainer.global_step)
+
+    with pytest.warns(UserWarning, match="step=9"):
+        t = quiet_trainer(root, max_epochs=1, callbacks=[Count()])
+        t.fit(Net(), data(), ckpt_path="last")
+    assert steps_run == [7, 8, 9, 10]  # resumed after step 6
+
+
+def test_last_without_any_checkpoint_starts_fresh_with_a_warning(tmp_path):
+    with pytest.warns(UserWarning, match="starting from scratch"):
+        t = _fit(tmp_path, Net(), max_epochs=1, ckpt_path="last")
+    assert t.global_step == 10
+
+
+def test_callbacks_datamodule_hparams_and_user_entries_survive(tmp_path):
+    class Stateful(Callback):
+        def __init__(self):
+            self.count = 0
+
+        def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx):
+            self.count += 1
+
+        def state_dict(self):
+            return {"count": self.count}
+
+        def load_state_dict(self, state):
+            self.count = state["count"]
+
+    class Data(trainer.DataModule):
+        def __init__(self):
+            super().__init__()
+            self.seen = 0
+
+        def train_dataloader(self):
+            return data()
+
+        def state_dict(self):
+            return {"seen": 7}
+
+        def load_state_dict(self, state):
+            self.seen = state["seen"]
+
+    loaded = {}
+
+    class WithExtras(Net):
+        def __init__(self, width: int = 16):
+            super().__init__()
+            self.save_hyperparameters()
+
+        def on_save_checkpoint(self, checkpoint):
+            checkpoint["mine"] = {"note": "hi", "table": torch.arange(3)}
+
+        def on_load_checkpoint(self, checkpoint):
+            loaded.update(checkpoint["mine"], hparams=checkpoint["hyper_parameters"])
+
+    torch.manual_seed(1)
+    callback = Stateful()
+    t = quiet_trainer(tmp_path, max_steps=4, callbacks=[callback])
+    t.fit(WithExtras(width=8), datamodule=Data())
+    t.save_checkpoint(tmp_path / "ck")
+    callback2, datamodule2 = Stateful(), Data()
+    t2 = quiet_trainer(tmp_path, max_steps=6, callbacks=[callback2])
+    t2.fit(WithExtras(width=8), datamodule=datamodule2, ckpt_path=tmp_path / "ck")
+    assert callback2.count == 4 + 2 and datamodule2.seen == 7
+    assert (
+        loaded["note"] == "hi"
+        and torch.equal(loaded["table"], torch.arange(3))
+        and loaded["hparams"] == {"width": 8}
+    )
+
+
+def test_model_checkpoint_top_k_best_and_validate_with_best(tmp_path):
+    class Scored(LinearModule):
+        def validation_step(self, batch, batch_idx):
+            self.log("score", float([3, 1, 2, 0, 5][min(self.current_epoch, 4)]))
+
+    callback = ModelCheckpoint(
+        monitor="score", mode="min", save_top_k=2, save_last=True, filename="{epoch}-{score:.1f}"
+    )
+    t = quiet_trainer(tmp_path, max_epochs=5, callbacks=[callback], enable_checkpointing=True)
+    t.fit(Scored(), make_loader(n=8), make_loader(n=8))
+    names = sorted(p.name for p in (tmp_path / "checkpoints").iterdir())
+    assert names == ["epoch=1-score=1.0", "epoch=3-score=0.0", "last", "last-epoch=4-score=5.0"]
+    assert (
+        callback.best_model_path.endswith("epoch=3-score=0.0")
+        and float(callback.best_model_score) == 0.0
+    )
+    assert os.readlink(tmp_path / "checkpoints" / "last") == "last-epoch=4-score=5.0"
+    from trainer.checkpoint import read_checkpoint
+
+    best_weights = read_checkpoint(callback.best_model_path)["state_dict"]
+    assert not torch.equal(t.module.net.weight, best_weights["net.weight"])  # trained past the best
+    t.validate(ckpt_path="best", dataloaders=make_loader(n=8))
+    assert torch.equal(t.module.net.weight, best_weights["net.weight"])
+    with pytest.raises(trainer.ConfigurationError, match="ckpt_path='best'"):
+        quiet_trainer(tmp_path).validate(LinearModule(), make_loader(), ckpt_path="best")
+
+
+def test_model_checkpoint_monitor_missing_names_logged_metrics(tmp_path):
+    t = quiet_trainer(
+        tmp_path,
+        max_epochs=1,
+        callbacks=[ModelCheckpoint(monitor="val/acc")],
+        enable_checkpointing=True,
+    )
+    with pytest.raises(
+        trainer.ConfigurationError,
+        match=r"monitor='val/acc'.*logged metrics: \['train/loss', 'val/loss'\]",
+    ):
+        t.fit(LinearModule(), make_loader(), make_loader())
+
+
+def test_filename_template_with_metric_values(tmp_path):
+    callback = ModelCheckpoint(filename="epoch={epoch}-step={step}-{val/loss:.3f}")
+    assert (
+        callback.format_name(2, 40, {"val/loss": torch.tensor(0.12345)})
+        == "epoch=2-step=40-val_loss=0.123"
+    )
+    with pytest.raises(trainer.ConfigurationError, match="nope"):
+        ModelCheckpoint(filename="{nope}").format_name(0, 0, {})
+
+
+def test_on_exception_checkpoint(tmp_path):
+    from trainer.callbacks import OnExceptionCheckpoint
+
+    class Boom(Net):
+        def training_step(self, batch, batch_idx):
+            if self.global_step == 4:
+                raise RuntimeError("boom")
+            return super().training_step(batch, batch_idx)
+
+    with pytest.raises(RuntimeError, match="boom"):
+        _fit(tmp_path, Boom(), max_epochs=1, callbacks=[OnExceptionCheckpoint(tmp_path / "exc")])
+    from trainer.checkpoint import read_checkpoint
+
+    assert read_checkpoint(tmp_path / "exc" / "on_exception")["global_step"] == 4
+
+
+def test_weights_file_and_legacy_pickle_as_ckpt_path_for_test(tmp_path):
+    module = LinearModule()
+    torch.save(module.state_dict(), tmp_path / "weights.pt")
+    other = LinearModule()
+    quiet_trainer(tmp_path).test(other, make_loader(), ckpt_path=tmp_path / "weights.pt")
+    _assert_same(module, other)
+    with pytest.raises(trainer.CheckpointError, match="do not fit"):
+        torch.save({"net.weight": torch.zeros(3, 3)}, tmp_path / "wrong.pt")
+        quiet_trainer(tmp_path).test(LinearModule(), make_loader(), ckpt_path=tmp_path / "wrong.pt")
+
+
+def test_resumed_csv_logger_continues_the_same_run_without_duplicate_steps(tmp_path):
+    torch.manual_seed(1)
+    t = trainer.Trainer(
+        max_steps=6,
+        default_root_dir=str(tmp_path),
+        log_every_n_steps=2,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+    )
+    t.fit(Net(), data())
+    t2 = trainer.Trainer(
+        max_steps=12,
+        default_root_dir=str(tmp_path),
+        log_every_n_steps=2,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+    )
+    t2.fit(Net(), data(), ckpt_path="last")
+    assert t2.logger.version == 0
+    rows = (tmp_path / "trainer_logs" / "version_0" / "metrics.csv").read_text().splitlines()[1:]
+    steps = [int(r.split(",")[0]) for r in rows]
+    assert steps == sorted(set(steps)) and steps[-1] == 12
+    assert not (tmp_path / "trainer_logs" / "version_1").exists()
+
+
+def _run_job(root: Path, mode: str) -> subprocess.CompletedProcess:
+    env = dict(
+        os.environ,
+        PYTHONPATH=os.pathsep.join([str(JOB.parents[2]), os.environ.get("PYTHONPATH", "")]),
+    )
+    return subprocess.run(
+        [sys.executable, str(JOB), str(root), mode],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env,
+    )
+
+
+@pytest.mark.slow
+def test_sigterm_subprocess_saves_exits_zero_and_resumes_exactly(tmp_path):
+    full = _run_job(tmp_path / "full", "full")
+    assert full.returncode == 0, full.stderr
+    stopped = _run_job(tmp_path / "run", "signal")
+    assert stopped.returncode == 0, stopped.stderr
+    assert "received SIGTERM; saved a checkpoint at step 13" in stopped.stderr
+    assert not (tmp_path / "run" / "final-signal.safetensors").exists()
+    resumed = _run_job(tmp_path / "run", "resume")
+    assert resumed.returncode == 0, resumed.stderr
+    a = load_file(str(tmp_path / "full" / "final-full.safetensors"))
+    b = load_file(str(tmp_path / "run" / "final-resume.safetensors"))
+    assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+@pytest.mark.slow
+def test_sigkill_after_a_checkpoint_resumes_from_it_exactly(tmp_path):
+    full = _run_job(tmp_path / "full", "full")
+    killed = _run_job(tmp_path / "run", "kill")
+    assert killed.returncode == -signal.SIGKILL
+    resumed = _run_job(tmp_path / "run", "resume")
+    assert resumed.returncode == 0, resumed.stderr
+    a = load_file(str(tmp_path / "full" / "final-full.safetensors"))
+    b = load_file(str(tmp_path / "run" / "final-resume.safetensors"))
+    assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_self_signal_helper_is_used():  # keeps the helper importable for the subprocess job
+    assert SelfSignal(1, signal.SIGTERM).step == 1
