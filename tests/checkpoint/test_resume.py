@@ -337,6 +337,7 @@ def test_sigterm_subprocess_saves_exits_zero_and_resumes_exactly(tmp_path):
 @pytest.mark.slow
 def test_sigkill_after_a_checkpoint_resumes_from_it_exactly(tmp_path):
     full = _run_job(tmp_path / "full", "full")
+    assert full.returncode == 0, full.stderr
     killed = _run_job(tmp_path / "run", "kill")
     assert killed.returncode == -signal.SIGKILL
     resumed = _run_job(tmp_path / "run", "resume")
