@@ -8,6 +8,7 @@ and the framework's own small modules only.
 from __future__ import annotations
 
 from trainer.accelerator import Accelerator
+from trainer.big_modeling import init_empty_weights, init_on_device, load_checkpoint_in_model
 from trainer.configs import (
     DataLoaderConfiguration,
     GradientAccumulationPlugin,
@@ -51,6 +52,9 @@ __all__ = [
     "Trainer",
     "TrainerError",
     "find_executable_batch_size",
+    "init_empty_weights",
+    "init_on_device",
+    "load_checkpoint_in_model",
     "seed_everything",
     "skip_first_batches",
     "synchronize_rng_states",

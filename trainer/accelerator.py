@@ -132,6 +132,7 @@ class Accelerator:
         self._optimizers: list[AcceleratedOptimizer] = []
         self._schedulers: list[AcceleratedScheduler] = []
         self._dataloaders: list[DataLoaderShard] = []
+        self._custom_objects: list[Any] = []
 
     # ---- facts --------------------------------------------------------------------------
     @property
@@ -465,6 +466,67 @@ class Accelerator:
     def skip_first_batches(self, dataloader: Any, num_batches: int = 0) -> Any:
         """A loader that resumes ``dataloader`` at batch ``num_batches``."""
         return skip_first_batches(dataloader, num_batches)
+
+    # ---- checkpoints --------------------------------------------------------------------
+    def save_state(
+        self, output_dir: str | os.PathLike[str] | None = None, safe_serialization: bool = True
+    ) -> str:
+        """Save every prepared object, registered object and RNG state to ``output_dir``.
+
+        The directory is a checkpoint (see docs/checkpointing.md), written atomically. With
+        ``ProjectConfiguration(automatic_checkpoint_naming=True)`` it is
+        ``<project_dir>/checkpoints/checkpoint_<N>`` and the oldest beyond ``total_limit`` are
+        removed after the new one is complete. Returns the directory.
+        """
+        from trainer.checkpoint.accelerator_state import save_accelerator_state
+
+        return os.fspath(save_accelerator_state(self, output_dir))
+
+    def load_state(self, input_dir: str | os.PathLike[str] | None = None) -> str:
+        """Restore what ``save_state`` wrote (the newest automatic checkpoint when None).
+
+        Prepare (and register) the same objects in the same order first. Returns the directory.
+        """
+        from trainer.checkpoint.accelerator_state import load_accelerator_state
+
+        return os.fspath(load_accelerator_state(self, input_dir))
+
+    def register_for_checkpointing(self, *objects: Any) -> None:
+        """Include ``objects`` (each with ``state_dict`` / ``load_state_dict``) in ``save_state``."""
+        invalid = [
+            f"{i}: {type(o).__name__}"
+            for i, o in enumerate(objects)
+            if not (hasattr(o, "state_dict") and hasattr(o, "load_state_dict"))
+        ]
+        if invalid:
+            raise ConfigurationError(
+                f"register_for_checkpointing: these objects have no state_dict/load_state_dict: {invalid}. Give them both methods."
+            )
+        self._custom_objects.extend(objects)
+
+    def save_model(
+        self,
+        model: torch.nn.Module,
+        save_directory: str | os.PathLike[str],
+        max_shard_size: int | str = "10GB",
+        safe_serialization: bool = True,
+    ) -> None:
+        """Write ``model``'s weights (unwrapped, gathered) to ``save_directory`` on the main process.
+
+        ``model.safetensors``, or ``model-0000i-of-0000N.safetensors`` plus
+        ``model.safetensors.index.json`` beyond ``max_shard_size`` (e.g. "10GB", "500MB").
+        """
+        from trainer.checkpoint.accelerator_state import save_model_weights
+
+        state_dict = self.get_state_dict(model)
+        if self.is_main_process:
+            save_model_weights(
+                state_dict,
+                save_directory,
+                max_shard_size=max_shard_size,
+                safe_serialization=safe_serialization,
+            )
+        self.wait_for_everyone()
 
     # ---- trackers -----------------------------------------------------------------------
     def init_trackers(

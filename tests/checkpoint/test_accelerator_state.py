@@ -1,0 +1,179 @@
+"""Accelerator.save_state / load_state / register_for_checkpointing / save_model, and
+load_checkpoint_in_model."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+import trainer
+from tests.conftest import make_loader
+from trainer import Accelerator, ProjectConfiguration, init_empty_weights, load_checkpoint_in_model
+
+
+class Counter:
+    def __init__(self):
+        self.value = 0
+
+    def state_dict(self):
+        return {"value": self.value}
+
+    def load_state_dict(self, state):
+        self.value = state["value"]
+
+
+def _setup(accelerator: Accelerator, seed: int = 0):
+    torch.manual_seed(seed)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Dropout(0.2), torch.nn.Linear(8, 1))
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    scheduler = torch.optim.lr_scheduler.StepLR(optimizer, 1, 0.5)
+    return accelerator.prepare(model, optimizer, make_loader(n=16), scheduler)
+
+
+def _train(accelerator, model, optimizer, loader, scheduler, steps):
+    done = 0
+    for x, y in loader:
+        loss = torch.nn.functional.mse_loss(model(x), y)
+        accelerator.backward(loss)
+        optimizer.step()
+        scheduler.step()
+        optimizer.zero_grad()
+        done += 1
+        if done == steps:
+            return
+
+
+def test_save_state_then_load_state_continues_identically(tmp_path):
+    accelerator = Accelerator(cpu=True)
+    counter = Counter()
+    accelerator.register_for_checkpointing(counter)
+    objects = _setup(accelerator)
+    _train(accelerator, *objects, steps=3)
+    counter.value = 5
+    accelerator.save_state(tmp_path / "state")
+    _train(accelerator, *objects, steps=2)
+    expected = [p.detach().clone() for p in objects[0].parameters()]
+
+    other = Accelerator(cpu=True)
+    counter2 = Counter()
+    other.register_for_checkpointing(counter2)
+    restored = _setup(other, seed=123)
+    other.load_state(tmp_path / "state")
+    assert counter2.value == 5 and restored[3].get_last_lr() == pytest.approx([1e-2 * 0.5**3])
+    _train(other, *restored, steps=2)
+    for got, want in zip(restored[0].parameters(), expected, strict=True):
+        assert torch.equal(got, want)
+
+
+def test_automatic_naming_total_limit_and_newest_load(tmp_path):
+    config = ProjectConfiguration(
+        project_dir=str(tmp_path), automatic_checkpoint_naming=True, total_limit=2
+    )
+    accelerator = Accelerator(cpu=True, project_config=config)
+    model = accelerator.prepare(torch.nn.Linear(2, 2))
+    for value in range(3):
+        with torch.no_grad():
+            model.weight.fill_(value)
+        accelerator.save_state()
+    names = sorted(os.listdir(tmp_path / "checkpoints"))
+    assert names == ["checkpoint_1", "checkpoint_2"]
+    with torch.no_grad():
+        model.weight.fill_(-1)
+    assert accelerator.load_state().endswith("checkpoint_2")
+    assert torch.all(model.weight == 2) and config.iteration == 3
+
+
+def test_load_state_with_other_objects_prepared_is_refused(tmp_path):
+    accelerator = Accelerator(cpu=True)
+    accelerator.prepare(torch.nn.Linear(2, 2))
+    accelerator.save_state(tmp_path / "s")
+    other = Accelerator(cpu=True)
+    other.prepare(
+        torch.nn.Linear(2, 2), torch.optim.SGD(torch.nn.Linear(2, 2).parameters(), lr=0.1)
+    )
+    with pytest.raises(trainer.CheckpointError, match="0 optimizer_states but 1 are prepared"):
+        other.load_state(tmp_path / "s")
+    with pytest.raises(trainer.ConfigurationError, match="give a directory"):
+        Accelerator(cpu=True).save_state()
+
+
+def test_register_for_checkpointing_refuses_objects_without_state():
+    with pytest.raises(
+        trainer.ConfigurationError, match=r"no state_dict/load_state_dict: \['0: object'\]"
+    ):
+        Accelerator(cpu=True).register_for_checkpointing(object())
+
+
+def test_save_model_single_and_sharded_then_load_checkpoint_in_model(tmp_path):
+    accelerator = Accelerator(cpu=True)
+    model = torch.nn.Sequential(*[torch.nn.Linear(64, 64) for _ in range(4)])  # ~16.6 KB per layer
+    accelerator.save_model(model, tmp_path / "single")
+    assert sorted(os.listdir(tmp_path / "single")) == ["model.safetensors"]
+    accelerator.save_model(model, tmp_path / "sharded", max_shard_size="40KB")
+    files = sorted(os.listdir(tmp_path / "sharded"))
+    assert (
+        "model.safetensors.index.json" in files
+        and len([f for f in files if f.startswith("model-")]) == 2
+    )
+    index = json.loads((tmp_path / "sharded" / "model.safetensors.index.json").read_text())
+    assert set(index["weight_map"]) == set(model.state_dict())
+    # Re-saving unsharded removes the stale shards.
+    accelerator.save_model(model, tmp_path / "sharded")
+    assert sorted(os.listdir(tmp_path / "sharded")) == ["model.safetensors"]
+    accelerator.save_model(model, tmp_path / "sharded2", max_shard_size="40KB")
+    for source in (
+        tmp_path / "single",
+        tmp_path / "sharded2",
+        tmp_path / "sharded2" / "model.safetensors.index.json",
+        tmp_path / "single" / "model.safetensors",
+    ):
+        with init_empty_weights():
+            empty = torch.nn.Sequential(*[torch.nn.Linear(64, 64) for _ in range(4)])
+        assert empty[0].weight.device.type == "meta"
+        report = load_checkpoint_in_model(empty, source, strict=True)
+        assert report == {"missing_keys": [], "unexpected_keys": [], "mismatched_keys": []}
+        for a, b in zip(empty.state_dict().values(), model.state_dict().values(), strict=True):
+            assert torch.equal(a, b)
+    assert (
+        load_file(str(tmp_path / "single" / "model.safetensors")).keys()
+        == model.state_dict().keys()
+    )
+
+
+def test_load_checkpoint_in_model_reports_missing_unexpected_and_shape(tmp_path):
+    torch.save({"0.weight": torch.zeros(3, 3), "extra": torch.zeros(1)}, tmp_path / "old.bin")
+    model = torch.nn.Sequential(torch.nn.Linear(2, 2))
+    with pytest.raises(
+        trainer.CheckpointError,
+        match=r"missing_keys: \['0.bias'\].*unexpected_keys: \['extra'\].*0.weight: checkpoint \(3, 3\) vs model \(2, 2\)",
+    ):
+        load_checkpoint_in_model(model, tmp_path / "old.bin", strict=True)
+    with pytest.warns(UserWarning, match="missing_keys"):
+        report = load_checkpoint_in_model(model, tmp_path / "old.bin")
+    assert report["missing_keys"] == ["0.bias"]
+
+
+def test_load_checkpoint_in_model_from_a_trainer_checkpoint_with_dtype(tmp_path):
+    from trainer.checkpoint import write_checkpoint
+
+    model = torch.nn.Linear(3, 3)
+    write_checkpoint(tmp_path / "ck", {"state_dict": model.state_dict()})
+    target = torch.nn.Linear(3, 3).to(torch.bfloat16)
+    load_checkpoint_in_model(target, tmp_path / "ck", dtype="bfloat16")
+    assert target.weight.dtype == torch.bfloat16 and torch.equal(
+        target.weight, model.weight.to(torch.bfloat16)
+    )
+
+
+def test_init_empty_weights_builds_a_10b_parameter_model_without_memory():
+    with init_empty_weights():
+        big = torch.nn.Sequential(*[torch.nn.Linear(50_000, 50_000) for _ in range(4)])
+    assert sum(p.numel() for p in big.parameters()) > 10**10
+    assert all(p.device.type == "meta" for p in big.parameters())
+    with trainer.init_on_device("cpu"):
+        small = torch.nn.Linear(2, 2)
+    assert small.weight.device.type == "cpu"

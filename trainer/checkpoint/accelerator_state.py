@@ -1,0 +1,175 @@
+"""The Accelerator's ``save_state`` / ``load_state`` / ``save_model``, in the checkpoint format.
+
+``save_state`` writes every prepared model, optimizer, scheduler, dataloader position, the
+precision plugin's state, registered objects and the RNG states as one checkpoint directory.
+With ``ProjectConfiguration(automatic_checkpoint_naming=True)`` the directories are
+``<project_dir>/checkpoints/checkpoint_<N>`` and only ``total_limit`` are kept, the oldest removed
+after the new one is complete.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from trainer.checkpoint.format import (
+    MODEL_FILE,
+    MODEL_INDEX,
+    read_checkpoint,
+    write_checkpoint,
+    write_model_files,
+)
+from trainer.errors import CheckpointError, ConfigurationError
+from trainer.seed import get_rng_states, set_rng_states
+
+if TYPE_CHECKING:
+    from trainer.accelerator import Accelerator
+
+__all__ = ["load_accelerator_state", "save_accelerator_state", "save_model_weights"]
+
+_AUTO_NAME = re.compile(r"^checkpoint_(\d+)$")
+
+
+def _auto_dir(accelerator: Accelerator) -> Path:
+    project_dir = accelerator.project_configuration.project_dir
+    if project_dir is None:
+        raise ConfigurationError(
+            "automatic_checkpoint_naming needs a project directory: Accelerator(project_dir=...) or ProjectConfiguration(project_dir=...)."
+        )
+    return Path(project_dir) / "checkpoints"
+
+
+def _numbered(directory: Path) -> list[tuple[int, Path]]:
+    if not directory.is_dir():
+        return []
+    found = [
+        (int(m.group(1)), entry)
+        for entry in directory.iterdir()
+        if (m := _AUTO_NAME.match(entry.name))
+    ]
+    return sorted(found)
+
+
+def save_accelerator_state(
+    accelerator: Accelerator, output_dir: str | os.PathLike[str] | None
+) -> Path:
+    """Write the Accelerator's whole state; return the directory."""
+    config = accelerator.project_configuration
+    if config.automatic_checkpoint_naming:
+        output = _auto_dir(accelerator) / f"checkpoint_{config.iteration}"
+    elif output_dir is None:
+        raise ConfigurationError(
+            "save_state(): give a directory, or use ProjectConfiguration(automatic_checkpoint_naming=True) with a project_dir."
+        )
+    else:
+        output = Path(output_dir)
+    models = [accelerator.get_state_dict(model) for model in accelerator._models]
+    checkpoint: dict[str, Any] = {
+        "state_dict": models[0] if models else {},
+        "other_models": models[1:],
+        "optimizer_states": [optimizer.state_dict() for optimizer in accelerator._optimizers],
+        "lr_schedulers": [scheduler.state_dict() for scheduler in accelerator._schedulers],
+        "dataloaders": [loader.state_dict() for loader in accelerator._dataloaders],
+        "precision": accelerator.precision.state_dict(),
+        "custom_objects": [obj.state_dict() for obj in accelerator._custom_objects],
+        "rng_states": [get_rng_states()],
+        "iteration": config.iteration,
+        "global_step": config.iteration,
+    }
+    if accelerator.is_main_process:
+        write_checkpoint(output, checkpoint, world_size=accelerator.num_processes)
+    accelerator.wait_for_everyone()
+    if config.automatic_checkpoint_naming:
+        config.iteration += 1
+        if config.total_limit is not None and accelerator.is_main_process:
+            existing = _numbered(output.parent)
+            for _, old in existing[: max(0, len(existing) - config.total_limit)]:
+                shutil.rmtree(old, ignore_errors=True)
+    return output
+
+
+def load_accelerator_state(
+    accelerator: Accelerator, input_dir: str | os.PathLike[str] | None
+) -> Path:
+    """Restore what :func:`save_accelerator_state` wrote (newest automatic one when None)."""
+    config = accelerator.project_configuration
+    if input_dir is None:
+        if not config.automatic_checkpoint_naming:
+            raise ConfigurationError(
+                "load_state(): give a directory, or use automatic_checkpoint_naming to load the newest."
+            )
+        existing = _numbered(_auto_dir(accelerator))
+        if not existing:
+            raise CheckpointError(
+                f"load_state(): no checkpoint_N directory in {_auto_dir(accelerator)}."
+            )
+        source = existing[-1][1]
+    else:
+        source = Path(input_dir)
+    checkpoint = read_checkpoint(source)
+    models = [checkpoint["state_dict"], *checkpoint.get("other_models", [])]
+    _check_counts("models", len(models) if models[0] else 0, len(accelerator._models), source)
+    for model, state in zip(accelerator._models, models, strict=False):
+        accelerator.strategy.load_module_state_dict(accelerator.unwrap_model(model), state)
+    for kind, objects in (
+        ("optimizer_states", accelerator._optimizers),
+        ("lr_schedulers", accelerator._schedulers),
+        ("custom_objects", accelerator._custom_objects),
+    ):
+        states = checkpoint.get(kind, [])
+        _check_counts(kind, len(states), len(objects), source)
+        for obj, state in zip(objects, states, strict=True):
+            obj.load_state_dict(state)
+    for loader, state in zip(
+        accelerator._dataloaders, checkpoint.get("dataloaders", []), strict=False
+    ):
+        loader.load_state_dict(state)
+    accelerator.precision.load_state_dict(checkpoint.get("precision") or {})
+    rng_states = checkpoint.get("rng_states") or []
+    if rng_states:
+        set_rng_states(rng_states[min(accelerator.process_index, len(rng_states) - 1)])
+    if config.automatic_checkpoint_naming and input_dir is None:
+        config.iteration = int(checkpoint.get("iteration", 0)) + 1
+    return source
+
+
+def _check_counts(kind: str, saved: int, prepared: int, source: Path) -> None:
+    if saved != prepared:
+        raise CheckpointError(
+            f"load_state({source}): the checkpoint has {saved} {kind} but {prepared} are prepared/registered now. Prepare the same objects in the same order before loading."
+        )
+
+
+def save_model_weights(
+    state_dict: dict[str, torch.Tensor],
+    save_directory: str | os.PathLike[str],
+    *,
+    max_shard_size: int | str,
+    safe_serialization: bool,
+) -> None:
+    """Write model weights into ``save_directory`` (safetensors, sharded past ``max_shard_size``).
+
+    Stale weight files of an earlier save in the same directory are removed after the new ones
+    are written; other files (a config.json, say) are left alone.
+    """
+    directory = Path(save_directory)
+    if directory.exists() and not directory.is_dir():
+        raise CheckpointError(f"save_model: {directory} is a file; give a directory.")
+    directory.mkdir(parents=True, exist_ok=True)
+    before = {p.name for p in directory.iterdir() if p.name.startswith(("model", "pytorch_model"))}
+    if safe_serialization:
+        written = set(write_model_files(directory, state_dict, max_shard_size))
+    else:
+        torch.save(
+            {k: v.contiguous() for k, v in state_dict.items()}, directory / "pytorch_model.bin"
+        )
+        written = {"pytorch_model.bin"}
+    for stale in before - written:
+        (directory / stale).unlink(missing_ok=True)
+    if MODEL_FILE in written:
+        (directory / MODEL_INDEX).unlink(missing_ok=True)
