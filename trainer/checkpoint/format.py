@@ -214,6 +214,14 @@ def verify_checkpoint(path: str | os.PathLike[str]) -> dict[str, Any]:
         CheckpointError: naming the first file that is missing, unexpected, truncated or altered.
     """
     directory = Path(path)
+    manifest = _check_listing(directory)
+    with ThreadPoolExecutor(max_workers=4) as pool:
+        _check_hashes(directory, manifest, _start_hashing(pool, directory, manifest))
+    return manifest
+
+
+def _check_listing(directory: Path) -> dict[str, Any]:
+    """The manifest, after checking presence, extras and sizes of the files (no reading)."""
     manifest = read_manifest(directory)
     expected: dict[str, dict[str, Any]] = manifest["files"]
     present = {entry.name for entry in directory.iterdir() if entry.name != MANIFEST}
@@ -230,21 +238,23 @@ def verify_checkpoint(path: str | os.PathLike[str]) -> dict[str, Any]:
             raise CheckpointError(
                 f"checkpoint file {directory / name} has {size} bytes; the manifest says {record.get('size')} (truncated or altered)."
             )
-    names = sorted(expected)
-    with ThreadPoolExecutor(max_workers=min(4, len(names) or 1)) as pool:
-        actual = dict(
-            zip(
-                names,
-                pool.map(lambda n: hash_file(str(directory / n))["sha256"], names),
-                strict=True,
-            )
-        )
-    for name in names:
-        if actual[name] != expected[name].get("sha256"):
+    return manifest
+
+
+def _start_hashing(
+    pool: ThreadPoolExecutor, directory: Path, manifest: dict[str, Any]
+) -> dict[str, Any]:
+    return {
+        name: pool.submit(hash_file, str(directory / name)) for name in sorted(manifest["files"])
+    }
+
+
+def _check_hashes(directory: Path, manifest: dict[str, Any], futures: dict[str, Any]) -> None:
+    for name, future in futures.items():
+        if future.result()["sha256"] != manifest["files"][name].get("sha256"):
             raise CheckpointError(
                 f"checkpoint file {directory / name} does not match its sha256 in the manifest (corrupt or altered)."
             )
-    return manifest
 
 
 def is_checkpoint_dir(path: str | os.PathLike[str]) -> bool:
@@ -281,23 +291,28 @@ def read_checkpoint(
     key of ``state.json``.
     """
     directory = Path(path)
-    manifest = verify_checkpoint(directory) if verify else read_manifest(directory)
+    manifest = _check_listing(directory) if verify else read_manifest(directory)
     files = manifest["files"]
-    try:
-        document = json.loads((directory / STATE_FILE).read_text(encoding="utf-8"))
-        state_tensors = (
-            read_safetensors(str(directory / STATE_TENSORS), device)[0]
-            if STATE_TENSORS in files
-            else {}
-        )
-        optimizer_tensors = (
-            read_safetensors(str(directory / OPTIMIZER_FILE), device)[0]
-            if OPTIMIZER_FILE in files
-            else {}
-        )
-        model = load_model_weights(directory, files, device)
-    except (OSError, ValueError, json.JSONDecodeError) as err:
-        raise CheckpointError(f"checkpoint {directory} could not be read: {err}.") from err
+    with ThreadPoolExecutor(max_workers=4) as pool:
+        # Hash on worker threads while the tensors are read; nothing is returned unverified.
+        futures = _start_hashing(pool, directory, manifest) if verify else {}
+        try:
+            document = json.loads((directory / STATE_FILE).read_text(encoding="utf-8"))
+            state_tensors = (
+                read_safetensors(str(directory / STATE_TENSORS), device)[0]
+                if STATE_TENSORS in files
+                else {}
+            )
+            optimizer_tensors = (
+                read_safetensors(str(directory / OPTIMIZER_FILE), device)[0]
+                if OPTIMIZER_FILE in files
+                else {}
+            )
+            model = load_model_weights(directory, files, device)
+        except Exception as err:  # a damaged file: report the integrity failure when that is why
+            _check_hashes(directory, manifest, futures)
+            raise CheckpointError(f"checkpoint {directory} could not be read: {err}.") from err
+        _check_hashes(directory, manifest, futures)
     optimizer_doc = document.pop("optimizer_states", None)
     checkpoint: dict[str, Any] = decode(document, state_tensors)
     checkpoint["state_dict"] = model
