@@ -156,16 +156,26 @@ def write_checkpoint(
     document.update(encode(rest, state_tensors, "state"))
     with atomic_directory(final) as directory:
         records: dict[str, dict[str, Any]] = {}
-        if model_state is not None:
-            records.update(write_model_files(directory, model_state, max_shard_size))
-        if optimizer_states is not None:
-            records[OPTIMIZER_FILE] = write_safetensors(
-                str(directory / OPTIMIZER_FILE), optimizer_tensors
-            )
-        if state_tensors:
-            records[STATE_TENSORS] = write_safetensors(
-                str(directory / STATE_TENSORS), state_tensors
-            )
+        # The tensor files are written concurrently: each hashes on its own thread, so a model
+        # and its optimizer state use both cores.
+        with ThreadPoolExecutor(max_workers=3) as pool:
+            jobs = []
+            if model_state is not None:
+                jobs.append(pool.submit(write_model_files, directory, model_state, max_shard_size))
+            for name, tensors in (
+                (OPTIMIZER_FILE, optimizer_tensors if optimizer_states is not None else None),
+                (STATE_TENSORS, state_tensors or None),
+            ):
+                if tensors is not None:
+                    jobs.append(
+                        pool.submit(
+                            lambda n, t: {n: write_safetensors(str(directory / n), t)},
+                            name,
+                            tensors,
+                        )
+                    )
+            for job in jobs:
+                records.update(job.result())
         records[STATE_FILE] = _write_json(directory / STATE_FILE, json.dumps(document, indent=1))
         manifest = {
             "format": FORMAT_NAME,
