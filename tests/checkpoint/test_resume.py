@@ -349,3 +349,41 @@ def test_sigkill_after_a_checkpoint_resumes_from_it_exactly(tmp_path):
 
 def test_self_signal_helper_is_used():  # keeps the helper importable for the subprocess job
     assert SelfSignal(1, signal.SIGTERM).step == 1
+
+
+def test_every_n_epochs_and_save_weights_only(tmp_path):
+    from trainer.checkpoint import read_checkpoint
+
+    callback = ModelCheckpoint(every_n_epochs=2, save_top_k=-1, save_weights_only=True)
+    t = quiet_trainer(tmp_path, max_epochs=4, callbacks=[callback], enable_checkpointing=True)
+    t.fit(LinearModule(), make_loader(n=8))
+    names = sorted(p.name for p in (tmp_path / "checkpoints").iterdir())
+    assert names == ["epoch=1-step=4", "epoch=3-step=8"]
+    weights_only = read_checkpoint(tmp_path / "checkpoints" / "epoch=3-step=8")
+    assert "optimizer_states" not in weights_only and "progress" not in weights_only
+    assert set(weights_only["state_dict"]) == {"net.weight", "net.bias"}
+
+
+def test_train_time_interval_saves_on_time(tmp_path):
+    import datetime as dt
+    import time
+
+    class Slow(LinearModule):
+        def training_step(self, batch, batch_idx):
+            time.sleep(0.03)
+            return super().training_step(batch, batch_idx)
+
+    callback = ModelCheckpoint(train_time_interval=dt.timedelta(seconds=0.05), save_top_k=-1)
+    t = quiet_trainer(tmp_path, max_epochs=1, callbacks=[callback], enable_checkpointing=True)
+    t.fit(Slow(), make_loader(n=32))  # 8 steps of >= 30 ms: a save every second or third step
+    saved = sorted((tmp_path / "checkpoints").iterdir())
+    assert 2 <= len(saved) <= 5
+
+
+def test_sigusr1_saves_and_exits_zero_like_sigterm(tmp_path, capsys):
+    torch.manual_seed(1)
+    with pytest.raises(SystemExit) as info:
+        _fit(tmp_path, Net(), max_epochs=3, callbacks=[SelfSignal(4, signal.SIGUSR1)])
+    assert info.value.code == 0 and "received SIGUSR1" in capsys.readouterr().err
+    assert [p.name for p in (tmp_path / "checkpoints").iterdir()] == ["preempted-epoch=0-step=4"]
+    assert signal.getsignal(signal.SIGUSR1) is signal.SIG_DFL  # the handler is removed again
