@@ -91,6 +91,7 @@ class MetricStore:
         self._batch_size_cache: tuple[int, int] | None = None  # (id(batch), size)
         self.epoch_values: dict[str, Any] = {}
         self.reducer = reducer
+        self.key_check: Callable[[list[str]], None] | None = None
 
     # ---- writing ------------------------------------------------------------------------
     def log(
@@ -205,6 +206,11 @@ class MetricStore:
 
     def finalize_epoch(self) -> dict[str, Any]:
         """Compute every epoch value (one sync here, not per step) and remember it."""
+        synced = sorted(
+            name for name, entry in self.entries.items() if entry.sync_dist and entry.on_epoch
+        )
+        if self.key_check is not None and synced:
+            self.key_check(synced)  # ranks that logged different names would hang in the sync
         for name, entry in self.entries.items():
             if not entry.on_epoch:
                 continue

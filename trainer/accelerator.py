@@ -23,7 +23,7 @@ from trainer.configs import (
     ProjectConfiguration,
 )
 from trainer.data.loader import DataLoaderShard, skip_first_batches
-from trainer.errors import ConfigurationError, StrategyError, describe
+from trainer.errors import ConfigurationError, describe
 from trainer.gradient_state import GradientState
 from trainer.optimizer import AcceleratedOptimizer, AcceleratedScheduler
 from trainer.precision import Precision, resolve_precision
@@ -265,10 +265,16 @@ class Accelerator:
         self, data_loader: DataLoader, device_placement: bool | None = None
     ) -> DataLoaderShard:
         """Wrap a DataLoader for this process: placement, end-of-data tracking, input cast."""
+        remainder = -1
         if self.num_processes > 1:
-            raise StrategyError(
-                f"prepare: sharding a DataLoader over {self.num_processes} processes is not "
-                "available in this version (it arrives with the multi-process strategies)."
+            from trainer.data.sharding import shard_data_loader
+
+            sharding = self.strategy.distributed_sampler_kwargs
+            data_loader, remainder = shard_data_loader(
+                data_loader,
+                num_processes=sharding["num_replicas"],
+                process_index=sharding["rank"],
+                config=self.dataloader_config,
             )
         place = self.device_placement if device_placement is None else device_placement
         shard = DataLoaderShard(
@@ -279,9 +285,12 @@ class Accelerator:
             if self.precision.param_dtype is not None
             else None,
         )
-        if self.dataloader_config.use_seedable_sampler:
-            # Drawn from the global generator, so torch.manual_seed(...) before prepare decides it.
-            shard.seed = int(torch.randint(0, 2**31 - 1, (1,)).item())
+        shard.remainder = remainder
+        if self.dataloader_config.use_seedable_sampler or self.num_processes > 1:
+            # Drawn from the global generator, so torch.manual_seed(...) before prepare decides
+            # it; the main process's draw is used everywhere, so every process shuffles alike.
+            seed = torch.randint(0, 2**31 - 1, (1,))
+            shard.seed = int(self.strategy.broadcast(seed, src=0).item())
             shard.set_epoch(0)
         self._dataloaders.append(shard)
         return shard

@@ -11,6 +11,7 @@ from __future__ import annotations
 import datetime as dt
 import math
 import os
+import signal
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -53,7 +54,7 @@ from trainer.module import DataModule, TrainModule
 from trainer.module_hooks import ModuleHooks
 from trainer.precision import Precision, resolve_precision
 from trainer.seed import set_rng_states
-from trainer.strategies import Strategy, resolve_strategy
+from trainer.strategies import Strategy, detect_environment, resolve_strategy
 
 __all__ = ["Progress", "Trainer", "TrainerState"]
 
@@ -187,6 +188,8 @@ class Trainer:
             stage: MetricStore(self._reduce_for_logging)
             for stage in ("train", "validation", "test")
         }
+        for store in self._stores.values():
+            store.key_check = self._check_same_metric_keys
         self._logged_metrics: dict[str, Any] = {}
         self._hooks: dict[str, list[Callable[..., Any]]] = {}
         self._loaders: dict[str, Any] = {}
@@ -202,10 +205,14 @@ class Trainer:
         plugin = resolve_precision(precision)
         if isinstance(strategy, Strategy):
             chosen = strategy
-        elif strategy in ("auto", "single", None):
-            chosen = resolve_strategy(strategy, device=resolve_device(accelerator, devices))
-        else:
-            chosen = resolve_strategy(strategy)
+        elif strategy == "single" or (
+            strategy in ("auto", None) and not detect_environment().is_distributed
+        ):
+            chosen = resolve_strategy("single", device=resolve_device(accelerator, devices))
+        else:  # multi-process engines take the device type; the launcher gives the rank
+            chosen = resolve_strategy(
+                strategy, accelerator=None if accelerator == "auto" else accelerator
+            )
         return Accelerator(
             mixed_precision=plugin,
             strategy=chosen,
@@ -601,6 +608,18 @@ class Trainer:
             self.num_val_batches = full_count
             self._stores["validation"].reset()  # sanity values are not real metrics
 
+    def _is_preempted(self) -> bool:
+        """Whether any process got SIGTERM/SIGUSR1 (all must agree to save together)."""
+        seen = self._received_signal is not None
+        if self.world_size == 1:
+            return seen
+        flag = self.strategy.all_reduce(
+            torch.tensor([float(seen)], device=self.strategy.root_device), op="max"
+        )
+        if flag.item() and not seen:
+            self._received_signal = int(signal.SIGTERM)
+        return bool(flag.item())
+
     def _is_done(self) -> bool:
         if self.should_stop:
             return True
@@ -634,7 +653,7 @@ class Trainer:
             self.progress.batch_idx = batch_idx + 1
             if self._train_batch(batch, batch_idx) is _SKIP_EPOCH:
                 break
-            if self._received_signal is not None and self.accelerator.sync_gradients:
+            if self.accelerator.sync_gradients and self._is_preempted():
                 save_and_exit(self)
             is_last = loader.end_of_dataloader
             if (
@@ -911,6 +930,21 @@ class Trainer:
         if params and self.is_global_zero:
             for logger in self.loggers:
                 logger.log_hyperparams(params)
+
+    def _check_same_metric_keys(self, names: list[str]) -> None:
+        """Fail clearly, before any collective, when processes logged different synced names."""
+        if self.world_size == 1:
+            return
+        import torch.distributed as dist
+
+        everyone: list[Any] = [None] * self.world_size
+        dist.all_gather_object(everyone, names)
+        if any(other != names for other in everyone):
+            detail = "; ".join(f"rank {rank}: {keys}" for rank, keys in enumerate(everyone))
+            raise ConfigurationError(
+                f"self.log(..., sync_dist=True): the processes logged different metric names ({detail}). "
+                "Log the same names on every rank (log a default value where a rank has none)."
+            )
 
     def _reduce_for_logging(self, tensor: torch.Tensor, op: str) -> torch.Tensor:
         return self.strategy.all_reduce(tensor, op=op)

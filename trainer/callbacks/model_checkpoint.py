@@ -196,9 +196,13 @@ class ModelCheckpoint(Callback):
             if not written:
                 written = os.path.join(self.dirpath, f"last-{os.path.basename(path)}")
                 trainer.save_checkpoint(written, weights_only=self.save_weights_only)
-            self._point_last_at(written)
-        for old in dropped:  # only now: the new checkpoint and the `last` link are in place
-            self._delete(old)
+            if trainer.is_global_zero:
+                self._point_last_at(written)
+            else:
+                self.last_model_path = written
+        if trainer.is_global_zero:
+            for old in dropped:  # only now: the new checkpoint and the `last` link are in place
+                self._delete(old)
         self._last_saved_step = step
         if written and self.verbose and trainer.is_global_zero:
             print(f"ModelCheckpoint: saved {written}")

@@ -113,8 +113,7 @@ class DataLoaderShard:
     def _seed_epoch(self, seed: int) -> None:
         loader = self.base_dataloader
         loader.generator = torch.Generator().manual_seed(seed)  # workers' base seed
-        sampler = getattr(loader, "sampler", None)
-        if isinstance(sampler, RandomSampler):
+        for sampler in _random_samplers(loader):
             sampler.generator = torch.Generator().manual_seed(seed + 1)
 
     def state_dict(self) -> dict[str, Any]:
@@ -169,6 +168,20 @@ class DataLoaderShard:
 
 
 _DONE = object()
+
+
+def _random_samplers(loader: DataLoader) -> list[RandomSampler]:
+    """The RandomSamplers a loader draws from, also inside (sharded) batch samplers."""
+    found, pending, seen = [], [loader.sampler, loader.batch_sampler], set()
+    while pending:
+        obj = pending.pop()
+        if obj is None or id(obj) in seen:
+            continue
+        seen.add(id(obj))
+        if isinstance(obj, RandomSampler):
+            found.append(obj)
+        pending += [getattr(obj, "sampler", None), getattr(obj, "batch_sampler", None)]
+    return found
 
 
 def _can_skip_indices(loader: DataLoader) -> bool:

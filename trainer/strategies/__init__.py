@@ -11,13 +11,17 @@ from collections.abc import Callable
 from typing import Any
 
 from trainer.errors import ConfigurationError, describe
+from trainer.strategies.environment import ClusterEnvironment, detect_environment
 from trainer.strategies.single import SingleDeviceStrategy
 from trainer.strategies.strategy import Strategy
 
 __all__ = [
     "STRATEGY_REGISTRY",
+    "ClusterEnvironment",
+    "DDPStrategy",
     "SingleDeviceStrategy",
     "Strategy",
+    "detect_environment",
     "register_strategy",
     "resolve_strategy",
 ]
@@ -25,12 +29,23 @@ __all__ = [
 # name -> "module:Class" (imported on use) or a factory
 STRATEGY_REGISTRY: dict[str, str | Callable[..., Strategy]] = {
     "single": "trainer.strategies.single:SingleDeviceStrategy",
+    "ddp": "trainer.strategies.ddp:DDPStrategy",
 }
 
 
 def register_strategy(name: str, target: str | Callable[..., Strategy]) -> None:
     """Make ``strategy=name`` build ``target`` ("package.module:Class" or a factory)."""
     STRATEGY_REGISTRY[name] = target
+
+
+def _auto_strategy_name() -> str:
+    """What the launcher asked for (``trainer launch`` sets TRAINER_STRATEGY), else by world size."""
+    import os
+
+    chosen = os.environ.get("TRAINER_STRATEGY")
+    if chosen:
+        return chosen
+    return "ddp" if detect_environment().is_distributed else "single"
 
 
 def resolve_strategy(
@@ -45,7 +60,7 @@ def resolve_strategy(
     """
     if isinstance(strategy, Strategy):
         return strategy
-    name = "single" if strategy in (None, "auto") else strategy
+    name = _auto_strategy_name() if strategy in (None, "auto") else strategy
     target = STRATEGY_REGISTRY.get(name) if isinstance(name, str) else None
     if target is None:
         valid = ", ".join(repr(n) for n in ("auto", *STRATEGY_REGISTRY))
@@ -57,3 +72,11 @@ def resolve_strategy(
         module_name, _, class_name = target.partition(":")
         target = getattr(importlib.import_module(module_name), class_name)
     return target(**kwargs)
+
+
+def __getattr__(name: str) -> Any:
+    if name == "DDPStrategy":
+        from trainer.strategies.ddp import DDPStrategy
+
+        return DDPStrategy
+    raise AttributeError(f"module 'trainer.strategies' has no attribute {name!r}")

@@ -1,0 +1,96 @@
+"""Smoke tests of benchmarks/: each script runs end to end and reports what it promises.
+
+They run the scripts as a user would (``python -m benchmarks.<name>``) with the smallest
+settings and check the printed report and the JSON's keys and signs. They never assert on speed:
+a shared CI machine makes any threshold flaky, and the figures belong in docs/performance.md.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+VARIANTS = ("raw", "trainer_quiet", "trainer_logging", "accelerator")
+CLOCK_KEYS = (
+    "steps_per_s_median",
+    "ratio_min",
+    "ratio_median",
+    "loop_steps_per_s_median",
+    "loop_us_per_step_median",
+    "loop_ratio_min",
+    "loop_ratio_median",
+)
+
+
+def run_module(module: str, *args: str) -> str:
+    """Run ``python -m module args`` from the repository root; return its stdout."""
+    done = subprocess.run(
+        [sys.executable, "-m", module, *args],
+        cwd=REPO_ROOT,
+        env={**os.environ, "PYTHONPATH": str(REPO_ROOT)},
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
+    assert done.returncode == 0, f"{module} failed:\n{done.stdout}\n{done.stderr}"
+    return done.stdout
+
+
+def is_positive(value: Any) -> bool:
+    return isinstance(value, int | float) and math.isfinite(value) and value > 0
+
+
+@pytest.mark.slow
+def test_bench_overhead_reports_every_variant(tmp_path: Path) -> None:
+    path = tmp_path / "overhead.json"
+    out = run_module(
+        "benchmarks.bench_overhead", "--steps", "50", "--rounds", "1", "--json", str(path)
+    )
+
+    result = json.loads(path.read_text(encoding="utf-8"))
+    assert result["config"]["steps"] == 50
+    assert result["config"]["rounds"] == 1
+    assert result["config"]["parameters"] == 2762
+    assert set(result["variants"]) == set(VARIANTS)
+    for name in VARIANTS:
+        figures = result["variants"][name]
+        for clock in ("wall", "cpu"):
+            for key in CLOCK_KEYS:
+                assert is_positive(figures[clock][key]), (name, clock, key, figures[clock][key])
+            assert len(figures[clock]["steps_per_s"]) == 1
+        # Same seed, same data, same optimizer: the benchmark compares equal work.
+        assert figures["max_abs_param_diff_vs_raw"] <= 1e-6, name
+        assert out.count(f"| {name} |") == 2  # one row in the wall table, one in the CPU table
+    assert result["variants"]["raw"]["wall"]["ratio_median"] == pytest.approx(1.0)
+    assert result["variants"]["trainer_quiet"]["target_ratio"] == 0.95
+    assert result["variants"]["trainer_logging"]["target_ratio"] == 0.90
+
+
+@pytest.mark.slow
+def test_bench_import_reports_times_and_modules(tmp_path: Path) -> None:
+    path = tmp_path / "import.json"
+    out = run_module("benchmarks.bench_import", "--runs", "1", "--json", str(path))
+
+    result = json.loads(path.read_text(encoding="utf-8"))
+    assert result["runs"] == 1
+    for key in ("import_torch_median_s", "import_torch_trainer_median_s"):
+        assert is_positive(result[key]), key
+    assert is_positive(result["import_trainer_in_process_median_s"])
+    # The delta may be negative on a noisy machine; it only has to be a number.
+    assert isinstance(result["delta_median_s"], float)
+    assert set(result["target_met"]) == {"wall", "cpu", "in_process"}
+    assert all(isinstance(value, bool) for value in result["target_met"].values())
+    modules = result["modules"]
+    assert set(modules) >= {"by_torch", "by_trainer", "added_count", "added_outside_trainer"}
+    assert modules["added_count"] > 0  # trainer's own modules at least
+    assert "import trainer over import torch" in out
+    assert "optional modules loaded by `import trainer`" in out
