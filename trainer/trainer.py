@@ -609,7 +609,13 @@ class Trainer:
             self._stores["validation"].reset()  # sanity values are not real metrics
 
     def _is_preempted(self) -> bool:
-        """Whether any process got SIGTERM/SIGUSR1 (all must agree to save together)."""
+        """Whether any process got SIGTERM/SIGUSR1 (all must agree to save together).
+
+        Answered only where an optimizer step just completed, so an accumulation window is
+        never split.
+        """
+        if not self.accelerator.sync_gradients:
+            return False
         seen = self._received_signal is not None
         if self.world_size == 1:
             return seen
@@ -648,12 +654,13 @@ class Trainer:
         self._wrapped_model.train()
         self._call_hook("on_train_epoch_start")
         val_every = self._val_check_batches()
+        is_multi_process = self.world_size > 1
         is_epoch_complete = True
         for batch_idx, batch in enumerate(loader, start=self.progress.batch_idx):
             self.progress.batch_idx = batch_idx + 1
             if self._train_batch(batch, batch_idx) is _SKIP_EPOCH:
                 break
-            if self.accelerator.sync_gradients and self._is_preempted():
+            if (self._received_signal is not None or is_multi_process) and self._is_preempted():
                 save_and_exit(self)
             is_last = loader.end_of_dataloader
             if (
@@ -691,9 +698,12 @@ class Trainer:
 
     def _train_batch(self, batch: Any, batch_idx: int) -> Any:
         """One batch: step, backward, and on stepping batches the optimizer step."""
-        store = self._stores["train"]
-        store.current_batch = batch
-        if self._call_hook("on_train_batch_start", batch, batch_idx) == -1:
+        self._stores["train"].current_batch = batch
+        hooks = self._hooks
+        if (
+            hooks["on_train_batch_start"]
+            and self._call_hook("on_train_batch_start", batch, batch_idx) == -1
+        ):
             return _SKIP_EPOCH
         module = self.module
         if not module.automatic_optimization:
@@ -712,17 +722,22 @@ class Trainer:
                     self._backward(loss)
                     if self.accelerator.sync_gradients:
                         self._optimizer_step()
+        if not self._hooks["on_train_batch_end"]:  # hot path: build nothing nobody reads
+            return output
         outputs = {"loss": output.detach()} if isinstance(output, torch.Tensor) else output
         self._call_hook("on_train_batch_end", outputs, batch, batch_idx)
         return outputs
 
     def _backward(self, loss: torch.Tensor, **kwargs: Any) -> None:
-        self._call_hook("on_before_backward", loss)
+        hooks = self._hooks  # empty hook lists are skipped without a call: this runs every batch
+        if hooks["on_before_backward"]:
+            self._call_hook("on_before_backward", loss)
         if self.detect_anomaly:
             self._anomaly_backward(loss, **kwargs)
         else:
             self.accelerator.backward(loss, **kwargs)
-        self._call_hook("on_after_backward")
+        if hooks["on_after_backward"]:
+            self._call_hook("on_after_backward")
 
     def _manual_backward(self, loss: torch.Tensor, **kwargs: Any) -> None:
         """``TrainModule.manual_backward``: the same hooks and path as automatic backward."""
@@ -733,8 +748,10 @@ class Trainer:
     def _optimizer_step(self) -> None:
         """Unscale, hooks, clip, step, zero; count the step and step 'step' schedulers."""
         optimizer = self.optimizers[0]
-        self.accelerator.unscale_gradients()
-        self._call_hook("on_before_optimizer_step", optimizer)
+        hooks = self._hooks
+        if hooks["on_before_optimizer_step"]:
+            self.accelerator.unscale_gradients()  # hooks see true gradients (clipping unscales too)
+            self._call_hook("on_before_optimizer_step", optimizer)
         if self.gradient_clip_val is not None:
             parameters = self.module.parameters()
             if self.gradient_clip_algorithm == "norm":
@@ -742,10 +759,11 @@ class Trainer:
             else:
                 self.accelerator.clip_grad_value_(parameters, self.gradient_clip_val)
         optimizer.step()
-        self._call_hook("on_before_zero_grad", optimizer)
+        if hooks["on_before_zero_grad"]:
+            self._call_hook("on_before_zero_grad", optimizer)
         optimizer.zero_grad()
         self.progress.global_step += 1
-        if not self.accelerator.optimizer_step_was_skipped:
+        if self.lr_scheduler_configs and not self.accelerator.optimizer_step_was_skipped:
             self._step_schedulers("step")
         if self.progress.global_step % self.log_every_n_steps == 0:
             self._send_to_loggers(self._stores["train"].step_items(for_logger=True))

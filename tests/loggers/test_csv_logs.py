@@ -172,7 +172,7 @@ def test_failed_write_keeps_previous_file_whole(
         raise OSError("disk full")
 
     monkeypatch.setattr(os, "replace", crash)
-    logger.log_metrics({"loss": 0.5}, step=1)
+    logger.log_metrics({"loss": 0.5, "acc": 0.9}, step=1)  # a new column: the file is rewritten
     with pytest.raises(OSError, match="disk full"):
         logger.save()
     assert Path(metrics_path(logger)).read_bytes() == before
@@ -290,3 +290,15 @@ def test_flush_counts_steps_not_calls(tmp_path: Path) -> None:
     assert len(read_csv(path)[1]) == 2
     logger.log_metrics({"loss": 0.3}, step=200)
     assert len(read_csv(path)[1]) == 4
+
+
+def test_same_header_flushes_append_rows(tmp_path: Path) -> None:
+    """With an unchanged header a flush appends (no rewrite); the rows are all there in order."""
+    logger = CSVLogger(tmp_path, flush_logs_every_n_steps=1)
+    logger.log_metrics({"loss": 1.0}, step=0)
+    inode = os.stat(metrics_path(logger)).st_ino
+    for step in range(1, 4):
+        logger.log_metrics({"loss": 1.0 / (step + 1)}, step=step)
+    assert os.stat(metrics_path(logger)).st_ino == inode  # the same file, appended to
+    logger.finalize("success")
+    assert [row["step"] for row in read_csv(metrics_path(logger))[1]] == ["0", "1", "2", "3"]

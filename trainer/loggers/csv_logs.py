@@ -13,10 +13,10 @@ from __future__ import annotations
 import argparse
 import contextlib
 import csv
+import io
 import numbers
 import operator
 import os
-import shutil
 from collections.abc import Iterable, Iterator, Mapping
 from typing import Any, TextIO
 
@@ -201,11 +201,12 @@ class CSVLogger(Logger):
             return
         path = os.path.join(self._ensure_log_dir(), _METRICS_FILE)
         if self._disk_columns == self._columns and os.path.isfile(path):
-            # Same header as on disk: copy the file and append, instead of re-encoding every row.
-            with _atomic_open(path) as file:
-                with open(path, newline="", encoding="utf-8") as old:
-                    shutil.copyfileobj(old, file)
-                _write_rows(file, self._columns, self._pending, header=False)
+            # Same header as on disk: append the new rows in one write (no copy, no fsync here;
+            # finalize fsyncs). Only a widened header rewrites the file, atomically.
+            buffer = io.StringIO()
+            _write_rows(buffer, self._columns, self._pending, header=False)
+            with open(path, "a", newline="", encoding="utf-8") as file:
+                file.write(buffer.getvalue())
         else:
             old_columns, old_rows = _read_metrics(path)
             if self._disk_columns is None:
@@ -226,8 +227,12 @@ class CSVLogger(Logger):
             self._version = saved
 
     def finalize(self, status: str) -> None:
-        """Write what is buffered; ``status`` ("success", "failed", ...) is not recorded."""
+        """Write what is buffered and make it durable; ``status`` is not recorded."""
         self.save()
+        path = os.path.join(self.log_dir, _METRICS_FILE)
+        if os.path.isfile(path):
+            with open(path, "rb+") as file:
+                os.fsync(file.fileno())
 
     def _resolve_step(self, step: int | None) -> int:
         """Check ``step`` at the boundary, so a bad value fails at the call, not at the write."""
