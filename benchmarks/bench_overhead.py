@@ -218,8 +218,14 @@ def run_trainer_quiet(dataset: TensorDataset, steps: int, workdir: str) -> RunTi
 
 
 def run_trainer_logging(dataset: TensorDataset, steps: int, workdir: str) -> RunTimes:
+    # Checkpointing is measured by bench_checkpoint.py; here only logging and the bar are added.
     return _run_trainer(
-        _LoggingModule(), dataset, steps, log_every_n_steps=50, default_root_dir=workdir
+        _LoggingModule(),
+        dataset,
+        steps,
+        log_every_n_steps=50,
+        enable_checkpointing=False,
+        default_root_dir=workdir,
     )
 
 

@@ -332,8 +332,9 @@ class Accelerator:
     # ---- training -----------------------------------------------------------------------
     def backward(self, loss: torch.Tensor, **kwargs: Any) -> None:
         """Backpropagate ``loss`` divided by the accumulation steps, scaled where needed."""
-        if self.gradient_state.num_steps > 1:
-            loss = loss / self.gradient_state.num_steps
+        num_steps = self.gradient_state.num_steps
+        if num_steps > 1:
+            loss = loss / num_steps
         self.strategy.backward(loss, self._models[0] if self._models else None, **kwargs)
 
     def accumulate(self, *models: torch.nn.Module) -> contextlib.AbstractContextManager[Any]:

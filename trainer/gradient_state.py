@@ -28,10 +28,11 @@ class GradientState:
 
     def begin_batch(self, dataloader: Any, is_last: bool) -> None:
         """Called by a prepared dataloader before it yields each batch."""
-        if not self.active_dataloaders or self.active_dataloaders[-1] is not dataloader:
-            self.active_dataloaders.append(dataloader)
+        active = self.active_dataloaders
+        if not active or active[-1] is not dataloader:
+            active.append(dataloader)
+            self.remainder = dataloader.remainder
         self.end_of_dataloader = is_last
-        self.remainder = dataloader.remainder
 
     def end_iteration(self, dataloader: Any) -> None:
         """Called by a prepared dataloader when its iteration ends (exhausted or abandoned)."""

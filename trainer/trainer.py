@@ -635,6 +635,13 @@ class Trainer:
             return True
         return self._time_is_up()
 
+    def _is_step_limit_reached(self) -> bool:
+        """The per-batch part of ``_is_done`` (epochs cannot end mid-epoch): steps and time."""
+        max_steps = self.max_steps
+        if max_steps != -1 and self.progress.global_step >= max_steps:
+            return True
+        return self.max_time is not None and self._time_is_up()
+
     def _time_is_up(self) -> bool:
         return (
             self.max_time is not None
@@ -670,7 +677,7 @@ class Trainer:
                 and self._should_validate_epoch()
             ):
                 self._run_validation()
-            if self.should_stop or self._is_done():
+            if self.should_stop or self._is_step_limit_reached():
                 is_epoch_complete = is_last
                 break
         is_validated = self.progress.last_val_step == self.progress.global_step  # e.g. on resume

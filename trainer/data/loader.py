@@ -140,28 +140,27 @@ class DataLoaderShard:
         limit = math.inf if self.limit is None else self.limit
         if limit <= 0:
             return
-        try:
-            yield from self._iterate(iterator, limit)
-        finally:
-            if self.gradient_state is not None:
-                self.gradient_state.end_iteration(self)
-
-    def _iterate(self, iterator: Iterator[Any], limit: float) -> Iterator[Any]:
-        current = next(iterator, _DONE)
+        state = self.gradient_state
         move = self.device is not None and self.device.type != "cpu"
-        while current is not _DONE:
-            is_last = self.batches_yielded + 1 >= limit
-            following = _DONE if is_last else next(iterator, _DONE)
-            if following is _DONE:
-                self.end_of_dataloader = True
-            if self.gradient_state is not None:
-                self.gradient_state.begin_batch(self, following is _DONE)
-            batch = send_to_device(current, self.device, non_blocking=True) if move else current
-            if self.transform is not None:
-                batch = self.transform(batch)
-            self.batches_yielded += 1
-            yield batch
-            current = following
+        transform = self.transform
+        try:
+            current = next(iterator, _DONE)
+            while current is not _DONE:
+                following = _DONE if self.batches_yielded + 1 >= limit else next(iterator, _DONE)
+                is_last = following is _DONE
+                if is_last:
+                    self.end_of_dataloader = True
+                if state is not None:
+                    state.begin_batch(self, is_last)
+                batch = send_to_device(current, self.device, non_blocking=True) if move else current
+                if transform is not None:
+                    batch = transform(batch)
+                self.batches_yielded += 1
+                yield batch
+                current = following
+        finally:
+            if state is not None:
+                state.end_iteration(self)
 
     def __repr__(self) -> str:
         return f"DataLoaderShard({self.base_dataloader!r}, device={self.device})"
