@@ -28,7 +28,7 @@ from trainer.gradient_state import GradientState
 from trainer.optimizer import AcceleratedOptimizer, AcceleratedScheduler
 from trainer.precision import Precision, resolve_precision
 from trainer.state import DistributedType, PartialState
-from trainer.strategies import Strategy, resolve_strategy
+from trainer.strategies import Strategy, _auto_strategy_name, resolve_strategy
 
 __all__ = ["Accelerator"]
 
@@ -111,8 +111,7 @@ class Accelerator:
         if mixed_precision is None:
             mixed_precision = os.environ.get("ACCELERATE_MIXED_PRECISION", "no")
         precision = resolve_precision(mixed_precision, argument="mixed_precision")
-        strategy_kwargs = {"device": "cpu"} if cpu else {}
-        self.strategy = resolve_strategy(strategy, **strategy_kwargs)
+        self.strategy = _build_strategy(strategy, cpu)
         self.strategy.precision = precision
         self.strategy.setup_environment()
         self.state = PartialState(cpu=cpu)
@@ -606,6 +605,18 @@ class Accelerator:
             f"Accelerator(strategy={self.strategy!r}, mixed_precision={self.mixed_precision!r}, "
             f"gradient_accumulation_steps={self.gradient_accumulation_steps})"
         )
+
+
+def _build_strategy(strategy: str | Strategy | None, cpu: bool) -> Strategy:
+    """The strategy for ``strategy`` (auto: from the launcher's environment), on CPU if asked."""
+    if isinstance(strategy, Strategy):
+        return strategy
+    name = _auto_strategy_name() if strategy in (None, "auto") else strategy
+    if not cpu:
+        return resolve_strategy(name)
+    return resolve_strategy(
+        name, **({"device": "cpu"} if name == "single" else {"accelerator": "cpu"})
+    )
 
 
 _NOTHING = contextlib.nullcontext()  # reusable: entering it has no state

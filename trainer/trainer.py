@@ -577,6 +577,12 @@ class Trainer:
             torch.use_deterministic_algorithms(False)
         if self.module is not None:
             self.module._metric_store = None
+        # Drop the engine wrappers (DDP, ...): each run prepares the module afresh, and a wrapper
+        # alive when the process group ends can abort the process.
+        self._wrapped_model = self.module
+        self._training_step = self._run_step = None  # type: ignore[assignment]
+        self.accelerator.free_memory()
+        self.strategy.teardown()
 
     def _handle_exception(self, err: BaseException, stage: str) -> None:
         status = "interrupted" if isinstance(err, KeyboardInterrupt) else "failed"

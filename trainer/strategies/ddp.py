@@ -7,6 +7,7 @@ accumulation windows (``no_sync``). Collectives are ``torch.distributed`` calls.
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import datetime as dt
 import gc
@@ -138,6 +139,7 @@ class DDPStrategy(Strategy):
                 world_size=self.environment.world_size,
                 timeout=self.timeout,
             )
+            atexit.register(_destroy_process_group)
             PartialState._reset_state()
         self.precision.setup(self.root_device)
 
@@ -204,3 +206,10 @@ class DDPStrategy(Strategy):
 
     def __repr__(self) -> str:
         return f"DDPStrategy(device={self.root_device}, world_size={self.world_size}, precision={self.precision.name!r})"
+
+
+def _destroy_process_group() -> None:
+    """At exit: collect dead wrappers first, then end the group (the order avoids an abort)."""
+    gc.collect()
+    if dist.is_initialized():
+        dist.destroy_process_group()

@@ -1,0 +1,129 @@
+"""Real 2-process DDP jobs (torchrun, gloo on CPU): parity with one process, data semantics,
+collectives, resume, and a failing rank ending the job."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+from torch.utils.data import DataLoader
+
+import trainer
+from tests.distributed.ddp_worker import Net, regression
+
+ROOT = Path(__file__).resolve().parents[2]
+pytestmark = pytest.mark.distributed
+
+
+def torchrun(script: str, *args: str, timeout: float = 300) -> subprocess.CompletedProcess:
+    env = dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1")
+    command = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc_per_node",
+        "2",
+        script,
+        *args,
+    ]
+    return subprocess.run(
+        command, capture_output=True, text=True, timeout=timeout, env=env, cwd=ROOT
+    )
+
+
+@pytest.fixture(scope="module")
+def ddp_run(tmp_path_factory):
+    out = tmp_path_factory.mktemp("ddp")
+    result = torchrun(str(ROOT / "tests/distributed/ddp_worker.py"), str(out))
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    facts = [json.loads((out / f"rank{r}.json").read_text()) for r in range(2)]
+    return out, facts
+
+
+def test_ddp_matches_one_process_with_the_same_global_batch(ddp_run, tmp_path):
+    out, facts = ddp_run
+    assert [f["strategy"] for f in facts] == ["DDPStrategy"] * 2
+    assert [f["distributed_type"] for f in facts] == ["MULTI_CPU"] * 2
+    assert [f["num_training_batches"] for f in facts] == [8, 8]  # 64 samples / (4 x 2)
+    torch.manual_seed(0)
+    single = Net()
+    trainer.Trainer(
+        max_epochs=2, seed=0, accelerator="cpu", enable_progress_bar=False, enable_model_summary=False,
+        logger=False, enable_checkpointing=False, num_sanity_val_steps=0, default_root_dir=str(tmp_path),
+    ).fit(single, DataLoader(regression(), batch_size=8, shuffle=True))  # fmt: skip
+    ddp = load_file(str(out / "ddp.safetensors"))
+    for name, value in single.state_dict().items():
+        # The issue's criterion: torch.allclose(atol=1e-6) (default rtol); the reduction order of
+        # the gradient all-reduce differs from one process's sum in the last bits.
+        assert torch.allclose(ddp[name], value, atol=1e-6), (name, (ddp[name] - value).abs().max())
+
+
+def test_ddp_resume_on_two_processes_is_exact(ddp_run):
+    _, facts = ddp_run
+    assert [f["resume_equal"] for f in facts] == [True, True]
+    assert [f["global_step"] for f in facts] == [16, 16]
+
+
+@pytest.mark.parametrize("key", ["gather_99", "gather_split_99", "gather_iterable_99"])
+def test_gather_for_metrics_covers_exactly_99_samples(ddp_run, key):
+    _, facts = ddp_run
+    for f in facts:
+        assert f[key] == list(range(99))
+
+
+def test_gather_for_metrics_512_and_the_design_example(ddp_run):
+    _, facts = ddp_run
+    for f in facts:
+        assert f["gather_512"] == list(range(512))
+        assert f["gather_9_batch5"] == list(range(9))  # 2 processes, batch 5, 9 samples -> 9
+        assert f["gather_drop_last_99"] == list(range(96))  # the incomplete last round is dropped
+
+
+def test_each_process_gets_its_own_slice_and_shuffling_is_shared(ddp_run):
+    _, facts = ddp_run
+    assert facts[0]["local_first_batch"] == list(range(8))
+    assert facts[1]["local_first_batch"] == list(range(8, 16))
+    first, second = facts[0]["shuffled_first_batch"], facts[1]["shuffled_first_batch"]
+    assert not set(first) & set(second) and sorted(first) != list(range(8))
+
+
+def test_collectives_and_synced_metrics(ddp_run):
+    _, facts = ddp_run
+    for f in facts:
+        assert f["gather_scalar"] == [0.0, 1.0]
+        assert f["reduce_sum"] == [3.0] and f["reduce_mean"] == [1.5]
+        assert f["broadcast"] == [10]
+        assert f["padded_shape"] == [2, 2]
+        assert f["rank_value"] == 0.5  # self.log(..., sync_dist=True) averaged over ranks
+        assert f["torchmetrics_sum"] == 3.0
+    assert facts[0]["val_loss"] == facts[1]["val_loss"]
+    assert facts[0]["split"] == ["a", "b"] and facts[1]["split"] == ["c", "c"]
+
+
+def test_different_metric_names_on_ranks_raise_instead_of_hanging(ddp_run):
+    _, facts = ddp_run
+    for f in facts:
+        assert "logged different metric names" in f["divergent_error"]
+        assert "rank 0: ['only_rank0']; rank 1: ['only_rank1']" in f["divergent_error"]
+
+
+def test_an_exception_on_one_rank_ends_the_job_promptly_with_its_traceback():
+    start = time.monotonic()
+    result = torchrun(str(ROOT / "tests/distributed/fault_worker.py"), timeout=120)
+    elapsed = time.monotonic() - start
+    assert result.returncode != 0
+    assert "injected failure on rank 1 at step 3" in result.stdout + result.stderr
+    assert elapsed < 60, f"the job took {elapsed:.0f} s to end"
+
+
+def test_ddp_strategy_outside_a_launcher_says_how_to_start_it():
+    with pytest.raises(trainer.StrategyError, match="trainer launch --num_processes N"):
+        trainer.Trainer(strategy="ddp", accelerator="cpu")
