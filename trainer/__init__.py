@@ -24,6 +24,7 @@ from trainer.errors import (
     StrategyError,
     TrainerError,
 )
+from trainer.launcher import debug_launcher, notebook_launcher
 from trainer.memory import find_executable_batch_size
 from trainer.module import DataModule, TrainModule
 from trainer.seed import seed_everything, synchronize_rng_states
@@ -51,10 +52,12 @@ __all__ = [
     "TrainModule",
     "Trainer",
     "TrainerError",
+    "debug_launcher",
     "find_executable_batch_size",
     "init_empty_weights",
     "init_on_device",
     "load_checkpoint_in_model",
+    "notebook_launcher",
     "seed_everything",
     "skip_first_batches",
     "synchronize_rng_states",

@@ -49,6 +49,7 @@ from trainer.checkpoint import write_checkpoint
 from trainer.configs import DataLoaderConfiguration
 from trainer.errors import AnomalyError, ConfigurationError, HookResultError, describe
 from trainer.hooks import CALLBACK_HOOKS
+from trainer.launcher import relaunch_with_torchrun
 from trainer.loggers.logger import Logger
 from trainer.module import DataModule, TrainModule
 from trainer.module_hooks import ModuleHooks
@@ -202,6 +203,9 @@ class Trainer:
     def _build_accelerator(
         self, strategy: Any, accelerator: str, devices: Any, precision: Any
     ) -> Accelerator:
+        launched = os.environ.get("ACCELERATE_MIXED_PRECISION", "no")
+        if precision == "32-true" and launched != "no":  # `trainer launch --mixed_precision`
+            precision = launched  # replaces only the default; an explicit choice stays
         plugin = resolve_precision(precision)
         if isinstance(strategy, Strategy):
             chosen = strategy
@@ -210,6 +214,9 @@ class Trainer:
         ):
             chosen = resolve_strategy("single", device=resolve_device(accelerator, devices))
         else:  # multi-process engines take the device type; the launcher gives the rank
+            count = _device_count(devices)
+            if count > 1 and not detect_environment().is_distributed:
+                relaunch_with_torchrun(count)  # re-runs this script under torchrun, then exits
             chosen = resolve_strategy(
                 strategy, accelerator=None if accelerator == "auto" else accelerator
             )
@@ -1021,6 +1028,14 @@ def _overrides(module: Any, method: str) -> bool:
 
 def _is_class(obj: object, name: str) -> bool:
     return any(klass.__name__ == name for klass in type(obj).__mro__)
+
+
+def _device_count(devices: Any) -> int:
+    if isinstance(devices, int) and not isinstance(devices, bool):
+        return devices if devices > 0 else max(1, torch.cuda.device_count())
+    if isinstance(devices, list | tuple):
+        return len(devices)
+    return max(1, torch.cuda.device_count()) if devices == "auto" else int(devices)
 
 
 def _safe_len(loader: Any) -> float:

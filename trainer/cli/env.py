@@ -85,7 +85,9 @@ def add_parser(
 
 
 def run(args: argparse.Namespace) -> int:
-    """Print :func:`collect_env` and, with ``--config_file``, the file's top-level keys.
+    """Print :func:`collect_env` and the launch config's top-level keys.
+
+    The config is ``--config_file``, else the default file ``trainer config`` writes (if any).
 
     The config file is read before anything is printed, so a bad file prints only the error.
 
@@ -95,11 +97,17 @@ def run(args: argparse.Namespace) -> int:
     Raises:
         ConfigurationError: the config file is missing, unreadable, not YAML or not a mapping.
     """
-    config = None if args.config_file is None else read_config_file(args.config_file)
+    path = args.config_file
+    if path is None:  # the file `trainer config` writes, when there is one
+        from trainer.launch_config import default_config_path
+
+        default = default_config_path()
+        path = str(default) if default.is_file() else None
+    config = None if path is None else read_config_file(path)
     for key, value in collect_env().items():
         print(f"{key}: {value}")
     if config is not None:
-        print(f"config_file: {args.config_file}")
+        print(f"config_file: {path}")
         for key, value in config.items():
             print(f"  {key}: {value}")
     return 0

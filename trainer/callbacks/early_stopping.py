@@ -1,0 +1,259 @@
+"""EarlyStopping: stop ``fit`` when a monitored metric stops improving.
+
+This module owns the stopping rule (patience, ``min_delta``, thresholds, non-finite values), the
+choice of when to check, and the callback's resumable state (``wait_count``, ``best_score``,
+``stopped_epoch``, ``patience``). It reads ``trainer.callback_metrics`` and speaks back only
+through ``trainer.should_stop``; it does not log metrics or save checkpoints.
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from trainer.callbacks.callback import Callback
+from trainer.errors import ConfigurationError, describe
+
+if TYPE_CHECKING:
+    from trainer.module import TrainModule
+    from trainer.trainer import Trainer
+
+__all__ = ["EarlyStopping", "EarlyStoppingReason"]
+
+
+class EarlyStoppingReason(enum.StrEnum):
+    """Why :class:`EarlyStopping` stopped training (``EarlyStopping.stopping_reason``)."""
+
+    NOT_STOPPED = "not_stopped"
+    STOPPING_THRESHOLD = "stopping_threshold"
+    DIVERGENCE_THRESHOLD = "divergence_threshold"
+    PATIENCE_EXHAUSTED = "patience_exhausted"
+    NON_FINITE_METRIC = "non_finite_metric"
+
+
+class EarlyStopping(Callback):
+    """Stop training when ``monitor`` has not improved for ``patience`` checks.
+
+    A check reads ``trainer.callback_metrics[monitor]``. It is an improvement when the value
+    beats the best so far by more than ``min_delta`` (lower for ``mode="min"``, higher for
+    ``"max"``); otherwise ``wait_count`` grows, and at ``patience`` the callback sets
+    ``trainer.should_stop``. It stops at once when the value is NaN/inf (``check_finite``),
+    reaches ``stopping_threshold``, or crosses ``divergence_threshold``.
+
+    When it checks (Lightning's rule): with ``check_on_train_epoch_end=None``, at the end of
+    each training epoch (after that epoch's validation) when validation runs once per epoch
+    or not at all, and at the end of each validation otherwise (``val_check_interval`` < 1.0 or
+    ``check_val_every_n_epoch`` > 1). True/False force one or the other. Sanity checks and
+    stand-alone ``validate`` never count.
+
+    Args:
+        monitor: the metric to watch, a name given to ``self.log``, e.g. ``"val/loss"``.
+        min_delta: the least change that counts as an improvement (its sign is ignored).
+        patience: checks without improvement before stopping.
+        verbose: print why it stopped, and each new best.
+        mode: ``"min"`` (lower is better) or ``"max"``.
+        strict: raise when ``monitor`` was not logged (False: skip the check silently,
+            printing a note when ``verbose``).
+        check_finite: stop when the value is NaN or infinite.
+        stopping_threshold: stop once the value is at least this good.
+        divergence_threshold: stop once the value is worse than this.
+        check_on_train_epoch_end: where to check; None chooses as described above.
+        log_rank_zero_only: with ``verbose``, print on global rank zero only.
+
+    Raises:
+        ConfigurationError: an argument is invalid, or (``strict``) ``monitor`` was not logged:
+            the message lists the metrics that were.
+
+    Example:
+        >>> stopper = EarlyStopping(monitor="val/loss", patience=2, min_delta=0.01)
+        >>> # Trainer(callbacks=[stopper]).fit(module): with val/loss 1.0, 0.5, 0.495, 0.6 the
+        >>> # run stops after the 4th epoch: 0.495 and 0.6 do not beat 0.5 by more than 0.01.
+        >>> stopper.stopped_epoch, stopper.stopping_reason  # after fit
+        (3, <EarlyStoppingReason.PATIENCE_EXHAUSTED: 'patience_exhausted'>)
+    """
+
+    def __init__(
+        self,
+        monitor: str,
+        min_delta: float = 0.0,
+        patience: int = 3,
+        verbose: bool = False,
+        mode: str = "min",
+        strict: bool = True,
+        check_finite: bool = True,
+        stopping_threshold: float | None = None,
+        divergence_threshold: float | None = None,
+        check_on_train_epoch_end: bool | None = None,
+        log_rank_zero_only: bool = False,
+    ) -> None:
+        _check_arguments(monitor, min_delta, patience, mode)
+        for name, value in (
+            ("stopping_threshold", stopping_threshold),
+            ("divergence_threshold", divergence_threshold),
+        ):
+            if value is not None and (
+                isinstance(value, bool) or not isinstance(value, int | float)
+            ):
+                raise ConfigurationError(
+                    f"EarlyStopping({name}={describe(value)}): expected a number or None."
+                )
+        self.monitor = monitor
+        self.mode = mode
+        self.min_delta = abs(float(min_delta))
+        self.patience = patience
+        self.verbose = verbose
+        self.strict = strict
+        self.check_finite = check_finite
+        self.stopping_threshold = stopping_threshold
+        self.divergence_threshold = divergence_threshold
+        self.log_rank_zero_only = log_rank_zero_only
+        self._check_on_train_epoch_end = check_on_train_epoch_end
+        self.wait_count = 0
+        self.stopped_epoch = 0
+        self.best_score = torch.tensor(math.inf if mode == "min" else -math.inf)
+        self.stopping_reason = EarlyStoppingReason.NOT_STOPPED
+        self.stopping_reason_message: str | None = None
+
+    @property
+    def state_key(self) -> str:
+        return f"EarlyStopping{{'monitor': {self.monitor!r}, 'mode': {self.mode!r}}}"
+
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "wait_count": self.wait_count,
+            "stopped_epoch": self.stopped_epoch,
+            "best_score": float(self.best_score),
+            "patience": self.patience,
+        }
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self.wait_count = int(state_dict["wait_count"])
+        self.stopped_epoch = int(state_dict["stopped_epoch"])
+        self.best_score = torch.tensor(float(state_dict["best_score"]))
+        self.patience = int(state_dict["patience"])
+
+    # ---- when -----------------------------------------------------------------------------
+    def setup(self, trainer: Trainer, module: TrainModule, stage: str) -> None:
+        if self._check_on_train_epoch_end is None:
+            # Validation more or less often than once per epoch: check after each validation.
+            self._check_on_train_epoch_end = (
+                trainer.val_check_interval == 1.0 and trainer.check_val_every_n_epoch == 1
+            )
+
+    def on_train_epoch_end(self, trainer: Trainer, module: TrainModule) -> None:
+        if self._check_on_train_epoch_end and not self._should_skip(trainer):
+            self.check(trainer)
+
+    def on_validation_end(self, trainer: Trainer, module: TrainModule) -> None:
+        if not self._check_on_train_epoch_end and not self._should_skip(trainer):
+            self.check(trainer)
+
+    @staticmethod
+    def _should_skip(trainer: Trainer) -> bool:
+        return trainer.state.stage != "fit" or trainer.sanity_checking
+
+    # ---- what -----------------------------------------------------------------------------
+    def check(self, trainer: Trainer) -> None:
+        """Read ``monitor`` now, update the state, and set ``trainer.should_stop`` if due."""
+        metrics = trainer.callback_metrics
+        if self.monitor not in metrics:
+            message = (
+                f"EarlyStopping(monitor={self.monitor!r}): the metric was not logged; logged "
+                f"metrics: {sorted(metrics)}. Log it with self.log({self.monitor!r}, ...), "
+                "change monitor, or pass strict=False to skip checks without it."
+            )
+            if self.strict:
+                raise ConfigurationError(message)
+            if self.verbose:
+                self._print(trainer, message)
+            return
+        current = metrics[self.monitor].detach().float().squeeze().cpu()
+        is_local_stop, reason = self._evaluate(current)
+        should_stop = _any_process(trainer, is_local_stop)
+        trainer.should_stop = trainer.should_stop or should_stop
+        if should_stop:
+            self.stopped_epoch = trainer.current_epoch
+            self.stopping_reason_message = (
+                reason if is_local_stop else "EarlyStopping: another process signalled a stop."
+            )
+        if reason and self.verbose:
+            self._print(trainer, reason)
+
+    def _evaluate(self, current: torch.Tensor) -> tuple[bool, str | None]:
+        """(stop?, message) for one value; updates ``best_score`` and ``wait_count``."""
+        best = float(self.best_score)
+        value = float(current)
+        if self.check_finite and not math.isfinite(value):
+            self.stopping_reason = EarlyStoppingReason.NON_FINITE_METRIC
+            return True, (
+                f"EarlyStopping: {self.monitor} = {value} is not finite; the best was "
+                f"{best:.3f}. Stopping."
+            )
+        if self.stopping_threshold is not None and self._is_better(value, self.stopping_threshold):
+            self.stopping_reason = EarlyStoppingReason.STOPPING_THRESHOLD
+            return True, (
+                f"EarlyStopping: {self.monitor} = {value:.6g} reached stopping_threshold "
+                f"{self.stopping_threshold}. Stopping."
+            )
+        if self.divergence_threshold is not None and self._is_better(
+            self.divergence_threshold, value
+        ):
+            self.stopping_reason = EarlyStoppingReason.DIVERGENCE_THRESHOLD
+            return True, (
+                f"EarlyStopping: {self.monitor} = {value:.6g} is worse than "
+                f"divergence_threshold {self.divergence_threshold}. Stopping."
+            )
+        shifted = value + self.min_delta if self.mode == "min" else value - self.min_delta
+        if self._is_better(shifted, best):
+            self.best_score = current.clone()
+            self.wait_count = 0
+            change = "" if math.isinf(best) else f" (by {abs(best - value):.6g})"
+            return False, f"EarlyStopping: {self.monitor} improved{change} to {value:.6g}."
+        self.wait_count += 1
+        if self.wait_count >= self.patience:
+            self.stopping_reason = EarlyStoppingReason.PATIENCE_EXHAUSTED
+            return True, (
+                f"EarlyStopping: {self.monitor} did not improve in the last {self.wait_count} "
+                f"checks; the best was {best:.6g}. Stopping."
+            )
+        return False, None
+
+    def _is_better(self, a: float, b: float) -> bool:
+        return a < b if self.mode == "min" else a > b
+
+    def _print(self, trainer: Trainer, message: str) -> None:
+        if trainer.is_global_zero:
+            print(message)
+        elif not self.log_rank_zero_only:
+            print(f"[rank {trainer.global_rank}] {message}")
+
+
+def _any_process(trainer: Trainer, flag: bool) -> bool:
+    """Whether ``flag`` is True on any process, so every process stops together."""
+    if trainer.world_size == 1:
+        return flag
+    device = trainer.strategy.root_device
+    return bool(trainer.strategy.all_reduce(torch.tensor([float(flag)], device=device), "max"))
+
+
+def _check_arguments(monitor: object, min_delta: object, patience: object, mode: object) -> None:
+    if not isinstance(monitor, str) or not monitor:
+        raise ConfigurationError(
+            f"EarlyStopping(monitor={describe(monitor)}): expected the name of a logged metric, "
+            "e.g. monitor='val/loss'."
+        )
+    if mode not in ("min", "max"):
+        raise ConfigurationError(
+            f"EarlyStopping(mode={describe(mode)}): expected 'min' (lower is better) or 'max'."
+        )
+    if isinstance(min_delta, bool) or not isinstance(min_delta, int | float):
+        raise ConfigurationError(
+            f"EarlyStopping(min_delta={describe(min_delta)}): expected a number, e.g. 0.001."
+        )
+    if isinstance(patience, bool) or not isinstance(patience, int) or patience < 0:
+        raise ConfigurationError(
+            f"EarlyStopping(patience={describe(patience)}): expected an int >= 0, e.g. 3."
+        )
