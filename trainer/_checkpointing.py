@@ -14,7 +14,7 @@ import warnings
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from trainer.checkpoint import find_latest_checkpoint, load_weights_file, read_checkpoint
+from trainer.checkpoint import find_latest_checkpoint, load_weights_file
 from trainer.errors import CheckpointError, ConfigurationError
 from trainer.seed import get_rng_states
 
@@ -46,7 +46,7 @@ def dump_checkpoint(trainer: Trainer, *, weights_only: bool = False) -> dict[str
         "trainer_checkpoint_version": _VERSION,
         "epoch": trainer.progress.epoch,
         "global_step": trainer.progress.global_step,
-        "state_dict": trainer.accelerator.get_state_dict(module),
+        "state_dict": trainer.strategy.module_state_dict(module, full=False),
         "hyper_parameters": dict(module.hparams),
     }
     if weights_only:
@@ -102,9 +102,13 @@ def resolve_ckpt_path(
     return path
 
 
-def load_checkpoint(path: Path) -> dict[str, Any]:
+def load_checkpoint(trainer: Trainer, path: Path) -> dict[str, Any]:
     """Read a checkpoint directory (verified) or a single weights file."""
-    return read_checkpoint(path) if path.is_dir() else load_weights_file(path)
+    return (
+        trainer.strategy.load_checkpoint(path, trainer.module)
+        if path.is_dir()
+        else load_weights_file(path)
+    )
 
 
 def restore_checkpoint(trainer: Trainer, checkpoint: dict[str, Any], *, full: bool) -> None:

@@ -385,7 +385,7 @@ class Accelerator:
     ) -> dict[str, torch.Tensor]:
         """The full state dict of ``model`` (gathered by the strategy when sharded)."""
         module = self.unwrap_model(model) if unwrap else model
-        return self.strategy.module_state_dict(module)
+        return self.strategy.module_state_dict(module, full=True)
 
     def unwrap_model(
         self, model: torch.nn.Module, keep_fp32_wrapper: bool = True

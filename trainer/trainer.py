@@ -45,7 +45,6 @@ from trainer._trainer_config import (
 )
 from trainer.accelerator import Accelerator
 from trainer.callbacks.callback import Callback
-from trainer.checkpoint import write_checkpoint
 from trainer.configs import DataLoaderConfiguration
 from trainer.errors import AnomalyError, ConfigurationError, HookResultError, describe
 from trainer.hooks import CALLBACK_HOOKS
@@ -196,6 +195,7 @@ class Trainer:
         self._loaders: dict[str, Any] = {}
         self._start_time = 0.0
         self._previous_deterministic = torch.are_deterministic_algorithms_enabled()
+        self._router: _StepRouter | None = None
         self._pending_rng_state: dict[str, Any] | None = None  # applied when training resumes
         self._restored_metrics: dict[str, float] = {}  # callback_metrics of a resumed checkpoint
         self._received_signal: int | None = None  # SIGTERM/SIGUSR1 seen: save at the next step
@@ -431,9 +431,7 @@ class Trainer:
             )
         checkpoint = dump_checkpoint(self, weights_only=weights_only)
         self._call_hook("on_save_checkpoint", checkpoint)
-        if self.is_global_zero:
-            write_checkpoint(filepath, checkpoint, world_size=self.world_size)
-        self.strategy.barrier()
+        self.strategy.save_checkpoint(filepath, checkpoint)
 
     # ---- setup and teardown -----------------------------------------------------------------
     def _attach(self, module: TrainModule, datamodule: DataModule | None, stage: str) -> None:
@@ -477,7 +475,8 @@ class Trainer:
         self._logged_metrics = {}
         self._restored_metrics = {}
         self._call_hook("setup", stage)
-        module.configure_model()
+        with self.strategy.module_init_context():
+            module.configure_model()
         if self.compile:
             options = self.compile if isinstance(self.compile, dict) else {}
             module.compile(**options)
@@ -492,16 +491,22 @@ class Trainer:
         module._metric_store = self._stores["train"]
         path = resolve_ckpt_path(self, ckpt_path, stage)
         if path is not None:
-            restore_checkpoint(self, load_checkpoint(path), full=stage == "fit")
+            restore_checkpoint(self, load_checkpoint(self, path), full=stage == "fit")
         if stage == "fit":
             self._log_hyperparams()
             self._call_hook("on_fit_start")
 
     def _prepare_module(self, module: TrainModule) -> None:
-        router = _StepRouter(module)
+        # One router per module: in-place engines (FSDP2) must not shard the same tree twice.
+        router = (
+            self._router
+            if self._router is not None and self._router.module is module
+            else _StepRouter(module)
+        )
+        self._router = router
         prepared = self.accelerator.prepare(router)
         self._wrapped_model = prepared
-        if prepared is router:  # nothing wraps the forward: call the steps directly (faster)
+        if type(prepared) is _StepRouter:  # untouched by the engine: call the steps directly
             self._run_step: Callable[..., Any] = lambda name, *args: getattr(module, name)(*args)
             self._training_step = module.training_step
         else:

@@ -145,6 +145,24 @@ def write_checkpoint(
             under ``path``, if any, is left intact).
     """
     final = Path(path)
+    with atomic_directory(final) as directory:
+        write_checkpoint_files(
+            directory, checkpoint, world_size=world_size, max_shard_size=max_shard_size
+        )
+    return final
+
+
+def write_checkpoint_files(
+    directory: Path,
+    checkpoint: dict[str, Any],
+    *,
+    world_size: int = 1,
+    max_shard_size: int | str = "10GB",
+) -> None:
+    """Write the files of ``checkpoint`` into ``directory``, then the manifest over everything in it.
+
+    Files already in ``directory`` (a sharded engine's DCP shards) are listed in the manifest too.
+    """
     rest = dict(checkpoint)
     model_state = rest.pop("state_dict", None)
     optimizer_states = rest.pop("optimizer_states", None)
@@ -154,40 +172,49 @@ def write_checkpoint(
     if optimizer_states is not None:
         document["optimizer_states"] = encode(optimizer_states, optimizer_tensors, "optimizer")
     document.update(encode(rest, state_tensors, "state"))
-    with atomic_directory(final) as directory:
-        records: dict[str, dict[str, Any]] = {}
-        # The tensor files are written concurrently: each hashes on its own thread, so a model
-        # and its optimizer state use both cores.
-        with ThreadPoolExecutor(max_workers=3) as pool:
-            jobs = []
-            if model_state is not None:
-                jobs.append(pool.submit(write_model_files, directory, model_state, max_shard_size))
-            for name, tensors in (
-                (OPTIMIZER_FILE, optimizer_tensors if optimizer_states is not None else None),
-                (STATE_TENSORS, state_tensors or None),
-            ):
-                if tensors is not None:
-                    jobs.append(
-                        pool.submit(
-                            lambda n, t: {n: write_safetensors(str(directory / n), t)},
-                            name,
-                            tensors,
-                        )
+    records: dict[str, dict[str, Any]] = {
+        name: hash_file(str(directory / name)) for name in _list_files(directory)
+    }
+    # The tensor files are written concurrently: each hashes on its own thread, so a model
+    # and its optimizer state use both cores.
+    with ThreadPoolExecutor(max_workers=3) as pool:
+        jobs = []
+        if model_state is not None:
+            jobs.append(pool.submit(write_model_files, directory, model_state, max_shard_size))
+        for name, tensors in (
+            (OPTIMIZER_FILE, optimizer_tensors if optimizer_states is not None else None),
+            (STATE_TENSORS, state_tensors or None),
+        ):
+            if tensors is not None:
+                jobs.append(
+                    pool.submit(
+                        lambda n, t: {n: write_safetensors(str(directory / n), t)}, name, tensors
                     )
-            for job in jobs:
-                records.update(job.result())
-        records[STATE_FILE] = _write_json(directory / STATE_FILE, json.dumps(document, indent=1))
-        manifest = {
-            "format": FORMAT_NAME,
-            "format_version": FORMAT_VERSION,
-            "created": dt.datetime.now(dt.timezone.utc).isoformat(),
-            "world_size": world_size,
-            "epoch": rest.get("epoch"),
-            "global_step": rest.get("global_step"),
-            "files": dict(sorted(records.items())),
-        }
-        _write_json(directory / MANIFEST, json.dumps(manifest, indent=1))
-    return final
+                )
+        for job in jobs:
+            records.update(job.result())
+    records[STATE_FILE] = _write_json(directory / STATE_FILE, json.dumps(document, indent=1))
+    manifest = {
+        "format": FORMAT_NAME,
+        "format_version": FORMAT_VERSION,
+        "created": dt.datetime.now(dt.timezone.utc).isoformat(),
+        "world_size": world_size,
+        "epoch": rest.get("epoch"),
+        "global_step": rest.get("global_step"),
+        "files": dict(sorted(records.items())),
+    }
+    _write_json(directory / MANIFEST, json.dumps(manifest, indent=1))
+
+
+def _list_files(directory: Path) -> list[str]:
+    """Every file under ``directory`` (relative, "/"-separated), the manifest excluded."""
+    found = []
+    for root, _, names in os.walk(directory):
+        for name in names:
+            relative = os.path.relpath(os.path.join(root, name), directory).replace(os.sep, "/")
+            if relative != MANIFEST:
+                found.append(relative)
+    return sorted(found)
 
 
 def read_manifest(path: str | os.PathLike[str]) -> dict[str, Any]:
@@ -234,7 +261,7 @@ def _check_listing(directory: Path) -> dict[str, Any]:
     """The manifest, after checking presence, extras and sizes of the files (no reading)."""
     manifest = read_manifest(directory)
     expected: dict[str, dict[str, Any]] = manifest["files"]
-    present = {entry.name for entry in directory.iterdir() if entry.name != MANIFEST}
+    present = set(_list_files(directory))
     for name in sorted(expected):
         if name not in present:
             raise CheckpointError(f"checkpoint {directory} is incomplete: {name} is missing.")

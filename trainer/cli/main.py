@@ -23,7 +23,7 @@ from collections.abc import Callable, Sequence
 from typing import Protocol
 
 from trainer import __version__
-from trainer.cli import config, env, launch, selfcheck
+from trainer.cli import checkpoint, config, env, launch, selfcheck
 from trainer.errors import TrainerError
 
 __all__ = ["COMMANDS", "Command", "build_parser", "main"]
@@ -48,7 +48,7 @@ class Command(Protocol):
 
 
 # The one registry of subcommands, in the order ``trainer --help`` lists them.
-COMMANDS: tuple[Command, ...] = (env, launch, config, selfcheck)
+COMMANDS: tuple[Command, ...] = (env, launch, config, selfcheck, checkpoint)
 
 
 def build_parser() -> argparse.ArgumentParser:

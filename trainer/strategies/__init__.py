@@ -19,6 +19,7 @@ __all__ = [
     "STRATEGY_REGISTRY",
     "ClusterEnvironment",
     "DDPStrategy",
+    "FSDPStrategy",
     "SingleDeviceStrategy",
     "Strategy",
     "detect_environment",
@@ -30,6 +31,7 @@ __all__ = [
 STRATEGY_REGISTRY: dict[str, str | Callable[..., Strategy]] = {
     "single": "trainer.strategies.single:SingleDeviceStrategy",
     "ddp": "trainer.strategies.ddp:DDPStrategy",
+    "fsdp": "trainer.strategies.fsdp:FSDPStrategy",
 }
 
 
@@ -79,4 +81,8 @@ def __getattr__(name: str) -> Any:
         from trainer.strategies.ddp import DDPStrategy
 
         return DDPStrategy
+    if name == "FSDPStrategy":
+        from trainer.strategies.fsdp import FSDPStrategy
+
+        return FSDPStrategy
     raise AttributeError(f"module 'trainer.strategies' has no attribute {name!r}")

@@ -165,7 +165,7 @@ class DDPStrategy(Strategy):
     def unwrap_module(self, module: torch.nn.Module) -> torch.nn.Module:
         return module.module if isinstance(module, DistributedDataParallel) else module
 
-    def module_state_dict(self, module: torch.nn.Module) -> dict[str, Any]:
+    def module_state_dict(self, module: torch.nn.Module, full: bool = True) -> dict[str, Any]:
         return self.unwrap_module(module).state_dict()
 
     def load_module_state_dict(

@@ -8,6 +8,7 @@ Precision plugin and nothing above it: it knows nothing of the Trainer, callback
 from __future__ import annotations
 
 import contextlib
+import os
 from collections.abc import Iterable, Iterator
 from typing import Any
 
@@ -131,8 +132,12 @@ class Strategy:
         """Wait for every process."""
 
     # ---- state -------------------------------------------------------------------------
-    def module_state_dict(self, module: torch.nn.Module) -> dict[str, Any]:
-        """The module's full state dict (gathered where sharded)."""
+    def module_init_context(self) -> contextlib.AbstractContextManager[Any]:
+        """Where ``configure_model`` builds layers (meta device on ranks that receive weights)."""
+        return contextlib.nullcontext()
+
+    def module_state_dict(self, module: torch.nn.Module, full: bool = True) -> dict[str, Any]:
+        """The module's state dict: full (gathered) or, where the engine shards, this rank's shard."""
         return module.state_dict()
 
     def load_module_state_dict(
@@ -147,6 +152,22 @@ class Strategy:
         self, optimizer: torch.optim.Optimizer, state_dict: dict[str, Any]
     ) -> None:
         optimizer.load_state_dict(state_dict)
+
+    def save_checkpoint(self, path: str | os.PathLike[str], checkpoint: dict[str, Any]) -> None:
+        """Write ``checkpoint`` (see trainer/checkpoint) on the main process, atomically."""
+        from trainer.checkpoint import write_checkpoint
+
+        if self.is_global_zero:
+            write_checkpoint(path, checkpoint, world_size=self.world_size)
+        self.barrier()
+
+    def load_checkpoint(
+        self, path: str | os.PathLike[str], module: torch.nn.Module | None = None
+    ) -> dict[str, Any]:
+        """Read and verify a checkpoint directory on every process (for ``module``'s state)."""
+        from trainer.checkpoint import read_checkpoint
+
+        return read_checkpoint(path)
 
     def unwrap_module(self, module: torch.nn.Module) -> torch.nn.Module:
         """The user's module inside whatever wrapper the engine added."""

@@ -1,0 +1,81 @@
+"""``trainer checkpoint``: inspect, verify and consolidate checkpoint directories offline.
+
+``trainer checkpoint consolidate DIR OUT`` turns a sharded checkpoint (DCP shards written by
+FSDP with ``state_dict_type="SHARDED"``) — or any trainer checkpoint — into one
+``model.safetensors``-style file of full weights, without starting processes.
+``trainer checkpoint verify DIR`` checks every file against the manifest.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from pathlib import Path
+from typing import Any
+
+__all__ = ["add_parser", "consolidate", "run"]
+
+
+def add_parser(subparsers: Any) -> argparse.ArgumentParser:
+    """Register ``checkpoint`` with its ``consolidate`` and ``verify`` actions."""
+    parser = subparsers.add_parser(
+        "checkpoint", help="verify or consolidate checkpoint directories", description=__doc__
+    )
+    actions = parser.add_subparsers(dest="action", required=True, metavar="ACTION")
+    merge = actions.add_parser(
+        "consolidate", help="merge shards into one safetensors file of full weights"
+    )
+    merge.add_argument("directory", help="a checkpoint directory")
+    merge.add_argument("output", help="the .safetensors file to write")
+    check = actions.add_parser("verify", help="check every file against the manifest")
+    check.add_argument("directory")
+    return parser
+
+
+def consolidate(directory: str | os.PathLike[str], output: str | os.PathLike[str]) -> Path:
+    """Write the full model weights of the checkpoint at ``directory`` to ``output``.
+
+    Returns the output path. The checkpoint is verified first; DCP shards are read with
+    ``torch.distributed.checkpoint`` in this single process.
+    """
+    from trainer.checkpoint.format import load_model_weights, verify_checkpoint
+    from trainer.checkpoint.tensor_files import deduplicate, write_safetensors
+    from trainer.errors import CheckpointError
+    from trainer.strategies.fsdp import DCP_DIR
+
+    source = Path(directory)
+    manifest = verify_checkpoint(source)
+    if (source / DCP_DIR).is_dir():
+        import warnings
+
+        from torch.distributed.checkpoint.state_dict_loader import _load_state_dict_from_keys
+
+        with warnings.catch_warnings():  # "no process group: loading in one process" is the point
+            warnings.simplefilter("ignore", UserWarning)
+            loaded = _load_state_dict_from_keys(checkpoint_id=str(source / DCP_DIR))
+        weights = loaded.get("model")
+        if not weights:
+            raise CheckpointError(f"{source}: the DCP shards hold no model weights.")
+    else:
+        weights = load_model_weights(source, manifest["files"])
+    tensors, aliases = deduplicate({k: v.contiguous() for k, v in weights.items()})
+    target = Path(output)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    import json
+
+    write_safetensors(str(target), tensors, {"format": "pt", "aliases": json.dumps(aliases)})
+    return target
+
+
+def run(args: argparse.Namespace) -> int:
+    from trainer.checkpoint.format import verify_checkpoint
+
+    if args.action == "verify":
+        manifest = verify_checkpoint(args.directory)
+        print(
+            f"{args.directory}: valid ({len(manifest['files'])} files, global_step {manifest.get('global_step')})"
+        )
+        return 0
+    path = consolidate(args.directory, args.output)
+    print(f"consolidated {args.directory} into {path}")
+    return 0
