@@ -475,3 +475,10 @@ def test_accumulate_grad_batches_can_change_between_epochs(tmp_path):
     assert t.accelerator.gradient_accumulation_steps == 4
     with pytest.raises(trainer.ConfigurationError, match="accumulate_grad_batches=0"):
         t.accumulate_grad_batches = 0
+
+
+def test_test_results_reach_the_csv_file_when_test_returns(tmp_path):
+    t = trainer.Trainer(default_root_dir=str(tmp_path), enable_progress_bar=False, enable_model_summary=False)
+    t.test(LinearModule(), make_loader())
+    text = (tmp_path / "trainer_logs" / "version_0" / "metrics.csv").read_text()
+    assert "test/loss" in text.splitlines()[0] and len(text.splitlines()) == 2

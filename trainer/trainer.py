@@ -582,9 +582,12 @@ class Trainer:
         self._call_hook("teardown", stage)
         if self.datamodule is not None:
             self.datamodule.teardown(stage)
-        if stage == "fit" and self.is_global_zero:
+        if self.is_global_zero:
             for logger in self.loggers:
-                logger.finalize("success" if status == "finished" else status)
+                if stage == "fit":
+                    logger.finalize("success" if status == "finished" else status)
+                else:  # validate/test results are on disk when the call returns
+                    logger.save()
         if not self._previous_deterministic:
             torch.use_deterministic_algorithms(False)
         if self.module is not None:
