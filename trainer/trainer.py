@@ -633,13 +633,15 @@ class Trainer:
         """Whether any process got SIGTERM/SIGUSR1 (all must agree to save together).
 
         Answered only where an optimizer step just completed, so an accumulation window is
-        never split.
+        never split; with several processes, every ``_PREEMPTION_CHECK_EVERY`` steps.
         """
         if not self.accelerator.sync_gradients:
             return False
         seen = self._received_signal is not None
         if self.world_size == 1:
             return seen
+        if self.progress.global_step % _PREEMPTION_CHECK_EVERY != 0:
+            return False  # ranks agree at the same steps; a collective every step would cost
         flag = self.strategy.all_reduce(
             torch.tensor([float(seen)], device=self.strategy.root_device), op="max"
         )
@@ -1028,6 +1030,7 @@ class Trainer:
 
 
 _SKIP_EPOCH = object()
+_PREEMPTION_CHECK_EVERY = 10  # optimizer steps between the ranks' agreement on a signal
 
 
 def _overrides(module: Any, method: str) -> bool:
