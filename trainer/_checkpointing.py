@@ -60,7 +60,7 @@ def dump_checkpoint(trainer: Trainer, *, weights_only: bool = False) -> dict[str
         callbacks={callback.state_key: callback.state_dict() for callback in trainer.callbacks},
         datamodule=trainer.datamodule.state_dict() if trainer.datamodule is not None else None,
         loops={"train_loader": train_loader.state_dict() if train_loader is not None else None},
-        rng_states=_gather_objects(trainer, get_rng_states()),
+        rng_states=trainer.strategy.all_gather_object(get_rng_states()),
         loggers=[{"class": type(lg).__name__, **lg.state_dict()} for lg in trainer.loggers],
         callback_metrics={
             k: float(v) for k, v in trainer.callback_metrics.items() if v.numel() == 1
@@ -166,14 +166,3 @@ def _restore_optimizers(trainer: Trainer, checkpoint: dict[str, Any]) -> None:
             raise CheckpointError(
                 f"the checkpoint's optimizer state does not fit {type(optimizer.optimizer).__name__}: {err}"
             ) from err
-
-
-def _gather_objects(trainer: Trainer, obj: Any) -> list[Any]:
-    """``obj`` from every process, in rank order (each process's RNG state, say)."""
-    if trainer.world_size == 1:
-        return [obj]
-    import torch.distributed as dist
-
-    gathered: list[Any] = [None] * trainer.world_size
-    dist.all_gather_object(gathered, obj)
-    return gathered

@@ -7,14 +7,15 @@ or a list of such dicts. Anything else raises HookResultError naming the hook an
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
-from trainer.errors import HookResultError, describe
+from trainer.errors import ConfigurationError, HookResultError, describe
 
-__all__ = ["SchedulerConfig", "parse_optimizer_config"]
+__all__ = ["SchedulerConfig", "parse_optimizer_config", "step_schedulers"]
 
 _SCHEDULER_KEYS = {"scheduler", "interval", "frequency", "monitor", "strict", "name"}
 
@@ -116,3 +117,26 @@ def parse_optimizer_config(
         if all(isinstance(item, torch.optim.Optimizer) for item in returned):
             return list(returned), []
     raise _fail(where, returned)
+
+
+def step_schedulers(
+    configs: list[SchedulerConfig], interval: str, count: int, metrics: Callable[[], dict[str, Any]]
+) -> None:
+    """Step the schedulers of ``interval`` ("step"/"epoch") whose ``frequency`` divides ``count``.
+
+    ReduceLROnPlateau gets its ``monitor`` value from ``metrics()`` (read only when needed).
+    """
+    for config in configs:
+        if config.interval != interval or count % config.frequency != 0:
+            continue
+        if not config.is_plateau:
+            config.scheduler.step()
+            continue
+        values = metrics()
+        if config.monitor not in values:
+            raise ConfigurationError(
+                f"ReduceLROnPlateau monitors {config.monitor!r}, which was not logged; logged "
+                f"metrics: {sorted(values)}. Log it with self.log({config.monitor!r}, ...) or "
+                "change 'monitor' in configure_optimizers."
+            )
+        config.scheduler.step(float(values[config.monitor]))

@@ -8,13 +8,16 @@ from __future__ import annotations
 
 import datetime as dt
 import math
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from trainer.callbacks.callback import Callback
 from trainer.errors import ConfigurationError, describe
 from trainer.loggers.logger import Logger
+
+if TYPE_CHECKING:
+    from trainer.module import TrainModule
 
 __all__ = ["check_positive_int", "parse_max_time", "resolve_device", "resolve_limit"]
 
@@ -214,3 +217,36 @@ def build_callbacks(
     # Checkpoint callbacks go last, so they see what every other callback did (Lightning's order).
     checkpoints = [cb for cb in given if is_instance_named(cb, "ModelCheckpoint")]
     return [cb for cb in given if cb not in checkpoints] + checkpoints
+
+
+def overrides(module: Any, method: str) -> bool:
+    return callable(getattr(module, method, None))
+
+
+def device_count(devices: Any) -> int:
+    if isinstance(devices, int) and not isinstance(devices, bool):
+        return devices if devices > 0 else max(1, torch.cuda.device_count())
+    if isinstance(devices, list | tuple):
+        return len(devices)
+    return max(1, torch.cuda.device_count()) if devices == "auto" else int(devices)
+
+
+def safe_len(loader: Any) -> float:
+    try:
+        return len(loader)
+    except TypeError:
+        return math.inf
+
+
+def check_module_for_fit(module: TrainModule) -> None:
+    name = type(module).__name__
+    if not overrides(module, "training_step"):
+        raise ConfigurationError(
+            f"{name} has no training_step. Implement training_step(self, batch, batch_idx) "
+            "returning the loss."
+        )
+    if not overrides(module, "configure_optimizers"):
+        raise ConfigurationError(
+            f"{name} has no configure_optimizers. Implement it, e.g. "
+            "`return torch.optim.AdamW(self.parameters(), lr=1e-3)`."
+        )

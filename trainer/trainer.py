@@ -27,7 +27,7 @@ from trainer._checkpointing import (
     resolve_ckpt_path,
     restore_checkpoint,
 )
-from trainer._optim_config import SchedulerConfig, parse_optimizer_config
+from trainer._optim_config import SchedulerConfig, parse_optimizer_config, step_schedulers
 from trainer._preemption import catch_preemption_signals, save_and_exit
 from trainer._results import MetricStore, to_float
 from trainer._trainer_config import (
@@ -35,13 +35,18 @@ from trainer._trainer_config import (
     build_loggers,
     check_clip,
     check_fast_dev_run,
+    check_module_for_fit,
     check_positive_int,
     check_sanity_steps,
     check_val_interval,
     default_max_epochs,
+    device_count,
+    is_instance_named,
+    overrides,
     parse_max_time,
     resolve_device,
     resolve_limit,
+    safe_len,
 )
 from trainer.accelerator import Accelerator
 from trainer.callbacks.callback import Callback
@@ -214,7 +219,7 @@ class Trainer:
         ):
             chosen = resolve_strategy("single", device=resolve_device(accelerator, devices))
         else:  # multi-process engines take the device type; the launcher gives the rank
-            count = _device_count(devices)
+            count = device_count(devices)
             if count > 1 and not detect_environment().is_distributed:
                 relaunch_with_torchrun(count)  # re-runs this script under torchrun, then exits
             chosen = resolve_strategy(
@@ -291,7 +296,7 @@ class Trainer:
     @property
     def checkpoint_callback(self) -> Callback | None:
         """The first ModelCheckpoint among the callbacks, or None."""
-        return next((cb for cb in self.callbacks if _is_class(cb, "ModelCheckpoint")), None)
+        return next((cb for cb in self.callbacks if is_instance_named(cb, "ModelCheckpoint")), None)
 
     @property
     def callback_metrics(self) -> dict[str, torch.Tensor]:
@@ -441,7 +446,7 @@ class Trainer:
                 "subclass instance. Subclass TrainModule and implement training_step."
             )
         if stage == "fit":
-            _check_module_for_fit(module)
+            check_module_for_fit(module)
         if datamodule is not None and not isinstance(datamodule, DataModule):
             raise ConfigurationError(
                 f"trainer.{stage}(datamodule={describe(datamodule)}): expected a trainer.DataModule."
@@ -555,7 +560,7 @@ class Trainer:
                 "Wrap your dataset: DataLoader(dataset, batch_size=32)."
             )
         prepared = self.accelerator.prepare_data_loader(loader)
-        length = _safe_len(prepared)
+        length = safe_len(prepared)
         limit = resolve_limit(
             f"limit_{'val' if name == 'validation' else name}_batches",
             self.limit_batches[name],
@@ -618,7 +623,7 @@ class Trainer:
             None if steps < 0 else min(steps, full_limit if full_limit is not None else steps)
         )
         self.sanity_checking = True
-        full_count, self.num_val_batches = self.num_val_batches, _safe_len(loader)
+        full_count, self.num_val_batches = self.num_val_batches, safe_len(loader)
         try:
             self._call_hook("on_sanity_check_start")
             self._eval_epoch("validation")
@@ -864,30 +869,12 @@ class Trainer:
         )
 
     def _step_schedulers(self, interval: str) -> None:
-        for config in self.lr_scheduler_configs:
-            if config.interval != interval:
-                continue
-            count = self.progress.global_step if interval == "step" else self.progress.epoch + 1
-            if count % config.frequency != 0:
-                continue
-            if config.is_plateau:
-                config.scheduler.step(self._monitored_value(config))
-            else:
-                config.scheduler.step()
-
-    def _monitored_value(self, config: SchedulerConfig) -> float:
-        metrics = self.callback_metrics
-        if config.monitor not in metrics:
-            raise ConfigurationError(
-                f"ReduceLROnPlateau monitors {config.monitor!r}, which was not logged; logged "
-                f"metrics: {sorted(metrics)}. Log it with self.log({config.monitor!r}, ...) or "
-                "change 'monitor' in configure_optimizers."
-            )
-        return to_float(metrics[config.monitor])
+        count = self.progress.global_step if interval == "step" else self.progress.epoch + 1
+        step_schedulers(self.lr_scheduler_configs, interval, count, lambda: self.callback_metrics)
 
     # ---- validation / test / predict ----------------------------------------------------------
     def _has_validation(self) -> bool:
-        return self._loaders.get("validation") is not None and _overrides(
+        return self._loaders.get("validation") is not None and overrides(
             self.module, "validation_step"
         )
 
@@ -924,7 +911,7 @@ class Trainer:
         """One epoch of ``stage`` ("validation", "test", "predict"): hooks, steps, metrics."""
         loader = self._loaders.get(stage)
         step_name = _STEP_NAMES[stage]
-        if loader is None or not _overrides(self.module, step_name):
+        if loader is None or not overrides(self.module, step_name):
             if stage != "validation":
                 raise ConfigurationError(
                     f"trainer.{_STAGE_OF[stage]}: {type(self.module).__name__} has no {step_name}. "
@@ -983,10 +970,7 @@ class Trainer:
         """Fail clearly, before any collective, when processes logged different synced names."""
         if self.world_size == 1:
             return
-        import torch.distributed as dist
-
-        everyone: list[Any] = [None] * self.world_size
-        dist.all_gather_object(everyone, names)
+        everyone = self.strategy.all_gather_object(names)
         if any(other != names for other in everyone):
             detail = "; ".join(f"rank {rank}: {keys}" for rank, keys in enumerate(everyone))
             raise ConfigurationError(
@@ -1031,40 +1015,3 @@ class Trainer:
 
 _SKIP_EPOCH = object()
 _PREEMPTION_CHECK_EVERY = 10  # optimizer steps between the ranks' agreement on a signal
-
-
-def _overrides(module: Any, method: str) -> bool:
-    return callable(getattr(module, method, None))
-
-
-def _is_class(obj: object, name: str) -> bool:
-    return any(klass.__name__ == name for klass in type(obj).__mro__)
-
-
-def _device_count(devices: Any) -> int:
-    if isinstance(devices, int) and not isinstance(devices, bool):
-        return devices if devices > 0 else max(1, torch.cuda.device_count())
-    if isinstance(devices, list | tuple):
-        return len(devices)
-    return max(1, torch.cuda.device_count()) if devices == "auto" else int(devices)
-
-
-def _safe_len(loader: Any) -> float:
-    try:
-        return len(loader)
-    except TypeError:
-        return math.inf
-
-
-def _check_module_for_fit(module: TrainModule) -> None:
-    name = type(module).__name__
-    if not _overrides(module, "training_step"):
-        raise ConfigurationError(
-            f"{name} has no training_step. Implement training_step(self, batch, batch_idx) "
-            "returning the loss."
-        )
-    if not _overrides(module, "configure_optimizers"):
-        raise ConfigurationError(
-            f"{name} has no configure_optimizers. Implement it, e.g. "
-            "`return torch.optim.AdamW(self.parameters(), lr=1e-3)`."
-        )

@@ -6,6 +6,7 @@ import argparse
 import importlib.metadata
 import os
 import platform
+import re
 import shutil
 import subprocess
 import sys
@@ -301,4 +302,6 @@ def test_every_registered_command_has_the_module_contract(
         names.append(command.add_parser(subparsers).prog.split()[-1])
     assert "env" in names
     for name in names:
-        assert f"    {name} " in help_text, f"`trainer --help` does not list {name}"
+        assert re.search(rf"^    {name}\b", help_text, re.MULTILINE), (
+            f"`trainer --help` does not list {name}"
+        )

@@ -11,16 +11,44 @@ from typing import TYPE_CHECKING, Any
 from trainer.callbacks.callback import Callback
 
 if TYPE_CHECKING:
+    from trainer.callbacks.batch_size_finder import BatchSizeFinder
+    from trainer.callbacks.device_stats import DeviceStatsMonitor
+    from trainer.callbacks.early_stopping import EarlyStopping
+    from trainer.callbacks.fit_summary import FitSummary
+    from trainer.callbacks.gradient_accumulation import GradientAccumulationScheduler
+    from trainer.callbacks.lambda_function import LambdaCallback
+    from trainer.callbacks.lr_finder import LearningRateFinder
+    from trainer.callbacks.lr_monitor import LearningRateMonitor
     from trainer.callbacks.model_checkpoint import ModelCheckpoint, OnExceptionCheckpoint
     from trainer.callbacks.model_summary import ModelSummary
+    from trainer.callbacks.prediction_writer import BasePredictionWriter
     from trainer.callbacks.progress import RichProgressBar
+    from trainer.callbacks.spike import LossSpikeError, SpikeDetection
+    from trainer.callbacks.throughput import ThroughputMonitor
+    from trainer.callbacks.timer import Timer
+    from trainer.callbacks.weight_averaging import StochasticWeightAveraging, WeightAveraging
 
 __all__ = [
+    "BasePredictionWriter",
+    "BatchSizeFinder",
     "Callback",
+    "DeviceStatsMonitor",
+    "EarlyStopping",
+    "FitSummary",
+    "GradientAccumulationScheduler",
+    "LambdaCallback",
+    "LearningRateFinder",
+    "LearningRateMonitor",
+    "LossSpikeError",
     "ModelCheckpoint",
     "ModelSummary",
     "OnExceptionCheckpoint",
     "RichProgressBar",
+    "SpikeDetection",
+    "StochasticWeightAveraging",
+    "ThroughputMonitor",
+    "Timer",
+    "WeightAveraging",
 ]
 
 _LAZY = {
@@ -28,6 +56,21 @@ _LAZY = {
     "OnExceptionCheckpoint": "trainer.callbacks.model_checkpoint",
     "ModelSummary": "trainer.callbacks.model_summary",
     "RichProgressBar": "trainer.callbacks.progress",
+    "BasePredictionWriter": "trainer.callbacks.prediction_writer",
+    "DeviceStatsMonitor": "trainer.callbacks.device_stats",
+    "EarlyStopping": "trainer.callbacks.early_stopping",
+    "FitSummary": "trainer.callbacks.fit_summary",
+    "GradientAccumulationScheduler": "trainer.callbacks.gradient_accumulation",
+    "LambdaCallback": "trainer.callbacks.lambda_function",
+    "LearningRateMonitor": "trainer.callbacks.lr_monitor",
+    "LossSpikeError": "trainer.callbacks.spike",
+    "SpikeDetection": "trainer.callbacks.spike",
+    "ThroughputMonitor": "trainer.callbacks.throughput",
+    "Timer": "trainer.callbacks.timer",
+    "BatchSizeFinder": "trainer.callbacks.batch_size_finder",
+    "LearningRateFinder": "trainer.callbacks.lr_finder",
+    "StochasticWeightAveraging": "trainer.callbacks.weight_averaging",
+    "WeightAveraging": "trainer.callbacks.weight_averaging",
 }
 
 

@@ -128,7 +128,7 @@ class DeviceStatsMonitor(Callback):
             return
         self._last_logged_step = step
         self.stats = {f"{_PREFIX}{k}": v for k, v in self.read(trainer).items()}
-        if trainer.is_global_zero:
+        if self.stats and trainer.is_global_zero:
             for logger in trainer.loggers:
                 logger.log_metrics(dict(self.stats), step=step)
 

@@ -24,7 +24,7 @@ if TYPE_CHECKING:
 __all__ = ["EarlyStopping", "EarlyStoppingReason"]
 
 
-class EarlyStoppingReason(enum.StrEnum):
+class EarlyStoppingReason(str, enum.Enum):
     """Why :class:`EarlyStopping` stopped training (``EarlyStopping.stopping_reason``)."""
 
     NOT_STOPPED = "not_stopped"
@@ -111,6 +111,7 @@ class EarlyStopping(Callback):
         self.divergence_threshold = divergence_threshold
         self.log_rank_zero_only = log_rank_zero_only
         self._check_on_train_epoch_end = check_on_train_epoch_end
+        self._is_epoch_end_check: bool | None = check_on_train_epoch_end  # resolved in setup
         self.wait_count = 0
         self.stopped_epoch = 0
         self.best_score = torch.tensor(math.inf if mode == "min" else -math.inf)
@@ -137,18 +138,19 @@ class EarlyStopping(Callback):
 
     # ---- when -----------------------------------------------------------------------------
     def setup(self, trainer: Trainer, module: TrainModule, stage: str) -> None:
-        if self._check_on_train_epoch_end is None:
+        self._is_epoch_end_check = self._check_on_train_epoch_end
+        if self._is_epoch_end_check is None:
             # Validation more or less often than once per epoch: check after each validation.
-            self._check_on_train_epoch_end = (
+            self._is_epoch_end_check = (
                 trainer.val_check_interval == 1.0 and trainer.check_val_every_n_epoch == 1
             )
 
     def on_train_epoch_end(self, trainer: Trainer, module: TrainModule) -> None:
-        if self._check_on_train_epoch_end and not self._should_skip(trainer):
+        if self._is_epoch_end_check and not self._should_skip(trainer):
             self.check(trainer)
 
     def on_validation_end(self, trainer: Trainer, module: TrainModule) -> None:
-        if not self._check_on_train_epoch_end and not self._should_skip(trainer):
+        if not self._is_epoch_end_check and not self._should_skip(trainer):
             self.check(trainer)
 
     @staticmethod

@@ -67,6 +67,7 @@ class CSVLogger(Logger):
         'step,loss,acc\\r\\n0,0.25,\\r\\n1,0.125,0.75\\r\\n'
     """
 
+    tracker_name = "csv"
     LOGGER_JOIN_CHAR = "-"
 
     def __init__(

@@ -195,6 +195,11 @@ class DDPStrategy(Strategy):
         dist.broadcast_object_list(box, src=src)
         return box[0]
 
+    def all_gather_object(self, obj: Any) -> list[Any]:
+        gathered: list[Any] = [None] * self.world_size
+        dist.all_gather_object(gathered, obj)
+        return gathered
+
     def barrier(self) -> None:
         if dist.is_initialized():
             dist.barrier()

@@ -128,6 +128,10 @@ class Strategy:
         """Send ``obj`` (a tensor or a picklable object) from process ``src`` to all."""
         return obj
 
+    def all_gather_object(self, obj: Any) -> list[Any]:
+        """``obj`` (picklable) from every process, in rank order."""
+        return [obj]
+
     def barrier(self) -> None:
         """Wait for every process."""
 

@@ -1,0 +1,163 @@
+"""Tests of trainer/callbacks/lr_finder.py: the range test, its suggestion, restore and plot."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from tests.conftest import LinearModule, make_loader, quiet_trainer
+from trainer.callbacks import Callback, LearningRateFinder
+from trainer.errors import ConfigurationError
+
+
+def full_batch_loader():
+    # One batch of the whole problem: the loss curve is smooth, so the steepest descent is clear.
+    return make_loader(n=64, batch_size=64)
+
+
+def test_suggestion_is_inside_the_range_and_training_from_it_converges(tmp_path):
+    torch.manual_seed(0)
+    module = LinearModule(lr=1e-6)  # far too small to learn anything in 20 steps
+    finder = LearningRateFinder(min_lr=1e-8, max_lr=1.0, num_training_steps=100)
+    t = quiet_trainer(tmp_path, max_epochs=20, callbacks=[finder])
+    t.fit(module, full_batch_loader())
+    lr = finder.suggested_lr
+    assert lr is not None and 1e-8 < lr < 1.0
+    assert lr == finder.suggestion()
+    assert module.hparams.lr == lr and t.optimizers[0].param_groups[0]["lr"] == lr
+    assert len(finder.results["lr"]) == len(finder.results["loss"]) == 100
+    assert t.global_step == 20  # the test's steps are not the fit's
+    assert float(t.callback_metrics["train/loss"]) < 0.01  # starts near 18
+
+
+class Snapshot(Callback):
+    """At on_fit_start: optionally give the optimizer state, then record everything."""
+
+    def __init__(self, *, warm_up: bool) -> None:
+        self.warm_up = warm_up
+        self.weights: dict[str, torch.Tensor] = {}
+        self.optimizer: dict = {}
+        self.rng = torch.empty(0)
+
+    def on_fit_start(self, trainer, module):
+        optimizer = trainer.optimizers[0]
+        if self.warm_up:  # momentum buffers, so that restoring them is tested
+            x, y = next(iter(make_loader(n=8, batch_size=8, seed=3)))
+            torch.nn.functional.mse_loss(module(x), y).backward()
+            optimizer.step()
+            optimizer.zero_grad()
+        self.weights = {k: v.clone() for k, v in module.state_dict().items()}
+        state = optimizer.state_dict()
+        self.optimizer = {
+            "state": {k: {n: t.clone() for n, t in s.items()} for k, s in state["state"].items()},
+            "param_groups": [dict(g) for g in state["param_groups"]],
+        }
+        self.rng = torch.get_rng_state()
+
+
+class MomentumModule(LinearModule):
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=self.hparams.lr, momentum=0.9)
+
+
+def test_model_optimizer_and_rng_state_after_the_test_equal_the_state_before(tmp_path):
+    torch.manual_seed(0)
+    before, after = Snapshot(warm_up=True), Snapshot(warm_up=False)
+    finder = LearningRateFinder(num_training_steps=30, update_attr=False)
+    t = quiet_trainer(
+        tmp_path, max_epochs=1, limit_train_batches=1, callbacks=[before, finder, after]
+    )
+    t.fit(MomentumModule(), make_loader())
+    assert finder.suggested_lr is not None
+    assert before.weights.keys() == after.weights.keys()
+    for name in before.weights:
+        assert torch.equal(before.weights[name], after.weights[name]), name
+    assert before.optimizer["param_groups"] == after.optimizer["param_groups"]
+    assert before.optimizer["state"].keys() == after.optimizer["state"].keys() == {0, 1}
+    for key, state in before.optimizer["state"].items():
+        assert torch.equal(
+            state["momentum_buffer"], after.optimizer["state"][key]["momentum_buffer"]
+        )
+    assert torch.equal(before.rng, after.rng)
+
+
+def test_plot_writes_a_png(tmp_path):
+    finder = LearningRateFinder(num_training_steps=40, update_attr=False)
+    quiet_trainer(tmp_path, max_epochs=1, limit_train_batches=1, callbacks=[finder]).fit(
+        LinearModule(), full_batch_loader()
+    )
+    figure = finder.plot(suggest=True, path=tmp_path / "lr_find.png")
+    data = (tmp_path / "lr_find.png").read_bytes()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n"
+    assert len(data) > 10_000
+    axes = figure.axes[0]
+    assert axes.get_xscale() == "log"
+    assert len(axes.lines) == 2  # the curve and the suggestion's marker
+
+
+def test_diverging_loss_stops_the_test_early(tmp_path):
+    finder = LearningRateFinder(min_lr=1e-4, max_lr=1e3, num_training_steps=100)
+    quiet_trainer(tmp_path, max_epochs=1, limit_train_batches=1, callbacks=[finder]).fit(
+        LinearModule(), full_batch_loader()
+    )
+    losses = finder.results["loss"]
+    assert 10 < len(losses) < 100
+    best = min(x for x in losses[:-1] if math.isfinite(x))
+    assert not math.isfinite(losses[-1]) or losses[-1] > 4.0 * best
+
+
+def test_linear_mode_steps_the_learning_rate_evenly(tmp_path):
+    finder = LearningRateFinder(
+        min_lr=0.001, max_lr=0.1, num_training_steps=12, mode="linear", early_stop_threshold=None
+    )
+    t = quiet_trainer(tmp_path, max_epochs=1, limit_train_batches=1, callbacks=[finder])
+    with pytest.warns(UserWarning, match="12 steps ran, too few finite losses"):
+        t.fit(LinearModule(), make_loader())  # 8 batches: the test cycles the loader
+    assert finder.results["lr"] == pytest.approx([0.001 + 0.009 * i for i in range(12)])
+    assert finder.suggested_lr is None  # 12 - 10 - 1 = 1 point: no slope
+    assert t.optimizers[0].param_groups[0]["lr"] == 0.05  # unchanged
+
+
+def test_suggestion_is_the_steepest_slope_against_log_lr():
+    finder = LearningRateFinder(num_training_steps=50)
+    lrs = [1e-5 * 10 ** (i / 10) for i in range(50)]  # 1e-5 .. ~8e-1
+    # A loss that falls fastest (per decade) around index 30: a logistic step in log10(lr).
+    losses = [2.0 - 1.0 / (1.0 + math.exp(-3.0 * (i - 30) / 10)) for i in range(50)]
+    finder.results = {"lr": lrs, "loss": losses}
+    assert finder.suggestion() == lrs[30]
+    losses[31] = math.nan  # non-finite points are dropped without shifting the index
+    assert finder.suggestion() == pytest.approx(lrs[30])
+    finder.results = {"lr": lrs[:12], "loss": losses[:12]}
+    assert finder.suggestion() is None  # one point left after skipping 10 + 1
+
+
+def test_update_attr_needs_the_attribute(tmp_path):
+    class NoLr(LinearModule):
+        def __init__(self):
+            super().__init__()
+            self.hparams.pop("lr")
+
+        def configure_optimizers(self):
+            return torch.optim.SGD(self.parameters(), lr=0.1)
+
+    t = quiet_trainer(tmp_path, max_epochs=1, callbacks=[LearningRateFinder(attr_name="lr")])
+    with pytest.raises(ConfigurationError, match=r"attr_name='lr'.*update_attr=False"):
+        t.fit(NoLr(), make_loader())
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "argument"),
+    [
+        ({"min_lr": 0.0}, "min_lr"),
+        ({"min_lr": 1.0, "max_lr": 0.1}, "min_lr"),
+        ({"num_training_steps": 1}, "num_training_steps"),
+        ({"mode": "cosine"}, "mode"),
+        ({"early_stop_threshold": -1.0}, "early_stop_threshold"),
+        ({"attr_name": ""}, "attr_name"),
+    ],
+)
+def test_bad_arguments_name_the_argument(kwargs, argument):
+    with pytest.raises(ConfigurationError, match=f"LearningRateFinder\\({argument}="):
+        LearningRateFinder(**kwargs)

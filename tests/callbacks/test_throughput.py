@@ -1,0 +1,169 @@
+"""Tests of trainer/callbacks/throughput.py: the logged rates agree with each other and with the
+real step time, validation time is left out, MFU, the peak-FLOPs table, argument checks."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import pytest
+import torch
+
+from tests.conftest import LinearModule, make_loader, quiet_trainer
+from trainer.callbacks import ThroughputMonitor
+from trainer.callbacks.throughput import get_available_flops
+from trainer.errors import ConfigurationError
+from trainer.loggers import Logger
+
+
+class RecordingLogger(Logger):
+    """Keeps every (step, metrics) it receives."""
+
+    def __init__(self) -> None:
+        self.records: list[tuple[int, dict[str, float]]] = []
+
+    @property
+    def name(self) -> str:
+        return "recording"
+
+    @property
+    def version(self) -> int:
+        return 0
+
+    def log_metrics(self, metrics: dict[str, float], step: int) -> None:
+        self.records.append((step, dict(metrics)))
+
+    def log_hyperparams(self, params: dict[str, Any]) -> None:
+        pass
+
+    def throughput(self) -> list[tuple[int, dict[str, float]]]:
+        return [(s, m) for s, m in self.records if "throughput/batches_per_sec" in m]
+
+
+class SleepyModule(LinearModule):
+    def __init__(self, train_s: float = 0.0, val_s: float = 0.0) -> None:
+        super().__init__()
+        self.train_s, self.val_s = train_s, val_s
+
+    def training_step(self, batch, batch_idx):
+        time.sleep(self.train_s)
+        return super().training_step(batch, batch_idx)
+
+    def validation_step(self, batch, batch_idx):
+        time.sleep(self.val_s)
+        return super().validation_step(batch, batch_idx)
+
+
+def batch_size(batch):
+    return batch[0].shape[0]
+
+
+def fit(tmp_path, monitor, module=None, val=None, **kwargs):
+    logger = RecordingLogger()
+    options = {"max_epochs": 1, "log_every_n_steps": 2, "callbacks": [monitor], "logger": logger}
+    options.update(kwargs)
+    run = quiet_trainer(tmp_path, **options)
+    run.fit(module or LinearModule(), make_loader(32, 4), val)  # 8 batches of 4 samples
+    return run, logger
+
+
+def test_rates_are_positive_and_consistent(tmp_path):
+    monitor = ThroughputMonitor(
+        batch_size_fn=batch_size,
+        length_fn=lambda batch: batch[0].numel(),  # 4 features per sample
+        flops_per_batch=1000.0,
+        available_flops=1e6,
+        window_size=4,
+    )
+    _, logger = fit(tmp_path, monitor, SleepyModule(train_s=0.002))
+    records = logger.throughput()
+    assert [step for step, _ in records] == [2, 4, 6, 8]
+    for _, metrics in records:
+        batches = metrics["throughput/batches_per_sec"]
+        assert 0 < batches <= 1 / 0.002
+        assert metrics["throughput/samples_per_sec"] == pytest.approx(4 * batches)
+        assert metrics["throughput/items_per_sec"] == pytest.approx(16 * batches)
+        assert metrics["throughput/flops_per_sec"] == pytest.approx(1000.0 * batches)
+        assert metrics["throughput/mfu"] == pytest.approx(1000.0 * batches / 1e6)
+    assert monitor.metrics == records[-1][1]
+    assert (monitor.total_batches, monitor.total_samples, monitor.total_items) == (8, 32, 128)
+
+
+def test_rate_matches_the_real_step_time(tmp_path):
+    monitor = ThroughputMonitor(batch_size_fn=batch_size, window_size=3)
+    _, logger = fit(tmp_path, monitor, SleepyModule(train_s=0.02), log_every_n_steps=4)
+    for _, metrics in logger.throughput():
+        # each batch sleeps 20 ms: at most 50 batches/s, and overhead is far below 20 ms
+        assert 25 < metrics["throughput/batches_per_sec"] <= 50
+
+
+def test_validation_time_is_left_out(tmp_path):
+    monitor = ThroughputMonitor(batch_size_fn=batch_size, window_size=8)
+    module = SleepyModule(train_s=0.01, val_s=0.1)
+    _, logger = fit(
+        tmp_path, monitor, module, val=make_loader(4, 4), val_check_interval=0.25,
+        log_every_n_steps=1,
+    )  # fmt: skip
+    rates = [m["throughput/batches_per_sec"] for _, m in logger.throughput()]
+    assert len(rates) == 8
+    # a 0.1 s validation every 2 batches would pull a window under 2 / 0.12 = 16.7 batches/s
+    assert min(rates) > 40
+
+
+def test_no_mfu_without_a_known_peak(tmp_path):
+    monitor = ThroughputMonitor(batch_size_fn=batch_size, flops_per_batch=500.0)
+    fit(tmp_path, monitor)
+    assert "throughput/flops_per_sec" in monitor.metrics
+    assert "throughput/mfu" not in monitor.metrics
+    assert "throughput/items_per_sec" not in monitor.metrics
+
+
+def test_accumulation_counts_every_batch_and_logs_on_steps(tmp_path):
+    monitor = ThroughputMonitor(batch_size_fn=batch_size, window_size=8)
+    _, logger = fit(tmp_path, monitor, accumulate_grad_batches=2, log_every_n_steps=1)
+    assert [step for step, _ in logger.throughput()] == [1, 2, 3, 4]
+    assert monitor.total_batches == 8
+
+
+def test_peak_flops_table():
+    assert get_available_flops("NVIDIA H100 80GB HBM3", "bf16-mixed") == 989.4e12
+    assert get_available_flops("NVIDIA H200", "bf16-true") == 989.4e12
+    assert get_available_flops("NVIDIA H100 PCIe", "16-mixed") == 756.5e12
+    assert get_available_flops("NVIDIA A100-SXM4-80GB", "bf16-mixed") == 312e12
+    assert get_available_flops("NVIDIA A100-SXM4-80GB", "64-true") is None
+    assert get_available_flops("NVIDIA GeForce RTX 4090", "bf16-mixed") is None
+    previous = torch.get_float32_matmul_precision()
+    try:
+        torch.set_float32_matmul_precision("highest")
+        assert get_available_flops("NVIDIA H100 80GB HBM3", "32-true") == 66.9e12
+        torch.set_float32_matmul_precision("high")  # TF32 tensor cores
+        assert get_available_flops("NVIDIA H100 80GB HBM3", "32-true") == 494.7e12
+    finally:
+        torch.set_float32_matmul_precision(previous)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_peak_flops_of_this_gpu_reach_mfu(tmp_path):
+    monitor = ThroughputMonitor(batch_size_fn=batch_size, flops_per_batch=1e9)
+    fit(tmp_path, monitor, accelerator="cuda", precision="bf16-mixed")
+    expected = get_available_flops(torch.cuda.get_device_name(), "bf16-mixed")
+    assert monitor.available_flops == expected
+    assert ("throughput/mfu" in monitor.metrics) == (expected is not None)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "fragment"),
+    [
+        ({"batch_size_fn": None}, "batch_size_fn=None"),
+        ({"batch_size_fn": 4}, "batch_size_fn=4 (type int)"),
+        ({"length_fn": "tokens"}, "length_fn='tokens'"),
+        ({"window_size": 1}, "window_size=1"),
+        ({"flops_per_batch": -1.0}, "flops_per_batch=-1.0"),
+        ({"available_flops": 0}, "available_flops=0"),
+    ],
+)
+def test_bad_arguments(kwargs, fragment):
+    arguments = {"batch_size_fn": batch_size, **kwargs}
+    with pytest.raises(ConfigurationError, match="ThroughputMonitor") as info:
+        ThroughputMonitor(**arguments)
+    assert fragment in str(info.value)

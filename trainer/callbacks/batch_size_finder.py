@@ -1,0 +1,291 @@
+"""BatchSizeFinder: the largest batch size that trains without running out of memory.
+
+This module owns the search (Lightning's "power" and "binsearch" modes), the trials (a few
+training steps per candidate size, on a state captured before and put back after each, see
+``trainer/callbacks/lr_finder.py``), where the batch size is read and written (the module's
+or datamodule's attribute or ``hparams`` entry), and handing the Trainer a train dataloader
+rebuilt with the size found. It does not own memory accounting: a trial fails exactly when it
+raises an error that ``trainer.memory.is_out_of_memory`` recognises.
+"""
+
+from __future__ import annotations
+
+import gc
+import warnings
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from trainer.callbacks.callback import Callback
+from trainer.callbacks.lr_finder import _bad, _is_int, _run_training_steps, _TrainingState
+from trainer.errors import ConfigurationError
+from trainer.memory import is_out_of_memory
+from trainer.seed import get_rng_states, set_rng_states
+
+if TYPE_CHECKING:
+    from trainer.module import DataModule, TrainModule
+    from trainer.trainer import Trainer
+
+__all__ = ["BatchSizeFinder"]
+
+_MODES = ("power", "binsearch")
+
+
+class BatchSizeFinder(Callback):
+    """Find the largest batch size that fits, before the fit trains (Lightning's semantics).
+
+    At ``on_fit_start`` the callback sets the batch size to ``init_val`` and runs
+    ``steps_per_trial`` training steps at each candidate size, rebuilding the train dataloader
+    from ``train_dataloader()`` of the DataModule or the module, which must read the size from
+    ``<batch_arg_name>`` (an attribute or ``hparams`` entry of the module or DataModule). Every
+    trial starts from the same captured state (weights, optimizer, precision, RNG), which is put
+    back afterwards, so the fit starts where it would have without the search.
+
+    ``mode="power"`` doubles the size after each success and stops at the first out-of-memory
+    error, keeping the last size that worked; ``mode="binsearch"`` continues from there by
+    bisection between the last success and the first failure. A failure before any success
+    halves (power) or bisects down (binsearch). The size never exceeds the dataset's length.
+    The fit then trains with ``optimal_batch_size``, which is also saved in checkpoints, so a
+    resumed fit reuses it without searching again.
+
+    Args:
+        mode: "power" or "binsearch".
+        steps_per_trial: optimizer steps run at each candidate size.
+        init_val: the first size tried.
+        max_trials: the most trials (sizes tried) of the search.
+        batch_arg_name: the attribute or ``hparams`` key that holds the batch size.
+
+    Attributes:
+        optimal_batch_size: the size found (None before the search).
+
+    Raises:
+        ConfigurationError: an argument is out of range (the message names it), the batch size
+            or a ``train_dataloader()`` to rebuild is missing, several processes run, or even
+            the smallest size ran out of memory.
+
+    Example:
+        >>> finder = BatchSizeFinder(mode="binsearch", init_val=16)
+        >>> Trainer(max_epochs=3, callbacks=[finder]).fit(module)  # module.batch_size = 16
+        >>> finder.optimal_batch_size, module.batch_size  # e.g. 16, 32, 64 fit, 128 not: (96, 96)
+    """
+
+    def __init__(
+        self,
+        mode: str = "power",
+        steps_per_trial: int = 3,
+        init_val: int = 2,
+        max_trials: int = 25,
+        batch_arg_name: str = "batch_size",
+    ) -> None:
+        if mode not in _MODES:
+            raise _bad("BatchSizeFinder", "mode", mode, "'power' or 'binsearch'")
+        for name, value in (
+            ("steps_per_trial", steps_per_trial),
+            ("init_val", init_val),
+            ("max_trials", max_trials),
+        ):
+            if not _is_int(value) or value < 1:
+                raise _bad("BatchSizeFinder", name, value, "an int >= 1")
+        if not isinstance(batch_arg_name, str) or not batch_arg_name:
+            raise _bad(
+                "BatchSizeFinder", "batch_arg_name", batch_arg_name, "a name, e.g. 'batch_size'"
+            )
+        self.mode = mode
+        self.steps_per_trial = steps_per_trial
+        self.init_val = init_val
+        self.max_trials = max_trials
+        self.batch_arg_name = batch_arg_name
+        self.optimal_batch_size: int | None = None
+        self._restored_size: int | None = None  # from a checkpoint: reused, not searched again
+
+    def on_fit_start(self, trainer: Trainer, module: TrainModule) -> None:
+        if trainer.fast_dev_run:
+            warnings.warn("BatchSizeFinder: skipped because fast_dev_run is set.", stacklevel=2)
+            return
+        if trainer.world_size > 1:
+            raise ConfigurationError(
+                f"BatchSizeFinder runs on one process; this fit has {trainer.world_size}. Find "
+                "the batch size on one device, then set it (per process) for the distributed run."
+            )
+        restored, self._restored_size = self._restored_size, None
+        if restored is not None:
+            self.optimal_batch_size = restored
+            self._use_batch_size(trainer, module, restored)
+            return
+        self.scale_batch_size(trainer, module)
+
+    def scale_batch_size(self, trainer: Trainer, module: TrainModule) -> int:
+        """Search now, leave the size found in place for the fit, and return it."""
+        holders = _holders(module, trainer.datamodule, self.batch_arg_name)
+        # Also fails here, before any trial, when there is no train_dataloader() to rebuild.
+        dataset_size = _dataset_length(_build_loader(module, trainer.datamodule))
+        state = _TrainingState.capture(trainer, module)
+
+        def trial(size: int) -> bool:
+            _set_batch_size(holders, size, self.batch_arg_name)
+            loader = trainer.accelerator.prepare_data_loader(
+                _build_loader(module, trainer.datamodule)
+            )
+            try:
+                _run_training_steps(
+                    trainer, module, loader, self.steps_per_trial, who="BatchSizeFinder"
+                )
+                is_fitting = True
+            except Exception as err:  # only out-of-memory is an answer; anything else is a bug
+                if not is_out_of_memory(err):
+                    raise
+                is_fitting = False
+            finally:
+                state.restore()
+            if not is_fitting and torch.cuda.is_available():
+                gc.collect()  # the failed trial's tensors may sit in reference cycles
+                torch.cuda.empty_cache()
+            return is_fitting
+
+        search = _search_power if self.mode == "power" else _search_binary
+        original = _get_batch_size(holders, self.batch_arg_name)
+        try:
+            size = search(trial, self.init_val, self.max_trials, dataset_size)
+        except BaseException:
+            _set_batch_size(holders, original, self.batch_arg_name)
+            raise
+        self.optimal_batch_size = size
+        self._use_batch_size(trainer, module, size)
+        return size
+
+    def _use_batch_size(self, trainer: Trainer, module: TrainModule, size: int) -> None:
+        _set_batch_size(
+            _holders(module, trainer.datamodule, self.batch_arg_name), size, self.batch_arg_name
+        )
+        _install_train_loader(trainer, _build_loader(module, trainer.datamodule))
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"optimal_batch_size": self.optimal_batch_size}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self._restored_size = state_dict.get("optimal_batch_size")
+
+
+def _search_power(
+    trial: Callable[[int], bool], size: int, max_trials: int, dataset_size: int | None
+) -> int:
+    """Double while trials succeed; the last success before the first failure wins."""
+    best = 0
+    for _ in range(max_trials):
+        if trial(size):
+            best = size
+            if dataset_size is not None and size >= dataset_size:
+                break
+            size = _doubled(size, dataset_size)
+        elif best:
+            break
+        else:
+            size //= 2
+            if size < 1:
+                break
+    return _checked(best)
+
+
+def _search_binary(
+    trial: Callable[[int], bool], size: int, max_trials: int, dataset_size: int | None
+) -> int:
+    """Double until the first failure, then bisect between the last success and it."""
+    low, high = 0, None  # largest size that worked, smallest that ran out of memory
+    for _ in range(max_trials):
+        if trial(size):
+            low = size
+        else:
+            high = size
+        if high is None:
+            if dataset_size is not None and low >= dataset_size:
+                break
+            size = _doubled(low, dataset_size)
+        elif high - low <= 1:
+            break
+        else:
+            size = (low + high) // 2
+    return _checked(low)
+
+
+def _doubled(size: int, dataset_size: int | None) -> int:
+    return size * 2 if dataset_size is None else min(size * 2, dataset_size)
+
+
+def _checked(size: int) -> int:
+    if size < 1:
+        raise ConfigurationError(
+            "BatchSizeFinder: every batch size tried ran out of memory (down to 1, or until "
+            "max_trials). Make the model or the samples smaller, or raise max_trials."
+        )
+    return size
+
+
+def _holders(
+    module: TrainModule, datamodule: DataModule | None, name: str
+) -> list[tuple[Any, bool]]:
+    """Where the batch size lives: ``(object, is_hparams)`` for each place that has it."""
+    found: list[tuple[Any, bool]] = []
+    for owner in (module, datamodule):
+        if owner is None:
+            continue
+        if name in owner.hparams:
+            found.append((owner, True))
+        if hasattr(owner, name) and not callable(getattr(owner, name)):
+            found.append((owner, False))
+    if not found:
+        where = type(module).__name__ + (
+            f" or {type(datamodule).__name__}" if datamodule is not None else ""
+        )
+        raise ConfigurationError(
+            f"BatchSizeFinder(batch_arg_name={name!r}): {where} has no attribute or hparams "
+            f"entry {name!r}. Store the batch size there and build the train DataLoader from it "
+            "in train_dataloader(), or pass the right batch_arg_name."
+        )
+    return found
+
+
+def _get_batch_size(holders: list[tuple[Any, bool]], name: str) -> Any:
+    owner, is_hparams = holders[0]
+    return owner.hparams[name] if is_hparams else getattr(owner, name)
+
+
+def _set_batch_size(holders: list[tuple[Any, bool]], size: int, name: str) -> None:
+    for owner, is_hparams in holders:
+        if is_hparams:
+            owner.hparams[name] = size
+        else:
+            setattr(owner, name, size)
+
+
+def _build_loader(module: TrainModule, datamodule: DataModule | None) -> Any:
+    """A fresh train DataLoader from the DataModule, else the module (the Trainer's order)."""
+    for source in (datamodule, module):
+        function = getattr(source, "train_dataloader", None)
+        loader = function() if callable(function) else None
+        if loader is not None:
+            return loader
+    raise ConfigurationError(
+        f"BatchSizeFinder rebuilds the train dataloader at each size, so it needs "
+        f"train_dataloader() on {type(module).__name__} or its DataModule, built from the batch "
+        "size attribute (a DataLoader passed to fit() cannot be rebuilt)."
+    )
+
+
+def _dataset_length(loader: Any) -> int | None:
+    try:
+        return len(loader.dataset)
+    except TypeError:  # an iterable dataset: no length to cap the search at
+        return None
+
+
+def _install_train_loader(trainer: Trainer, loader: Any) -> None:
+    """Make the running fit train on ``loader`` (prepared, keeping the old loader's seed)."""
+    # TODO(trainer.py): call the public `trainer.reset_train_dataloader()` once it exists.
+    old = trainer._loaders.get("train")
+    rng = get_rng_states()  # preparing draws a seed; the old loader's is kept instead
+    prepared = trainer._prepare_loader("train", loader, required=True)
+    set_rng_states(rng)
+    if old is not None:
+        prepared.load_state_dict(old.state_dict())  # same shuffle seed and epoch as before
+    trainer._loaders["train"] = prepared

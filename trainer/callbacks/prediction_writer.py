@@ -1,0 +1,157 @@
+"""BasePredictionWriter: the base of callbacks that write ``predict`` outputs somewhere.
+
+This module owns when a writer is called (after each predict batch, at the predict epoch end,
+or both) and what it receives. Where and how predictions are stored is the subclass's business.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from trainer.callbacks.callback import Callback
+from trainer.errors import ConfigurationError, describe
+
+if TYPE_CHECKING:
+    from trainer.module import TrainModule
+    from trainer.trainer import Trainer
+
+__all__ = ["BasePredictionWriter", "WriteInterval"]
+
+
+class WriteInterval(str, enum.Enum):
+    """When a :class:`BasePredictionWriter` writes."""
+
+    BATCH = "batch"
+    EPOCH = "epoch"
+    BATCH_AND_EPOCH = "batch_and_epoch"
+
+    @property
+    def on_batch(self) -> bool:
+        return self in (WriteInterval.BATCH, WriteInterval.BATCH_AND_EPOCH)
+
+    @property
+    def on_epoch(self) -> bool:
+        return self in (WriteInterval.EPOCH, WriteInterval.BATCH_AND_EPOCH)
+
+
+class BasePredictionWriter(Callback):
+    """Subclass to write predictions as ``trainer.predict`` produces them.
+
+    Implement :meth:`write_on_batch_end` (``write_interval="batch"``), :meth:`write_on_epoch_end`
+    (``"epoch"``), or both (``"batch_and_epoch"``). ``batch_indices`` are the positions of the
+    batch's samples in the order this process received them (``[0, 1, 2, 3]``, then
+    ``[4, 5, 6, 7]`` ...): the dataset indices for an unshuffled loader in one process. Under
+    several processes each numbers its own share; add ``trainer.global_rank`` to file names.
+    The batch size is the length of the batch's first tensor.
+
+    Args:
+        write_interval: ``"batch"``, ``"epoch"`` or ``"batch_and_epoch"``.
+
+    Raises:
+        ConfigurationError: ``write_interval`` is not one of those, or the subclass does not
+            implement the method that interval calls.
+
+    Example:
+        >>> class TorchWriter(BasePredictionWriter):
+        ...     def __init__(self, output_dir):
+        ...         super().__init__(write_interval="epoch")
+        ...         self.output_dir = output_dir
+        ...
+        ...     def write_on_epoch_end(self, trainer, module, predictions, batch_indices):
+        ...         path = f"{self.output_dir}/predictions_{trainer.global_rank}.pt"
+        ...         torch.save(torch.cat(predictions), path)
+        >>> # Trainer(callbacks=[TorchWriter("out")]).predict(module, loader) writes out/predictions_0.pt
+    """
+
+    def __init__(self, write_interval: str = "batch") -> None:
+        if write_interval not in {interval.value for interval in WriteInterval}:
+            raise ConfigurationError(
+                f"{type(self).__name__}(write_interval={describe(write_interval)}): expected one "
+                f"of {[interval.value for interval in WriteInterval]}."
+            )
+        self.interval = WriteInterval(write_interval)
+        for method, is_needed in (
+            ("write_on_batch_end", self.interval.on_batch),
+            ("write_on_epoch_end", self.interval.on_epoch),
+        ):
+            if is_needed and getattr(type(self), method) is getattr(BasePredictionWriter, method):
+                raise ConfigurationError(
+                    f"{type(self).__name__}(write_interval={write_interval!r}) does not "
+                    f"implement {method}. Implement it, or choose another write_interval."
+                )
+        self._predictions: list[Any] = []
+        self._batch_indices: list[list[int]] = []
+        self._seen = 0
+
+    def write_on_batch_end(
+        self,
+        trainer: Trainer,
+        module: TrainModule,
+        prediction: Any,
+        batch_indices: Sequence[int] | None,
+        batch: Any,
+        batch_idx: int,
+        dataloader_idx: int,
+    ) -> None:
+        """Write one batch's ``prediction`` (what ``predict_step`` returned)."""
+        raise NotImplementedError(
+            f"{type(self).__name__} has write_interval={self.interval.value!r} but does not "
+            "implement write_on_batch_end(trainer, module, prediction, batch_indices, batch, "
+            "batch_idx, dataloader_idx)."
+        )
+
+    def write_on_epoch_end(
+        self,
+        trainer: Trainer,
+        module: TrainModule,
+        predictions: Sequence[Any],
+        batch_indices: Sequence[Any],
+    ) -> None:
+        """Write all ``predictions`` of the epoch (one per batch) with their ``batch_indices``.
+
+        As in Lightning, ``batch_indices`` has one entry per dataloader (here always one), a
+        list of each batch's indices: ``[[[0, 1, 2, 3], [4, 5, 6, 7]]]`` for two batches of 4.
+        """
+        raise NotImplementedError(
+            f"{type(self).__name__} has write_interval={self.interval.value!r} but does not "
+            "implement write_on_epoch_end(trainer, module, predictions, batch_indices)."
+        )
+
+    def on_predict_epoch_start(self, trainer: Trainer, module: TrainModule) -> None:
+        self._predictions, self._batch_indices, self._seen = [], [], 0
+
+    def on_predict_batch_end(
+        self, trainer: Trainer, module: TrainModule, outputs: Any, batch: Any, batch_idx: int
+    ) -> None:
+        size = _batch_size(batch)
+        indices = list(range(self._seen, self._seen + size))
+        self._seen += size
+        if self.interval.on_epoch:
+            self._predictions.append(outputs)
+            self._batch_indices.append(indices)
+        if self.interval.on_batch:
+            self.write_on_batch_end(trainer, module, outputs, indices, batch, batch_idx, 0)
+
+    def on_predict_epoch_end(self, trainer: Trainer, module: TrainModule) -> None:
+        if self.interval.on_epoch:
+            predictions, indices = self._predictions, self._batch_indices
+            self._predictions, self._batch_indices = [], []
+            self.write_on_epoch_end(trainer, module, predictions, [indices])
+
+
+def _batch_size(batch: Any) -> int:
+    """Samples in ``batch``: the length of its first tensor (1 when it holds none)."""
+    if isinstance(batch, torch.Tensor):
+        return int(batch.shape[0]) if batch.dim() else 1
+    if isinstance(batch, dict):
+        batch = list(batch.values())
+    if isinstance(batch, list | tuple):
+        for item in batch:
+            if isinstance(item, torch.Tensor | list | tuple | dict):
+                return _batch_size(item)
+        return len(batch)
+    return 1

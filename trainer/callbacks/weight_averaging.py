@@ -1,0 +1,501 @@
+"""StochasticWeightAveraging and WeightAveraging (EMA): an average of the weights kept during fit.
+
+This module owns when the average is updated, where it lives, when it is swapped into the module
+(validation, end of fit) and how it travels in checkpoints. The arithmetic is torch's own:
+``torch.optim.swa_utils.AveragedModel`` (with ``get_ema_multi_avg_fn`` for the EMA), ``SWALR``
+and ``update_bn``. It does not own the loop: the Trainer steps the SWALR scheduler like any
+"epoch" scheduler, and the callbacks only read public attributes and answer hooks.
+
+The ``AveragedModel`` wraps a mirror of the module's tensors, not the TrainModule: it deep-copies
+what it averages, and a TrainModule refers to its Trainer (loaders, loggers), never to be copied.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING, Any
+
+import torch
+from torch.optim.swa_utils import SWALR, AveragedModel, get_ema_multi_avg_fn, update_bn
+
+from trainer._optim_config import SchedulerConfig  # TODO(trainer.py): public export wanted
+from trainer.callbacks.callback import Callback
+from trainer.errors import CheckpointError, ConfigurationError, describe
+
+if TYPE_CHECKING:
+    from trainer.module import TrainModule
+    from trainer.trainer import Trainer
+
+__all__ = ["StochasticWeightAveraging", "WeightAveraging"]
+
+AvgFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor | int], torch.Tensor]
+
+
+class _TensorMirror(torch.nn.Module):
+    """The module's parameters and buffers, in its own order, without its code or its Trainer."""
+
+    def __init__(self, module: torch.nn.Module) -> None:
+        super().__init__()
+        # Aliases of the module's storage: AveragedModel deep-copies this mirror, so only the
+        # tensors are copied, once.
+        self.params = torch.nn.ParameterList(
+            torch.nn.Parameter(p.detach(), requires_grad=False) for p in module.parameters()
+        )
+        for index, buffer in enumerate(module.buffers()):
+            self.register_buffer(f"buffer_{index}", buffer.detach())
+
+
+class _Average:
+    """An ``AveragedModel`` of one module's tensors, and the moves the callbacks make with it."""
+
+    def __init__(
+        self,
+        module: torch.nn.Module,
+        *,
+        device: torch.device | str | None,
+        use_buffers: bool,
+        avg_fn: AvgFn | None = None,
+        multi_avg_fn: Callable[..., None] | None = None,
+    ) -> None:
+        self.module = module
+        self.use_buffers = use_buffers
+        self.model = AveragedModel(
+            _TensorMirror(module),
+            device=device,
+            avg_fn=avg_fn,
+            multi_avg_fn=multi_avg_fn,
+            use_buffers=use_buffers,
+        )
+        self.is_swapped = False  # True: the module holds the average, the mirror the weights
+        self._index = _name_index(module, with_buffers=use_buffers)
+        self._num_params = len(self.model.module.params)
+
+    def _values(self, source: torch.nn.Module) -> list[torch.Tensor]:
+        """The averaged tensors of ``source`` (the mirror or the module), in mirror order."""
+        return [*source.parameters(), *(source.buffers() if self.use_buffers else ())]
+
+    @property
+    def n_averaged(self) -> int:
+        return int(self.model.n_averaged.item())
+
+    def update(self) -> None:
+        """Fold the module's current weights into the average."""
+        self.model.update_parameters(self.module)
+
+    def _pairs(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        return zip(self._values(self.model.module), self._values(self.module), strict=True)
+
+    @torch.no_grad()
+    def swap(self) -> None:
+        """Exchange the averaged and the module's values in place; twice restores both."""
+        for averaged, current in self._pairs():
+            held = current.detach().clone()
+            current.detach().copy_(averaged.detach())
+            averaged.detach().copy_(held)
+        self.is_swapped = not self.is_swapped
+
+    @torch.no_grad()
+    def copy_to_module(self) -> None:
+        for averaged, current in self._pairs():
+            current.detach().copy_(averaged.detach())
+
+    def tensors(self, *, averaged: bool) -> dict[str, torch.Tensor]:
+        """The averaged (or the training) values by the module's names, tied names included."""
+        mirror_holds_average = not self.is_swapped
+        source = self.model.module if averaged == mirror_holds_average else self.module
+        values = self._values(source)
+        return {name: values[index].detach() for name, index in self._index.items()}
+
+    @torch.no_grad()
+    def load_averaged(self, tensors: dict[str, torch.Tensor], n_averaged: int) -> None:
+        """Put a saved average back; a buffer it lacks (non-persistent) keeps its value."""
+        values = self._values(self.model.module)
+        covered = {index for name, index in self._index.items() if name in tensors}
+        missing = [n for n, i in self._index.items() if i not in covered and i < self._num_params]
+        if missing:
+            raise CheckpointError(
+                f"the checkpoint's weight average lacks {missing[:5]}: it was saved for another "
+                "model. Resume with the same module, or without the averaging callback."
+            )
+        for name, index in self._index.items():
+            if name in tensors:
+                values[index].copy_(tensors[name])
+        self.model.n_averaged.fill_(n_averaged)
+
+
+def _name_index(module: torch.nn.Module, *, with_buffers: bool) -> dict[str, int]:
+    """Every name of every tensor (tied weights have several) -> its position in the mirror."""
+    params = list(module.parameters())
+    position = {id(p): i for i, p in enumerate(params)}
+    index = {name: position[id(p)] for name, p in module.named_parameters(remove_duplicate=False)}
+    if with_buffers:
+        buffers = list(module.buffers())
+        position = {id(b): len(params) + i for i, b in enumerate(buffers)}
+        index.update(
+            (name, position[id(b)])
+            for name, b in module.named_buffers(remove_duplicate=False)
+            if id(b) in position
+        )
+    return index
+
+
+def _check_device(name: str, device: Any) -> torch.device | None:
+    if device is None:
+        return None
+    try:
+        return torch.device(device)
+    except (RuntimeError, TypeError) as err:
+        raise _bad(name, "device", device, "a torch.device, 'cpu', 'cuda:0' or None") from err
+
+
+class StochasticWeightAveraging(Callback):
+    """Stochastic Weight Averaging (Izmailov et al., 2018) with Lightning's arguments.
+
+    From epoch ``swa_epoch_start`` on, the learning rate follows ``torch.optim.swa_utils.SWALR``
+    (annealed from the current value to ``swa_lrs`` over ``annealing_epochs`` epochs; it replaces
+    the first scheduler of ``configure_optimizers``), and the weights at the end of each of these
+    epochs, the last one included, are averaged with ``AveragedModel``. When fit completes its
+    ``max_epochs``, the module receives the average and its BatchNorm statistics are recomputed
+    with ``update_bn`` over the train dataloader (the module's ``forward`` receives ``batch[0]``
+    when a batch is a list or tuple). A fit that stops earlier (``max_steps``, ``max_time``,
+    ``should_stop``) keeps its trained weights, so it can be resumed; the average is saved in
+    checkpoints (``state_dict``: the averaged tensors, ``n_averaged`` and the SWALR state).
+
+    Args:
+        swa_lrs: the SWA learning rate, one float for every parameter group or a list with one
+            per group.
+        swa_epoch_start: an int ``k >= 1`` starts at the k-th epoch (counting from 1); a float in
+            (0, 1) starts at epoch ``int(swa_epoch_start * max_epochs)`` (counting from 1).
+        annealing_epochs: epochs of the annealing from the current to the SWA learning rate.
+        annealing_strategy: "cos" or "linear".
+        avg_fn: ``(averaged, current, num_averaged) -> Tensor``; default the running mean.
+        device: where the average lives ("cpu" saves accelerator memory); None: the module's.
+
+    Raises:
+        ConfigurationError: an argument is out of range (the message names it), the Trainer has
+            no ``max_epochs`` bound, or ``configure_optimizers`` returned several optimizers.
+
+    Example:
+        >>> swa = StochasticWeightAveraging(swa_lrs=0.01, swa_epoch_start=8)
+        >>> Trainer(max_epochs=10, callbacks=[swa]).fit(module)
+        >>> # epochs 8, 9 and 10 ran at lr 0.01 (annealed over 10 epochs with the defaults);
+        >>> # module now holds the mean of the weights at the end of those three epochs.
+    """
+
+    def __init__(
+        self,
+        swa_lrs: float | list[float],
+        swa_epoch_start: int | float = 0.8,
+        annealing_epochs: int = 10,
+        annealing_strategy: str = "cos",
+        avg_fn: AvgFn | None = None,
+        device: torch.device | str | None = "cpu",
+    ) -> None:
+        owner = "StochasticWeightAveraging"
+        lrs = swa_lrs if isinstance(swa_lrs, list) else [swa_lrs]
+        if not lrs or not all(_is_number(lr) and lr > 0 for lr in lrs):
+            raise _bad(owner, "swa_lrs", swa_lrs, "a float > 0, or a list with one per group")
+        if not (
+            (_is_int(swa_epoch_start) and swa_epoch_start >= 1)
+            or (isinstance(swa_epoch_start, float) and 0.0 < swa_epoch_start < 1.0)
+        ):
+            raise _bad(
+                owner,
+                "swa_epoch_start",
+                swa_epoch_start,
+                "an int >= 1 (the epoch, counting from 1) or a float in (0, 1) (of max_epochs)",
+            )
+        if not _is_int(annealing_epochs) or annealing_epochs < 0:
+            raise _bad(owner, "annealing_epochs", annealing_epochs, "an int >= 0")
+        if annealing_strategy not in ("cos", "linear"):
+            raise _bad(owner, "annealing_strategy", annealing_strategy, "'cos' or 'linear'")
+        if avg_fn is not None and not callable(avg_fn):
+            raise _bad(owner, "avg_fn", avg_fn, "a function (averaged, current, n) -> Tensor")
+        self.swa_lrs = swa_lrs
+        self.swa_epoch_start = swa_epoch_start
+        self.annealing_epochs = annealing_epochs
+        self.annealing_strategy = annealing_strategy
+        self.avg_fn = avg_fn
+        self.device = _check_device("StochasticWeightAveraging", device)
+        self._average: _Average | None = None
+        self._scheduler: SWALR | None = None
+        self._scheduler_state: dict[str, Any] | None = None
+        self._swa_start = 0  # 0-based epoch index, resolved at on_fit_start
+        self._latest_update_epoch = -1  # the epoch whose end-of-epoch weights were last averaged
+        self._pending: dict[str, Any] | None = None  # checkpoint state, applied at on_fit_start
+
+    @property
+    def swa_start(self) -> int:
+        """The first epoch of averaging, 0-based (resolved when fit starts)."""
+        return self._swa_start
+
+    @property
+    def n_averaged(self) -> int:
+        """How many end-of-epoch weights the average holds."""
+        return 0 if self._average is None else self._average.n_averaged
+
+    def on_fit_start(self, trainer: Trainer, module: TrainModule) -> None:
+        self._check_trainer(trainer)
+        start = self.swa_epoch_start
+        first = start if isinstance(start, int) else int(start * trainer.max_epochs)
+        self._swa_start = max(first - 1, 0)  # 0-based
+        self._average = _Average(module, device=self.device, use_buffers=False, avg_fn=self.avg_fn)
+        self._scheduler, self._scheduler_state, self._latest_update_epoch = None, None, -1
+        pending, self._pending = self._pending, None
+        if pending is not None:
+            self._average.load_averaged(pending["average"], pending["n_averaged"])
+            self._latest_update_epoch = pending["latest_update_epoch"]
+            self._scheduler_state = pending["scheduler"]
+
+    def _check_trainer(self, trainer: Trainer) -> None:
+        name, optimizers = type(self).__name__, len(trainer.optimizers)
+        if trainer.max_epochs in (None, -1):
+            raise ConfigurationError(
+                f"{name} averages up to max_epochs: set Trainer(max_epochs=...)."
+            )
+        if optimizers != 1:
+            raise ConfigurationError(
+                f"{name} works with one optimizer; configure_optimizers returned {optimizers}."
+            )
+        if len(trainer.lr_scheduler_configs) > 1:
+            raise ConfigurationError(
+                f"{name} replaces the scheduler with SWALR; configure_optimizers returned "
+                f"{len(trainer.lr_scheduler_configs)} schedulers. Return at most one."
+            )
+        groups = len(trainer.optimizers[0].param_groups)
+        if isinstance(self.swa_lrs, list) and len(self.swa_lrs) != groups:
+            raise _bad(
+                type(self).__name__, "swa_lrs", self.swa_lrs, f"one lr for each of {groups} groups"
+            )
+
+    def on_train_epoch_start(self, trainer: Trainer, module: TrainModule) -> None:
+        epoch = trainer.current_epoch
+        if epoch >= self._swa_start and self._scheduler is None:
+            self._install_scheduler(trainer)
+        # Averaging at the start of the next epoch (not at the end of this one) counts only
+        # epochs that completed: a fit stopped mid-epoch and resumed averages that epoch once.
+        self._update(epoch - 1)
+
+    def _install_scheduler(self, trainer: Trainer) -> None:
+        self._scheduler = SWALR(
+            trainer.optimizers[0],
+            swa_lr=self.swa_lrs,
+            anneal_epochs=self.annealing_epochs,
+            anneal_strategy=self.annealing_strategy,  # type: ignore[arg-type]  # checked in __init__
+        )
+        if self._scheduler_state is not None:
+            self._scheduler.load_state_dict(self._scheduler_state)
+        config = SchedulerConfig(self._scheduler, interval="epoch", frequency=1)
+        if trainer.lr_scheduler_configs:
+            trainer.lr_scheduler_configs[0] = config
+        else:
+            trainer.lr_scheduler_configs.append(config)
+
+    def _update(self, finished_epoch: int) -> None:
+        if self._average is None or finished_epoch < self._swa_start:
+            return
+        if finished_epoch > self._latest_update_epoch:
+            self._average.update()
+            self._latest_update_epoch = finished_epoch
+
+    def on_train_end(self, trainer: Trainer, module: TrainModule) -> None:
+        if self._average is None or trainer.current_epoch < trainer.max_epochs:
+            return  # stopped early: keep the trained weights (resumable); the average is saved
+        self._update(trainer.current_epoch - 1)
+        if self._average.n_averaged > 0:
+            self._average.copy_to_module()
+            self._update_batch_norm(trainer, module)
+
+    def _update_batch_norm(self, trainer: Trainer, module: TrainModule) -> None:
+        # TODO(trainer.py): read a public `trainer.train_dataloader` (the prepared loader) instead.
+        loader = trainer._loaders.get("train")
+        if loader is None:
+            return
+        try:
+            with torch.no_grad(), trainer.accelerator.autocast():
+                update_bn(loader, module)
+        except NotImplementedError as err:
+            raise ConfigurationError(
+                f"StochasticWeightAveraging recomputes BatchNorm statistics by calling "
+                f"{type(module).__name__}.forward(batch[0]) over the train dataloader, and "
+                f"forward is not implemented ({err}). Implement forward(self, x)."
+            ) from err
+
+    def state_dict(self) -> dict[str, Any]:
+        if self._average is None:
+            return {}
+        return {
+            "n_averaged": self._average.n_averaged,
+            "latest_update_epoch": self._latest_update_epoch,
+            "scheduler": self._scheduler.state_dict()
+            if self._scheduler is not None
+            else self._scheduler_state,
+            "average": self._average.tensors(averaged=True),
+        }
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self._pending = dict(state_dict) if state_dict else None
+
+
+class WeightAveraging(Callback):
+    """An exponential moving average (EMA) of the weights, updated after optimizer steps.
+
+    After optimizer steps 1, 1 + n, 1 + 2n, ... (``n = update_every_n_steps``) the average
+    becomes ``decay * average + (1 - decay) * weights`` (the first update copies the weights),
+    computed by ``torch.optim.swa_utils.AveragedModel`` with ``get_ema_multi_avg_fn(decay)``, or
+    with ``avg_fn`` when given. Validation during fit runs on the average when
+    ``eval_with_average`` (swapped in at ``on_validation_start``, back at
+    ``on_validation_end``), and when training ends the module holds the average.
+
+    Checkpoints (Lightning's layout): the model weights of a checkpoint are the average, ready
+    for inference; the training weights are saved in this callback's state (``"current"``),
+    with ``n_averaged`` and the step of the last update. Resuming with this callback puts the
+    training weights back into the module and continues the same average.
+
+    Args:
+        decay: EMA decay in [0, 1]; ignored when ``avg_fn`` is given.
+        avg_fn: ``(averaged, current, num_averaged) -> Tensor`` replacing the EMA.
+        update_every_n_steps: update after every n-th optimizer step.
+        use_buffers: average the buffers too (e.g. BatchNorm statistics); False keeps them equal
+            to the module's.
+        device: where the average lives; None: the module's device.
+        eval_with_average: validate on the averaged weights during fit.
+
+    Raises:
+        ConfigurationError: an argument is out of range (the message names it).
+
+    Example:
+        >>> ema = WeightAveraging(decay=0.99)
+        >>> Trainer(max_epochs=2, callbacks=[ema]).fit(module, train_loader)  # 10 steps
+        >>> # module now holds 0.99 * average + 0.01 * weights, folded in after each step.
+    """
+
+    def __init__(
+        self,
+        decay: float = 0.999,
+        avg_fn: AvgFn | None = None,
+        update_every_n_steps: int = 1,
+        use_buffers: bool = True,
+        device: torch.device | str | None = None,
+        eval_with_average: bool = True,
+    ) -> None:
+        if not _is_number(decay) or not 0.0 <= decay <= 1.0:
+            raise _bad("WeightAveraging", "decay", decay, "a float in [0, 1], e.g. 0.999")
+        if avg_fn is not None and not callable(avg_fn):
+            raise _bad(
+                "WeightAveraging", "avg_fn", avg_fn, "a function (avg, current, n) -> Tensor"
+            )
+        if not _is_int(update_every_n_steps) or update_every_n_steps < 1:
+            raise _bad(
+                "WeightAveraging", "update_every_n_steps", update_every_n_steps, "an int >= 1"
+            )
+        self.decay = float(decay)
+        self.avg_fn = avg_fn
+        self.update_every_n_steps = update_every_n_steps
+        self.use_buffers = use_buffers
+        self.device = _check_device("WeightAveraging", device)
+        self.eval_with_average = eval_with_average
+        self._average: _Average | None = None
+        self._latest_update_step = 0
+        self._restored: dict[str, Any] | None = None  # from a checkpoint, applied at on_fit_start
+        self._restored_average: dict[str, torch.Tensor] | None = None
+
+    @property
+    def n_averaged(self) -> int:
+        """How many weight snapshots the average has folded in."""
+        return 0 if self._average is None else self._average.n_averaged
+
+    def averaged_tensors(self) -> dict[str, torch.Tensor]:
+        """The averaged parameters (and buffers with ``use_buffers``) by the module's names."""
+        return {} if self._average is None else self._average.tensors(averaged=True)
+
+    def on_fit_start(self, trainer: Trainer, module: TrainModule) -> None:
+        self._average = _Average(
+            module,
+            device=self.device,
+            use_buffers=self.use_buffers,
+            avg_fn=self.avg_fn,
+            multi_avg_fn=get_ema_multi_avg_fn(self.decay) if self.avg_fn is None else None,
+        )
+        self._latest_update_step = 0
+        restored, self._restored = self._restored, None
+        average, self._restored_average = self._restored_average, None
+        if restored:
+            self._latest_update_step = restored.get("latest_update_step", 0)
+            if average is not None:
+                self._average.load_averaged(average, restored.get("n_averaged", 0))
+
+    def on_train_batch_end(
+        self, trainer: Trainer, module: TrainModule, outputs: Any, batch: Any, batch_idx: int
+    ) -> None:
+        step = trainer.global_step
+        if step > self._latest_update_step and (step - 1) % self.update_every_n_steps == 0:
+            self._average.update()  # type: ignore[union-attr]  # built at on_fit_start
+            self._latest_update_step = step
+
+    def on_validation_start(self, trainer: Trainer, module: TrainModule) -> None:
+        self._hold_average(trainer, True)
+
+    def on_validation_end(self, trainer: Trainer, module: TrainModule) -> None:
+        self._hold_average(trainer, False)
+
+    def _hold_average(self, trainer: Trainer, should_hold: bool) -> None:
+        average = self._average
+        is_fit = trainer.state.stage == "fit"
+        if self.eval_with_average and is_fit and average is not None:
+            if average.is_swapped != should_hold:
+                average.swap()
+
+    def on_exception(self, trainer: Trainer, module: TrainModule, exception: BaseException) -> None:
+        if trainer.state.stage == "fit" and self._average is not None and self._average.is_swapped:
+            self._average.swap()  # failed during validation: leave the training weights in place
+
+    def on_train_end(self, trainer: Trainer, module: TrainModule) -> None:
+        if self._average is not None and not self._average.is_swapped:
+            self._average.swap()  # the module holds the average; the mirror keeps the weights
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"n_averaged": self.n_averaged, "latest_update_step": self._latest_update_step}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self._restored = dict(state_dict)
+
+    def on_save_checkpoint(
+        self, trainer: Trainer, module: TrainModule, checkpoint: dict[str, Any]
+    ) -> None:
+        if self._average is None:
+            return
+        weights = checkpoint["state_dict"]
+        averaged = self._average.tensors(averaged=True)
+        current = self._average.tensors(averaged=False)
+        names = [name for name in averaged if name in weights]
+        for name in names:
+            weights[name] = averaged[name]
+        state = (checkpoint.get("callbacks") or {}).get(self.state_key)
+        if state is not None:  # a full checkpoint (weights-only ones carry just the average)
+            state["current"] = {name: current[name] for name in names}
+
+    def on_load_checkpoint(
+        self, trainer: Trainer, module: TrainModule, checkpoint: dict[str, Any]
+    ) -> None:
+        state = (checkpoint.get("callbacks") or {}).get(self.state_key) or {}
+        current = state.get("current")
+        if trainer.state.stage != "fit" or not current:
+            return  # validate/test/predict use the average the checkpoint's weights hold
+        weights = checkpoint["state_dict"]
+        self._restored_average = {name: weights[name] for name in current if name in weights}
+        checkpoint["state_dict"] = {**weights, **current}  # resume from the training weights
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _bad(owner: str, name: str, value: Any, expected: str) -> ConfigurationError:
+    """The error for a bad constructor argument: names it, shows the value, says what fits."""
+    return ConfigurationError(f"{owner}({name}={describe(value)}): expected {expected}.")

@@ -1,0 +1,431 @@
+"""The MLflow logger: one MLflow run per fit, in a local folder, a database or on a server.
+
+This module owns the tracking URI (a folder, ``file:``, ``sqlite:///...`` or a server URL), the
+experiment and run (created through ``mlflow.tracking.MlflowClient`` at the first write, so
+``import trainer`` never imports mlflow), metrics buffered and written with ``log_batch`` (one
+request per flush, not one per value), parameters, the run's final status, checkpoint
+directories as artifacts, and the run id that a checkpoint records so a resumed fit continues
+the same run. It does not decide when metrics are logged or what they are called (the Trainer
+does), nor which rank writes (the Trainer calls loggers on global rank zero only).
+
+MLflow 3 refuses its folder ("file store") backend unless ``MLFLOW_ALLOW_FILE_STORE=true``;
+for a folder or ``file:`` URI this logger sets that variable in the process environment (if
+unset), and leaves it alone for databases and servers.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import operator
+import os
+import re
+import time
+import urllib.parse
+import warnings
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from trainer._imports import is_available, require
+from trainer.errors import ConfigurationError, describe
+from trainer.loggers.logger import Logger
+from trainer.loggers.tensorboard import _as_dict, _flatten_params
+from trainer.loggers.wandb import _checkpoints_to_log
+
+__all__ = ["MLFlowLogger"]
+
+_STATUSES = {"success": "FINISHED", "failed": "FAILED", "interrupted": "KILLED"}
+_DATABASE_SCHEMES = ("sqlite", "postgresql", "mysql", "mssql")
+_MAX_METRICS_PER_BATCH = 1000  # MLflow's limit per log_batch request
+_MAX_PARAMS_PER_BATCH = 100
+_INVALID_NAME_CHARS = re.compile(r"[^\w/.\- :]")  # what MLflow accepts in metric/param names
+
+
+class MLFlowLogger(Logger):
+    """Log metrics, parameters and checkpoints to an MLflow run.
+
+    At the first write the logger gets or creates the experiment ``experiment_name`` and
+    creates a run in it (named ``run_name``, tagged with ``tags``), or reopens ``run_id``.
+    Metrics are kept in memory and written with one ``log_batch`` call every
+    ``flush_interval_s`` seconds (checked when metrics arrive), when 1,000 are waiting, and in
+    :meth:`save` / :meth:`finalize`; a process killed without ``finalize`` loses at most that
+    interval. :meth:`finalize` sets the run's status: FINISHED on success, FAILED on failure,
+    KILLED when interrupted.
+
+    Args:
+        experiment_name: the MLflow experiment (created if missing).
+        run_name: the run's name (MLflow picks one when None).
+        tracking_uri: where runs are stored: a folder or ``file:`` URI (MLflow's file store),
+            ``sqlite:///path/to/mlflow.db`` (or another database URL), or a server URL such as
+            ``http://localhost:5000``. None: the ``MLFLOW_TRACKING_URI`` environment variable,
+            else the folder ``save_dir``.
+        tags: tags of a new run.
+        save_dir: the file store folder used when ``tracking_uri`` is None.
+        log_model: False: no checkpoints are uploaded; True: the ModelCheckpoint's checkpoints
+            (best, top-k, last) are uploaded when fit succeeds, or each as it is saved with
+            ``save_top_k=-1``; ``"all"``: each as it is saved. They go to the run's artifacts as
+            ``checkpoints/<checkpoint folder name>/``.
+        prefix: put before every metric name, joined with ``"-"``.
+        artifact_location: where a new experiment stores artifacts (MLflow's default when None).
+        run_id: reopen this run instead of creating one.
+        flush_interval_s: the longest time metrics wait in memory before they are written.
+
+    Raises:
+        ConfigurationError: an argument has the wrong type or value.
+        MissingDependencyError: mlflow is not installed (``pip install 'trainer[mlflow]'``).
+
+    Example:
+        >>> logger = MLFlowLogger("mnist", tracking_uri="sqlite:///mlflow.db")  # doctest: +SKIP
+        >>> logger.log_hyperparams({"lr": 0.1})  # doctest: +SKIP
+        >>> logger.log_metrics({"loss": 0.25}, step=10)  # doctest: +SKIP
+        >>> logger.finalize("success")  # doctest: +SKIP
+        >>> logger.experiment.get_metric_history(logger.run_id, "loss")[0].step  # doctest: +SKIP
+        10
+    """
+
+    tracker_name = "mlflow"
+    LOGGER_JOIN_CHAR = "-"
+
+    def __init__(
+        self,
+        experiment_name: str = "trainer_logs",
+        run_name: str | None = None,
+        tracking_uri: str | None = None,
+        tags: Mapping[str, Any] | None = None,
+        save_dir: str | os.PathLike[str] | None = "./mlruns",
+        log_model: bool | str = False,
+        prefix: str = "",
+        artifact_location: str | None = None,
+        run_id: str | None = None,
+        flush_interval_s: float = 5.0,
+    ) -> None:
+        _check_arguments(experiment_name, tracking_uri, tags, log_model, prefix, flush_interval_s)
+        _check_installed()
+        tracking_uri = tracking_uri or os.environ.get("MLFLOW_TRACKING_URI") or None
+        if tracking_uri is None:
+            if save_dir is None:
+                raise ConfigurationError(
+                    "MLFlowLogger needs a tracking_uri or a save_dir, received neither. Pass "
+                    "e.g. tracking_uri='sqlite:///mlflow.db' or save_dir='./mlruns'."
+                )
+            tracking_uri = Path(save_dir).resolve().as_uri()
+        self._tracking_uri = tracking_uri
+        self._experiment_name = experiment_name
+        self._run_name = run_name
+        self._tags = {str(key): str(value) for key, value in (tags or {}).items()}
+        self._log_model = log_model
+        self._prefix = prefix
+        self._artifact_location = artifact_location
+        self._run_id = run_id
+        self._is_run_id_given = run_id is not None
+        self._is_run_from_checkpoint = False
+        self._flush_interval_s = flush_interval_s
+        self._client: Any = None
+        self._experiment_id: str | None = None
+        self._pending: list[tuple[str, float, int, int]] = []  # key, value, timestamp ms, step
+        self._last_flush = time.monotonic()
+        self._last_step: int | None = None
+        self._names: dict[str, str] = {}  # metric name -> the name MLflow accepts
+        self._checkpoint_callback: Any = None
+        self._logged_checkpoints: dict[str, float] = {}
+
+    # ---- where ---------------------------------------------------------------------------------
+    @property
+    def name(self) -> str:
+        """The experiment name."""
+        return self._experiment_name
+
+    @property
+    def version(self) -> str:
+        """The run id (starts the run, as Lightning's does)."""
+        return self.run_id
+
+    @property
+    def run_id(self) -> str:
+        """The run id; starts the run at first use."""
+        _ = self.experiment
+        return str(self._run_id)
+
+    @property
+    def experiment_id(self) -> str:
+        """The experiment id; starts the run at first use."""
+        _ = self.experiment
+        return str(self._experiment_id)
+
+    @property
+    def tracking_uri(self) -> str:
+        """Where runs are stored, as MLflow receives it."""
+        return self._tracking_uri
+
+    @property
+    def save_dir(self) -> str | None:
+        """The file store's folder, or None for databases and servers."""
+        return _file_store_path(self._tracking_uri)
+
+    @property
+    def log_dir(self) -> str | None:
+        """Same as ``save_dir``."""
+        return self.save_dir
+
+    @property
+    def experiment(self) -> Any:
+        """The ``mlflow.tracking.MlflowClient``; creates the experiment and run at first use."""
+        if self._client is None:
+            client = self._make_client()
+            self._open_run(client)
+            self._client = client
+        return self._client
+
+    def _make_client(self) -> Any:
+        require("mlflow", extra="mlflow", feature="MLFlowLogger")
+        scheme = urllib.parse.urlparse(self._tracking_uri).scheme.split("+")[0]
+        if scheme in _DATABASE_SCHEMES:
+            for module in ("sqlalchemy", "alembic"):
+                require(module, extra="mlflow", feature=f"MLFlowLogger({scheme} tracking_uri)")
+        if _file_store_path(self._tracking_uri) is not None:
+            os.environ.setdefault("MLFLOW_ALLOW_FILE_STORE", "true")
+        from mlflow.tracking import MlflowClient
+
+        return MlflowClient(tracking_uri=self._tracking_uri)
+
+    def _open_run(self, client: Any) -> None:
+        """Reopen ``run_id`` (marking it RUNNING) or create a run in the named experiment."""
+        from mlflow.exceptions import MlflowException
+
+        if self._run_id is not None:
+            try:
+                run = client.get_run(self._run_id)
+            except MlflowException as err:
+                if not self._is_run_from_checkpoint:
+                    raise ConfigurationError(
+                        f"MLFlowLogger(run_id={self._run_id!r}): no such run at "
+                        f"{self._tracking_uri} ({err}). Pass an existing run id, or None."
+                    ) from err
+                warnings.warn(
+                    f"MLFlowLogger: the checkpoint's run {self._run_id} is not in "
+                    f"{self._tracking_uri}; starting a new run.",
+                    stacklevel=3,
+                )
+            else:
+                self._experiment_id = run.info.experiment_id
+                client.update_run(self._run_id, status="RUNNING")
+                return
+        experiment = client.get_experiment_by_name(self._experiment_name)
+        if experiment is None:
+            self._experiment_id = client.create_experiment(
+                self._experiment_name, artifact_location=self._artifact_location
+            )
+        elif experiment.lifecycle_stage == "deleted":
+            raise ConfigurationError(
+                f"MLFlowLogger(experiment_name={self._experiment_name!r}): the experiment is "
+                f"deleted in {self._tracking_uri}. Restore it (client.restore_experiment), "
+                f"delete it permanently, or pick another name."
+            )
+        else:
+            self._experiment_id = experiment.experiment_id
+        run = client.create_run(self._experiment_id, tags=self._tags, run_name=self._run_name)
+        self._run_id = run.info.run_id
+
+    # ---- what ----------------------------------------------------------------------------------
+    def log_metrics(self, metrics: Mapping[str, Any], step: int | None = None) -> None:
+        """Queue ``metrics`` at ``step``; write the queue when it is due (see the class doc).
+
+        Names keep only the characters MLflow accepts (letters, digits, ``_ - . / : `` and
+        space); others are dropped, with a warning the first time.
+
+        Args:
+            metrics: metric name -> number; 0-dim tensors are read with ``float()``.
+            step: the global step; None means one past the last step logged (0 at first).
+
+        Raises:
+            ConfigurationError: a value is not a number, or ``step`` is not an int.
+
+        Example:
+            >>> logger.log_metrics({"train/loss": 0.5}, step=50)  # doctest: +SKIP
+            >>> logger.save()  # doctest: +SKIP   # one log_batch request
+        """
+        step = self._resolve_step(step)
+        timestamp = int(time.time() * 1000)
+        for key, value in metrics.items():
+            self._pending.append((self._name_of(key), _to_float(key, value), timestamp, step))
+        self._last_step = step
+        is_due = time.monotonic() - self._last_flush >= self._flush_interval_s
+        if is_due or len(self._pending) >= _MAX_METRICS_PER_BATCH:
+            self.save()
+
+    def log_hyperparams(self, params: Mapping[str, Any] | argparse.Namespace) -> None:
+        """Log ``params`` as run parameters, flattened with ``"/"`` and stored as ``str()``.
+
+        Values longer than MLflow's limit (6,000 characters) are truncated. MLflow parameters
+        cannot change: on a reopened run, a parameter already logged with another value keeps
+        its first value (with a warning).
+
+        Raises:
+            ConfigurationError: ``params`` is neither a mapping nor a Namespace.
+        """
+        from mlflow.entities import Param
+        from mlflow.utils.validation import MAX_PARAM_VAL_LENGTH
+
+        flat = _flatten_params(_as_dict(params, "MLFlowLogger.log_hyperparams"))
+        values = {
+            self._name_of(key): str(value)[:MAX_PARAM_VAL_LENGTH] for key, value in flat.items()
+        }
+        client = self.experiment
+        existing = client.get_run(self._run_id).data.params
+        changed = sorted(k for k, v in values.items() if k in existing and existing[k] != v)
+        if changed:
+            warnings.warn(
+                f"MLFlowLogger: run {self._run_id} already has the parameters {changed} with "
+                "other values; MLflow parameters cannot change, so the first values are kept.",
+                stacklevel=2,
+            )
+        new = [Param(key, value) for key, value in values.items() if key not in existing]
+        for start in range(0, len(new), _MAX_PARAMS_PER_BATCH):
+            client.log_batch(self._run_id, params=new[start : start + _MAX_PARAMS_PER_BATCH])
+
+    def save(self) -> None:
+        """Write the queued metrics (one ``log_batch`` per 1,000)."""
+        self._last_flush = time.monotonic()
+        if not self._pending:
+            return
+        from mlflow.entities import Metric
+
+        client = self.experiment
+        pending, self._pending = self._pending, []
+        metrics = [Metric(key, value, timestamp, step) for key, value, timestamp, step in pending]
+        for start in range(0, len(metrics), _MAX_METRICS_PER_BATCH):
+            client.log_batch(self._run_id, metrics=metrics[start : start + _MAX_METRICS_PER_BATCH])
+
+    def after_save_checkpoint(self, checkpoint_callback: Any) -> None:
+        """Upload new checkpoints now (``log_model="all"``) or remember them for the end (True)."""
+        if not self._log_model:
+            return
+        if self._log_model == "all" or getattr(checkpoint_callback, "save_top_k", None) == -1:
+            self._upload_checkpoints(checkpoint_callback)
+        else:
+            self._checkpoint_callback = checkpoint_callback
+
+    def finalize(self, status: str) -> None:
+        """Write the queued metrics, upload remembered checkpoints (on success), set the status."""
+        if self._client is None and not self._pending and self._checkpoint_callback is None:
+            return  # never started: nothing to close
+        self.save()
+        if status == "success" and self._checkpoint_callback is not None:
+            self._upload_checkpoints(self._checkpoint_callback)
+        self.experiment.set_terminated(self._run_id, status=_STATUSES.get(status, "FAILED"))
+
+    # ---- resuming ------------------------------------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        """The experiment name and run id (None before the run starts); starts nothing."""
+        return {"name": self._experiment_name, "version": self._run_id}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Reopen the saved run (unless a run id was given or a run already started)."""
+        saved = state_dict.get("version")
+        if not self._is_run_id_given and saved is not None and self._client is None:
+            self._run_id = str(saved)
+            self._is_run_from_checkpoint = True
+
+    # ---- helpers -------------------------------------------------------------------------------
+    def _upload_checkpoints(self, checkpoint_callback: Any) -> None:
+        client = self.experiment
+        for path, _score, _aliases in _checkpoints_to_log(
+            checkpoint_callback, self._logged_checkpoints
+        ):
+            folder = f"checkpoints/{os.path.basename(path)}"
+            if os.path.isdir(path):
+                client.log_artifacts(self._run_id, path, artifact_path=folder)
+            else:
+                client.log_artifact(self._run_id, path, artifact_path="checkpoints")
+            self._logged_checkpoints[path] = os.path.getmtime(path)
+
+    def _name_of(self, key: str) -> str:
+        """The prefixed name with the characters MLflow rejects dropped (cached: runs per value)."""
+        name = self._names.get(key)
+        if name is None:
+            full = f"{self._prefix}{self.LOGGER_JOIN_CHAR}{key}" if self._prefix else key
+            name = _INVALID_NAME_CHARS.sub("", full)
+            if name != full:
+                warnings.warn(
+                    f"MLFlowLogger: {full!r} has characters MLflow rejects; logged as {name!r}.",
+                    stacklevel=3,
+                )
+            self._names[key] = name
+        return name
+
+    def _resolve_step(self, step: int | None) -> int:
+        """Check ``step`` at the boundary, so a bad value fails at the call, not at the flush."""
+        if step is None:
+            return 0 if self._last_step is None else self._last_step + 1
+        if not isinstance(step, bool):
+            with contextlib.suppress(TypeError, RuntimeError):
+                return operator.index(step)
+        raise ConfigurationError(
+            f"MLFlowLogger.log_metrics expected step to be an int, received {describe(step)}. "
+            f"Pass the global step, e.g. step=trainer.global_step."
+        )
+
+
+def _file_store_path(uri: str) -> str | None:
+    """The folder of a file-store URI (a plain path or ``file:``), else None."""
+    parsed = urllib.parse.urlparse(uri)
+    if parsed.scheme == "file":
+        from urllib.request import url2pathname
+
+        return url2pathname(parsed.path)
+    if parsed.scheme == "" or (len(parsed.scheme) == 1 and os.name == "nt"):  # C:\... on Windows
+        return uri
+    return None
+
+
+def _check_installed() -> None:
+    """Fail at construction, not at the first write, when mlflow is missing."""
+    if not is_available("mlflow"):
+        require("mlflow", extra="mlflow", feature="MLFlowLogger")
+
+
+def _check_arguments(
+    experiment_name: object,
+    tracking_uri: object,
+    tags: object,
+    log_model: object,
+    prefix: object,
+    flush_interval_s: object,
+) -> None:
+    """Reject bad constructor arguments before anything is started."""
+
+    def fail(argument: str, value: object, expected: str, fix: str) -> ConfigurationError:
+        return ConfigurationError(
+            f"MLFlowLogger expected {argument} to be {expected}, received {describe(value)}. {fix}"
+        )
+
+    if not isinstance(experiment_name, str) or not experiment_name:
+        raise fail("experiment_name", experiment_name, "a non-empty str", "Pass e.g. 'mnist'.")
+    if tracking_uri is not None and not isinstance(tracking_uri, str):
+        raise fail(
+            "tracking_uri", tracking_uri, "a str or None", "Pass e.g. 'sqlite:///mlflow.db'."
+        )
+    if tags is not None and not isinstance(tags, Mapping):
+        raise fail("tags", tags, "a dict or None", "Pass e.g. tags={'team': 'vision'}.")
+    if log_model not in (True, False, "all"):
+        raise fail("log_model", log_model, "True, False or 'all'", "Pass e.g. log_model='all'.")
+    if not isinstance(prefix, str):
+        raise fail("prefix", prefix, "a str", "Pass e.g. prefix='train'.")
+    if (
+        isinstance(flush_interval_s, bool)
+        or not isinstance(flush_interval_s, (int, float))
+        or flush_interval_s < 0
+    ):
+        raise fail("flush_interval_s", flush_interval_s, "a number >= 0", "Pass e.g. 5.0.")
+
+
+def _to_float(key: str, value: Any) -> float:
+    """Read a metric as a plain float (tensors included): MLflow stores numbers only."""
+    try:
+        return float(value)
+    except (TypeError, ValueError, RuntimeError) as err:
+        raise ConfigurationError(
+            f"MLFlowLogger expected metric {key!r} to be a number or a one-element tensor, "
+            f"received {describe(value)}. Log a scalar, e.g. loss.item() or x.mean()."
+        ) from err

@@ -1,0 +1,402 @@
+"""The TensorBoard logger: event files with scalars, hyperparameters and the model graph.
+
+This module owns the run folder layout (``<save_dir>/<name>/version_<N>[/<sub_dir>]``, the same
+numbering as CSVLogger), the ``torch.utils.tensorboard.SummaryWriter`` (created at the first
+write, so ``import trainer`` never imports tensorboard), the hparams-plugin records, and resuming
+a version without duplicated steps. It does not decide when metrics are logged or what they are
+called (the Trainer does), nor which rank writes (the Trainer calls loggers on global rank zero
+only).
+
+Resuming: after :meth:`TensorBoardLogger.load_state_dict` (a fit resumed from a checkpoint), the
+first step logged is written with a ``SessionLog.START`` event. TensorBoard then drops every
+older event of that folder at or after that step: the points the interrupted run logged after
+its checkpoint disappear instead of showing twice.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import operator
+import os
+import time
+import warnings
+from collections.abc import Mapping
+from typing import Any
+
+from trainer._imports import is_available, require
+from trainer.errors import ConfigurationError, describe
+from trainer.loggers.logger import Logger
+
+__all__ = ["TensorBoardLogger"]
+
+_VERSION_PREFIX = "version_"
+_HP_METRIC = "hp_metric"
+
+
+class TensorBoardLogger(Logger):
+    """Log scalars, hyperparameters and optionally the model graph to TensorBoard event files.
+
+    Files go to ``<save_dir>/<name>/version_<N>/`` (plus ``<sub_dir>`` when given; no
+    ``<name>`` folder when ``name`` is None or ``""``); view them with
+    ``tensorboard --logdir <save_dir>``. Each metric is one scalar point at the given step.
+    :meth:`log_hyperparams` writes the hparams-plugin records (the HPARAMS tab) and, with
+    ``default_hp_metric``, a placeholder scalar ``hp_metric = -1`` at step 0 that the plugin
+    shows next to the hyperparameters. Scalars are stored as float32 (TensorBoard's format).
+
+    Args:
+        save_dir: root folder of all experiments.
+        name: experiment name, a sub-folder of ``save_dir``; None or ``""`` for none.
+        version: an int gives ``version_<int>``, a str is used verbatim as the folder name,
+            None picks the next free ``version_<N>`` (fixed at first use).
+        log_graph: whether :meth:`log_graph` writes the model graph (off by default: tracing
+            the model costs time and memory).
+        default_hp_metric: log ``hp_metric = -1`` at step 0 with the hyperparameters when no
+            metrics are given to :meth:`log_hyperparams`.
+        prefix: put before every metric name, joined with ``"-"`` (``"train"`` ->
+            ``"train-loss"``).
+        sub_dir: a folder inside the version folder for the event files (e.g. ``"fold_1"``).
+        **writer_kwargs: passed to ``SummaryWriter`` (``max_queue``, ``flush_secs``,
+            ``filename_suffix``).
+
+    Raises:
+        ConfigurationError: an argument has the wrong type or value.
+        MissingDependencyError: tensorboard is not installed
+            (``pip install 'trainer[tensorboard]'``).
+
+    Example:
+        >>> logger = TensorBoardLogger("logs", name="mnist")  # doctest: +SKIP
+        >>> logger.log_hyperparams({"lr": 0.1, "batch_size": 32})  # doctest: +SKIP
+        >>> logger.log_metrics({"loss": 0.25}, step=10)  # doctest: +SKIP
+        >>> logger.finalize("success")  # doctest: +SKIP
+        >>> logger.log_dir  # doctest: +SKIP
+        'logs/mnist/version_0'
+    """
+
+    tracker_name = "tensorboard"
+    LOGGER_JOIN_CHAR = "-"
+
+    def __init__(
+        self,
+        save_dir: str | os.PathLike[str],
+        name: str | None = "trainer_logs",
+        version: int | str | None = None,
+        log_graph: bool = False,
+        default_hp_metric: bool = True,
+        prefix: str = "",
+        sub_dir: str | os.PathLike[str] | None = None,
+        **writer_kwargs: Any,
+    ) -> None:
+        _check_arguments(save_dir, name, version, prefix, sub_dir)
+        _check_installed()
+        self._save_dir = os.fspath(save_dir)
+        self._name = name or ""
+        self._version: int | str | None = version
+        self._is_version_given = version is not None
+        self._log_graph = log_graph
+        self._default_hp_metric = default_hp_metric
+        self._prefix = prefix
+        self._sub_dir = os.fspath(sub_dir) if sub_dir is not None else None
+        self._writer_kwargs = writer_kwargs
+        self._experiment: Any = None
+        self._last_step: int | None = None
+        self._hparams: dict[str, Any] = {}
+        self._metric_names: list[str] = []
+        # Set by load_state_dict: the next log_metrics step starts a session that supersedes
+        # the older events from that step on; hyperparameters wait until then (see module doc).
+        self._is_resuming = False
+        self._has_pending_hparams = False
+
+    # ---- where ---------------------------------------------------------------------------------
+    @property
+    def name(self) -> str:
+        """The experiment name (``""`` when there is no name folder)."""
+        return self._name
+
+    @property
+    def version(self) -> int | str:
+        """The run's version; when it was not given, the next free number, fixed at first use."""
+        if self._version is None:
+            self._version = self._next_version()
+        return self._version
+
+    @property
+    def save_dir(self) -> str:
+        """The root folder of all experiments, as given."""
+        return self._save_dir
+
+    @property
+    def root_dir(self) -> str:
+        """``<save_dir>/<name>``: the folder holding this experiment's versions."""
+        return os.path.join(self._save_dir, self._name) if self._name else self._save_dir
+
+    @property
+    def log_dir(self) -> str:
+        """``<root_dir>/version_<N>[/<sub_dir>]``: where the event files go."""
+        version = self.version
+        folder = version if isinstance(version, str) else f"{_VERSION_PREFIX}{version}"
+        log_dir = os.path.join(self.root_dir, folder)
+        return os.path.join(log_dir, self._sub_dir) if self._sub_dir else log_dir
+
+    @property
+    def sub_dir(self) -> str | None:
+        """The folder inside the version folder, if any."""
+        return self._sub_dir
+
+    @property
+    def experiment(self) -> Any:
+        """The ``torch.utils.tensorboard.SummaryWriter``, created (with its folder) at first use."""
+        if self._experiment is None:
+            require("tensorboard", extra="tensorboard", feature="TensorBoardLogger")
+            from torch.utils.tensorboard import SummaryWriter
+
+            os.makedirs(self.log_dir, exist_ok=True)
+            self._experiment = SummaryWriter(log_dir=self.log_dir, **self._writer_kwargs)
+        return self._experiment
+
+    # ---- what ----------------------------------------------------------------------------------
+    def log_metrics(self, metrics: Mapping[str, Any], step: int | None = None) -> None:
+        """Write one scalar point per metric at ``step``.
+
+        Args:
+            metrics: metric name -> number; 0-dim tensors are read with ``float()``.
+            step: the global step; None means one past the last step logged (0 at first).
+
+        Raises:
+            ConfigurationError: a value is not a number, or ``step`` is not an int.
+
+        Example:
+            >>> logger.log_metrics({"train/loss": 0.5, "epoch": 0.0}, step=50)  # doctest: +SKIP
+        """
+        step = self._resolve_step(step)
+        values = {self._tag(key): _to_float(key, value) for key, value in metrics.items()}
+        if self._is_resuming:
+            self._start_session(step)
+        self._write_scalars(values, step)
+        self._last_step = step
+
+    def log_hyperparams(
+        self,
+        params: Mapping[str, Any] | argparse.Namespace,
+        metrics: Mapping[str, Any] | float | None = None,
+    ) -> None:
+        """Record ``params`` for the HPARAMS tab, with ``metrics`` as its metric columns.
+
+        Nested dicts are flattened with ``"/"`` (``{"opt": {"lr": 0.1}}`` -> ``opt/lr``); values
+        other than bool, int, float and str are stored as their ``str()``. Later calls merge
+        into the earlier parameters.
+
+        Args:
+            params: a mapping or an ``argparse.Namespace``.
+            metrics: metric name -> value, logged at step 0 and shown as the plugin's metric
+                columns; a bare number means ``{"hp_metric": number}``; None logs
+                ``hp_metric = -1`` when ``default_hp_metric`` (not again on a resumed run).
+
+        Raises:
+            ConfigurationError: ``params`` is neither a mapping nor a Namespace, or a metric is
+                not a number.
+
+        Example:
+            >>> logger.log_hyperparams({"lr": 0.1}, metrics={"val/loss": 0.0})  # doctest: +SKIP
+        """
+        self._hparams.update(_hparams_values(_flatten_params(_as_dict(params, "log_hyperparams"))))
+        if metrics is None:
+            is_placeholder_due = self._default_hp_metric and not self._is_resuming
+            metrics = {_HP_METRIC: -1.0} if is_placeholder_due else {}
+        elif not isinstance(metrics, Mapping):
+            metrics = {_HP_METRIC: metrics}
+        values = {self._tag(key): _to_float(key, value) for key, value in metrics.items()}
+        self._metric_names.extend(name for name in values if name not in self._metric_names)
+        self._write_scalars(values, 0)
+        self._has_pending_hparams = True
+        if not self._is_resuming:
+            self._write_hparams()
+
+    def log_graph(self, model: Any, input_array: Any = None) -> None:
+        """Trace ``model`` on ``input_array`` and write its graph (only with ``log_graph=True``).
+
+        Args:
+            model: a ``torch.nn.Module``.
+            input_array: an example input; None uses ``model.example_input_array``. Tensors are
+                moved to the model's device first.
+
+        Warns:
+            UserWarning: there is no example input, so no graph is written.
+        """
+        if not self._log_graph:
+            return
+        if input_array is None:
+            input_array = getattr(model, "example_input_array", None)
+        if input_array is None:
+            warnings.warn(
+                "TensorBoardLogger(log_graph=True) wrote no graph: there is no example input. "
+                "Set `model.example_input_array` or call log_graph(model, input_array).",
+                stacklevel=2,
+            )
+            return
+        parameter = next(iter(model.parameters()), None)
+        if parameter is not None and hasattr(input_array, "to"):
+            input_array = input_array.to(parameter.device)
+        self.experiment.add_graph(model, input_array)
+
+    def save(self) -> None:
+        """Flush the event files (the writer also flushes every ``flush_secs``, 120 by default)."""
+        if self._has_pending_hparams:  # resumed, nothing logged since: nothing to supersede
+            self._write_hparams()
+        if self._experiment is not None:
+            self._experiment.flush()
+
+    def finalize(self, status: str) -> None:
+        """Flush and close the event file; a later write opens a new file in the same folder."""
+        self.save()
+        if self._experiment is not None:
+            self._experiment.close()
+            self._experiment = None
+
+    # ---- resuming ------------------------------------------------------------------------------
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Continue the saved run's version folder (unless a version was given) without duplicates.
+
+        The first step logged afterwards supersedes the folder's older events at or after it.
+        """
+        saved = state_dict.get("version")
+        if not self._is_version_given and saved is not None and self._experiment is None:
+            self._version = saved
+        self._is_resuming = True
+
+    def _start_session(self, step: int) -> None:
+        """Write ``SessionLog.START`` at ``step`` (TensorBoard drops older events from ``step`` on),
+        then the hyperparameters that waited for it, so they are not dropped with them."""
+        from tensorboard.compat.proto.event_pb2 import Event, SessionLog
+
+        self._is_resuming = False
+        event = Event(wall_time=time.time(), step=step)
+        event.session_log.status = SessionLog.START
+        self.experiment._get_file_writer().add_event(event)
+        if self._has_pending_hparams:
+            self._write_hparams()
+
+    # ---- helpers -------------------------------------------------------------------------------
+    def _tag(self, key: str) -> str:
+        return f"{self._prefix}{self.LOGGER_JOIN_CHAR}{key}" if self._prefix else key
+
+    def _write_scalars(self, values: Mapping[str, float], step: int) -> None:
+        writer = self.experiment
+        for tag, value in values.items():
+            writer.add_scalar(tag, value, global_step=step)
+
+    def _write_hparams(self) -> None:
+        """The three hparams-plugin summaries, in the run's own event file (not a sub-run)."""
+        from torch.utils.tensorboard.summary import hparams
+
+        metric_dict = dict.fromkeys(self._metric_names, 0.0)
+        file_writer = self.experiment._get_file_writer()
+        for summary in hparams(dict(self._hparams), metric_dict):
+            file_writer.add_summary(summary)
+        self._has_pending_hparams = False
+
+    def _resolve_step(self, step: int | None) -> int:
+        """Check ``step`` at the boundary, so a bad value fails at the call, not in the writer."""
+        if step is None:
+            return 0 if self._last_step is None else self._last_step + 1
+        if not isinstance(step, bool):
+            with contextlib.suppress(TypeError, RuntimeError):
+                return operator.index(step)
+        raise ConfigurationError(
+            f"TensorBoardLogger.log_metrics expected step to be an int, received "
+            f"{describe(step)}. Pass the global step, e.g. step=trainer.global_step."
+        )
+
+    def _next_version(self) -> int:
+        """One past the highest ``version_<N>`` folder in ``root_dir``, so no run is overwritten."""
+        try:
+            entries = os.listdir(self.root_dir)
+        except FileNotFoundError:
+            return 0
+        found = [
+            int(entry[len(_VERSION_PREFIX) :])
+            for entry in entries
+            if entry.startswith(_VERSION_PREFIX)
+            and entry[len(_VERSION_PREFIX) :].isdigit()
+            and os.path.isdir(os.path.join(self.root_dir, entry))
+        ]
+        return max(found, default=-1) + 1
+
+
+def _check_installed() -> None:
+    """Fail at construction, not at the first write, when tensorboard is missing."""
+    if not is_available("tensorboard"):
+        require("tensorboard", extra="tensorboard", feature="TensorBoardLogger")
+
+
+def _check_arguments(
+    save_dir: object, name: object, version: object, prefix: object, sub_dir: object
+) -> None:
+    """Reject bad constructor arguments before anything is resolved or written."""
+
+    def fail(argument: str, value: object, expected: str, fix: str) -> ConfigurationError:
+        return ConfigurationError(
+            f"TensorBoardLogger expected {argument} to be {expected}, received "
+            f"{describe(value)}. {fix}"
+        )
+
+    if not isinstance(save_dir, (str, os.PathLike)):
+        raise fail("save_dir", save_dir, "a str or os.PathLike", "Pass a folder, e.g. 'logs'.")
+    if name is not None and not isinstance(name, str):
+        raise fail("name", name, "a str or None", "Pass e.g. name='mnist'.")
+    is_bad_int = isinstance(version, bool) or (isinstance(version, int) and version < 0)
+    if (version is not None and not isinstance(version, (int, str))) or is_bad_int:
+        raise fail("version", version, "an int >= 0, a str or None", "Pass e.g. version=0.")
+    if version == "":
+        raise fail("version", version, "a non-empty str", "Pass None to pick the next version.")
+    if not isinstance(prefix, str):
+        raise fail("prefix", prefix, "a str", "Pass e.g. prefix='train'.")
+    if sub_dir is not None and not isinstance(sub_dir, (str, os.PathLike)):
+        raise fail("sub_dir", sub_dir, "a str, os.PathLike or None", "Pass e.g. 'fold_1'.")
+
+
+def _to_float(key: str, value: Any) -> float:
+    """Read a metric as a plain float (tensors included): a scalar event holds one number."""
+    try:
+        return float(value)
+    except (TypeError, ValueError, RuntimeError) as err:
+        raise ConfigurationError(
+            f"TensorBoardLogger expected metric {key!r} to be a number or a one-element tensor, "
+            f"received {describe(value)}. Log a scalar, e.g. loss.item() or x.mean()."
+        ) from err
+
+
+def _as_dict(params: Any, where: str) -> dict[str, Any]:
+    """``params`` as a dict (Namespaces included), or an error naming the call."""
+    if isinstance(params, argparse.Namespace):
+        return vars(params)
+    if not isinstance(params, Mapping):
+        raise ConfigurationError(
+            f"{where} expected a dict or an argparse.Namespace, received {describe(params)}. "
+            f"Pass e.g. {{'lr': 0.1}}."
+        )
+    return dict(params)
+
+
+def _flatten_params(params: Mapping[str, Any], parent: str = "") -> dict[str, Any]:
+    """Nested dicts (and Namespaces) as ``"outer/inner"`` keys: trackers store flat key/values."""
+    flat: dict[str, Any] = {}
+    for key, value in params.items():
+        name = f"{parent}/{key}" if parent else str(key)
+        if isinstance(value, argparse.Namespace):
+            value = vars(value)
+        if isinstance(value, Mapping) and value:
+            flat.update(_flatten_params(value, name))
+        else:
+            flat[name] = value
+    return flat
+
+
+def _hparams_values(params: Mapping[str, Any]) -> dict[str, bool | int | float | str]:
+    """What the hparams plugin stores (bool, int, float, str); anything else as its ``str()``."""
+    values: dict[str, bool | int | float | str] = {}
+    for key, value in params.items():
+        if hasattr(value, "numel") and value.numel() == 1:
+            value = value.item()
+        values[key] = value if isinstance(value, (bool, int, float, str)) else str(value)
+    return values
