@@ -453,7 +453,7 @@ def test_trainer_properties(tmp_path):
 def test_default_callbacks_are_summary_progress_bar_and_checkpoint(tmp_path):
     t = trainer.Trainer(default_root_dir=str(tmp_path))
     names = [type(cb).__name__ for cb in t.callbacks]
-    assert names == ["ModelSummary", "RichProgressBar", "ModelCheckpoint"]
+    assert names == ["ModelSummary", "RichProgressBar", "ModelCheckpoint", "FitSummary"]
     off = trainer.Trainer(enable_progress_bar=False, enable_model_summary=False, enable_checkpointing=False)
     assert off.callbacks == []
     # A user's ModelCheckpoint replaces the default and moves last.
@@ -462,6 +462,8 @@ def test_default_callbacks_are_summary_progress_bar_and_checkpoint(tmp_path):
     mine = ModelCheckpoint(monitor="val/loss")
     t = trainer.Trainer(callbacks=[mine, _ValCounter()], enable_progress_bar=False, enable_model_summary=False)
     assert t.callbacks[-1] is mine and len(t.callbacks) == 2
+    with_summary = trainer.Trainer(callbacks=[mine], enable_progress_bar=False)
+    assert [type(cb).__name__ for cb in with_summary.callbacks] == ["ModelSummary", "ModelCheckpoint", "FitSummary"]
 
 
 def test_accumulate_grad_batches_can_change_between_epochs(tmp_path):

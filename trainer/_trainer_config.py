@@ -216,7 +216,12 @@ def build_callbacks(
         given.append(ModelCheckpoint())
     # Checkpoint callbacks go last, so they see what every other callback did (Lightning's order).
     checkpoints = [cb for cb in given if is_instance_named(cb, "ModelCheckpoint")]
-    return [cb for cb in given if cb not in checkpoints] + checkpoints
+    ordered = [cb for cb in given if cb not in checkpoints] + checkpoints
+    if enable_model_summary and not any(is_instance_named(cb, "FitSummary") for cb in ordered):
+        from trainer.callbacks.fit_summary import FitSummary
+
+        ordered.append(FitSummary())  # last: it reports where the final checkpoints went
+    return ordered
 
 
 def overrides(module: Any, method: str) -> bool:
