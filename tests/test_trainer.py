@@ -484,3 +484,29 @@ def test_test_results_reach_the_csv_file_when_test_returns(tmp_path):
     t.test(LinearModule(), make_loader())
     text = (tmp_path / "trainer_logs" / "version_0" / "metrics.csv").read_text()
     assert "test/loss" in text.splitlines()[0] and len(text.splitlines()) == 2
+
+
+def test_public_train_dataloader_model_and_reset(tmp_path):
+    seen = {}
+
+    class Sized(LinearModule):
+        def __init__(self):
+            super().__init__()
+            self.batch_size = 4
+
+        def train_dataloader(self):
+            return make_loader(n=32, batch_size=self.batch_size)
+
+    class Resize(Callback):
+        def on_fit_start(self, trainer, module):
+            seen["before"] = trainer.train_dataloader.batch_size
+            assert trainer.model("training_step", next(iter(trainer.train_dataloader)), 0).requires_grad
+            module.batch_size = 8
+            trainer.reset_train_dataloader()
+            seen["after"] = trainer.train_dataloader.batch_size
+
+    t = quiet_trainer(tmp_path, max_epochs=1, callbacks=[Resize()])
+    t.fit(Sized())
+    assert seen == {"before": 4, "after": 8} and t.global_step == 4
+    with pytest.raises(trainer.ConfigurationError, match="cannot be rebuilt"):
+        quiet_trainer(tmp_path, max_epochs=1, callbacks=[Resize()]).fit(Sized(), make_loader())

@@ -58,7 +58,7 @@ from trainer.loggers.logger import Logger
 from trainer.module import DataModule, TrainModule
 from trainer.module_hooks import ModuleHooks
 from trainer.precision import Precision, resolve_precision
-from trainer.seed import set_rng_states
+from trainer.seed import get_rng_states, set_rng_states
 from trainer.strategies import Strategy, detect_environment, resolve_strategy
 
 __all__ = ["Progress", "Trainer", "TrainerState"]
@@ -201,6 +201,8 @@ class Trainer:
         self._start_time = 0.0
         self._previous_deterministic = torch.are_deterministic_algorithms_enabled()
         self._router: _StepRouter | None = None
+        self._wrapped_model: torch.nn.Module | None = None
+        self._is_train_loader_given = False
         self._pending_rng_state: dict[str, Any] | None = None  # applied when training resumes
         self._restored_metrics: dict[str, float] = {}  # callback_metrics of a resumed checkpoint
         self._received_signal: int | None = None  # SIGTERM/SIGUSR1 seen: save at the next step
@@ -322,6 +324,38 @@ class Trainer:
             items.update(store.epoch_items(for_bar=True))
             items.update(store.step_items(for_bar=True))
         return {k: to_float(v) for k, v in items.items()}
+
+    @property
+    def train_dataloader(self) -> Any:
+        """The prepared train dataloader of the current fit, or None."""
+        return self._loaders.get("train")
+
+    @property
+    def model(self) -> torch.nn.Module | None:
+        """The prepared model: ``trainer.model("training_step", batch, batch_idx)`` runs a step
+        through the engine's wrapper (DDP, FSDP), as the loop does."""
+        return self._wrapped_model if self._router is not None else None
+
+    def reset_train_dataloader(self) -> None:
+        """Rebuild the train dataloader from the DataModule/TrainModule and prepare it again.
+
+        For callbacks that change how data is loaded during ``on_fit_start`` (BatchSizeFinder).
+        The new loader keeps the old one's shuffle seed and epoch; the global RNG is untouched.
+
+        Raises:
+            ConfigurationError: fit received the DataLoader directly, so it cannot be rebuilt.
+        """
+        if self._is_train_loader_given:
+            raise ConfigurationError(
+                "trainer.reset_train_dataloader(): fit() received the train DataLoader, which cannot be "
+                "rebuilt. Provide train_dataloader() on the module or a DataModule instead."
+            )
+        old = self._loaders.get("train")
+        rng = get_rng_states()  # preparing draws a seed; the old loader's is kept instead
+        self._loaders["train"] = self._prepare_loader("train", None, required=True)
+        set_rng_states(rng)
+        if old is not None:
+            self._loaders["train"].load_state_dict(old.state_dict())
 
     @property
     def estimated_stepping_batches(self) -> float:
@@ -487,6 +521,7 @@ class Trainer:
             module.compile(**options)
         self._prepare_module(module)
         self._loaders = {}
+        self._is_train_loader_given = loaders.get("train") is not None
         for name, given in loaders.items():  # before optimizers: schedulers may need the length
             self._loaders[name] = self._prepare_loader(
                 name, given, required=name in ("train", "test", "predict")

@@ -103,8 +103,7 @@ class _TrainingState:
 
 def _train_loader(trainer: Trainer) -> Any:
     """The prepared train dataloader of the running fit."""
-    # TODO(trainer.py): read a public `trainer.train_dataloader` (the prepared loader) instead.
-    loader = trainer._loaders.get("train")
+    loader = trainer.train_dataloader
     if loader is None:
         raise ConfigurationError(
             "the finders run at on_fit_start and need the fit's train dataloader; none is set up."
@@ -114,10 +113,8 @@ def _train_loader(trainer: Trainer) -> Any:
 
 def _step_function(trainer: Trainer, module: TrainModule) -> Callable[[Any, int], Any]:
     """``training_step`` through the prepared model (DDP/FSDP wrappers see the forward)."""
-    # TODO(trainer.py): a public way to run training_step through the prepared model; the
-    # Trainer's router is private (`_run_step`). On one device it is module.training_step.
-    router = getattr(trainer, "_run_step", None)
-    return module.training_step if router is None else partial(router, "training_step")
+    model = trainer.model
+    return module.training_step if model is None else partial(model, "training_step")
 
 
 def _loss_of(output: Any, who: str) -> torch.Tensor | None:

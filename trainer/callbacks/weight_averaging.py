@@ -308,8 +308,7 @@ class StochasticWeightAveraging(Callback):
             self._update_batch_norm(trainer, module)
 
     def _update_batch_norm(self, trainer: Trainer, module: TrainModule) -> None:
-        # TODO(trainer.py): read a public `trainer.train_dataloader` (the prepared loader) instead.
-        loader = trainer._loaders.get("train")
+        loader = trainer.train_dataloader
         if loader is None:
             return
         try:
