@@ -439,25 +439,13 @@ class Accelerator:
         """Context manager giving each process its slice of ``inputs`` (see PartialState)."""
         return self.state.split_between_processes(inputs, apply_padding=apply_padding)
 
-    @contextlib.contextmanager
-    def main_process_first(self) -> Iterator[None]:
+    def main_process_first(self) -> contextlib.AbstractContextManager[None]:
         """Run the block on the main process first (e.g. to download or preprocess once)."""
-        with self._first(self.is_main_process):
-            yield
+        return self.state.main_process_first()
 
-    @contextlib.contextmanager
-    def local_main_process_first(self) -> Iterator[None]:
+    def local_main_process_first(self) -> contextlib.AbstractContextManager[None]:
         """Run the block on each machine's main process first."""
-        with self._first(self.is_local_main_process):
-            yield
-
-    @contextlib.contextmanager
-    def _first(self, is_first: bool) -> Iterator[None]:
-        if not is_first:
-            self.wait_for_everyone()
-        yield
-        if is_first:
-            self.wait_for_everyone()
+        return self.state.local_main_process_first()
 
     def print(self, *args: Any, **kwargs: Any) -> None:
         """``print`` once per machine (on the local main process)."""
