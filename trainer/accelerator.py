@@ -558,7 +558,7 @@ class Accelerator:
             return
         metrics = {k: (float(v) if isinstance(v, torch.Tensor) else v) for k, v in values.items()}
         for tracker in self.trackers:
-            tracker.log_metrics(metrics, step if step is not None else 0)
+            tracker.log_metrics(metrics, step)  # None: one past the tracker's last step
 
     def get_tracker(self, name: str, unwrap: bool = False) -> Any:
         """The tracker whose ``name`` (e.g. "csv") matches; its backend object if ``unwrap``."""

@@ -203,6 +203,11 @@ class ModelCheckpoint(Callback):
         if trainer.is_global_zero:
             for old in dropped:  # only now: the new checkpoint and the `last` link are in place
                 self._delete(old)
+            if written:
+                for (
+                    logger
+                ) in trainer.loggers:  # artifact upload (WandbLogger/MLFlowLogger log_model)
+                    logger.after_save_checkpoint(self)
         self._last_saved_step = step
         if written and self.verbose and trainer.is_global_zero:
             print(f"ModelCheckpoint: saved {written}")

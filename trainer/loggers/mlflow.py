@@ -16,6 +16,7 @@ unset), and leaves it alone for databases and servers.
 from __future__ import annotations
 
 import argparse
+import atexit
 import contextlib
 import operator
 import os
@@ -23,6 +24,7 @@ import re
 import time
 import urllib.parse
 import warnings
+import weakref
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -48,9 +50,9 @@ class MLFlowLogger(Logger):
     At the first write the logger gets or creates the experiment ``experiment_name`` and
     creates a run in it (named ``run_name``, tagged with ``tags``), or reopens ``run_id``.
     Metrics are kept in memory and written with one ``log_batch`` call every
-    ``flush_interval_s`` seconds (checked when metrics arrive), when 1,000 are waiting, and in
-    :meth:`save` / :meth:`finalize`; a process killed without ``finalize`` loses at most that
-    interval. :meth:`finalize` sets the run's status: FINISHED on success, FAILED on failure,
+    ``flush_interval_s`` seconds (checked when metrics arrive), when 1,000 are waiting, in
+    :meth:`save` / :meth:`finalize`, and when the interpreter exits; a killed process loses at
+    most that interval. :meth:`finalize` sets the run's status: FINISHED on success, FAILED on failure,
     KILLED when interrupted.
 
     Args:
@@ -125,6 +127,7 @@ class MLFlowLogger(Logger):
         self._experiment_id: str | None = None
         self._pending: list[tuple[str, float, int, int]] = []  # key, value, timestamp ms, step
         self._last_flush = time.monotonic()
+        self._is_flushed_at_exit = False  # an atexit hook writes what is still queued
         self._last_step: int | None = None
         self._names: dict[str, str] = {}  # metric name -> the name MLflow accepts
         self._checkpoint_callback: Any = None
@@ -247,6 +250,9 @@ class MLFlowLogger(Logger):
         """
         step = self._resolve_step(step)
         timestamp = int(time.time() * 1000)
+        if not self._is_flushed_at_exit:
+            atexit.register(_save_at_exit, weakref.ref(self))
+            self._is_flushed_at_exit = True
         for key, value in metrics.items():
             self._pending.append((self._name_of(key), _to_float(key, value), timestamp, step))
         self._last_step = step
@@ -292,10 +298,12 @@ class MLFlowLogger(Logger):
         from mlflow.entities import Metric
 
         client = self.experiment
-        pending, self._pending = self._pending, []
-        metrics = [Metric(key, value, timestamp, step) for key, value, timestamp, step in pending]
+        metrics = [Metric(key, value, time_ms, step) for key, value, time_ms, step in self._pending]
         for start in range(0, len(metrics), _MAX_METRICS_PER_BATCH):
             client.log_batch(self._run_id, metrics=metrics[start : start + _MAX_METRICS_PER_BATCH])
+        # Dropped only once written: a failed request keeps them for the next try (MLflow stores
+        # a point sent twice once).
+        del self._pending[: len(metrics)]
 
     def after_save_checkpoint(self, checkpoint_callback: Any) -> None:
         """Upload new checkpoints now (``log_model="all"``) or remember them for the end (True)."""
@@ -308,10 +316,11 @@ class MLFlowLogger(Logger):
 
     def finalize(self, status: str) -> None:
         """Write the queued metrics, upload remembered checkpoints (on success), set the status."""
-        if self._client is None and not self._pending and self._checkpoint_callback is None:
+        has_uploads = status == "success" and self._checkpoint_callback is not None
+        if self._client is None and not self._pending and not has_uploads:
             return  # never started: nothing to close
         self.save()
-        if status == "success" and self._checkpoint_callback is not None:
+        if has_uploads:
             self._upload_checkpoints(self._checkpoint_callback)
         self.experiment.set_terminated(self._run_id, status=_STATUSES.get(status, "FAILED"))
 
@@ -365,6 +374,13 @@ class MLFlowLogger(Logger):
             f"MLFlowLogger.log_metrics expected step to be an int, received {describe(step)}. "
             f"Pass the global step, e.g. step=trainer.global_step."
         )
+
+
+def _save_at_exit(reference: weakref.ReferenceType[MLFlowLogger]) -> None:
+    """Write the metrics still queued when the interpreter exits without ``finalize``."""
+    logger = reference()
+    if logger is not None and logger._pending:
+        logger.save()
 
 
 def _file_store_path(uri: str) -> str | None:

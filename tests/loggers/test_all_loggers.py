@@ -1,0 +1,312 @@
+"""All four loggers at once: one fit writes the same stream to each, read back from its files.
+
+Also the resume contract (a fit resumed from a checkpoint continues the same CSV version,
+TensorBoard version, wandb run and MLflow run, with no repeated or decreasing step), the
+Accelerator's ``log_with`` names, and the MissingDependencyError of each backend.
+"""
+
+from __future__ import annotations
+
+import csv
+import os
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.conftest import LinearModule, make_loader, quiet_trainer
+from trainer import Accelerator, LoggerType
+from trainer.callbacks.model_checkpoint import ModelCheckpoint
+from trainer.loggers import CSVLogger, Logger, MLFlowLogger, TensorBoardLogger, WandbLogger
+from trainer.loggers.wandb import STEP_METRIC
+
+pytest.importorskip("tensorboard")
+pytest.importorskip("wandb")
+pytest.importorskip("mlflow")
+from mlflow.tracking import MlflowClient
+from tensorboard.backend.event_processing.event_accumulator import (
+    EventAccumulator,
+)
+
+from tests.loggers.wandb_reader import find_runs
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+Point = tuple[str, int, float]  # metric name, step, value
+
+
+@pytest.fixture(autouse=True)
+def isolated_trackers(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """wandb offline and quiet with its files under tmp_path; MLflow's env var restored after."""
+    for variable, folder in (
+        ("WANDB_DIR", "wandb_dir"),
+        ("WANDB_CACHE_DIR", "wandb_cache"),
+        ("WANDB_CONFIG_DIR", "wandb_config"),
+        ("WANDB_DATA_DIR", "wandb_data"),
+    ):
+        monkeypatch.setenv(variable, str(tmp_path / folder))
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    for variable in ("WANDB_PROJECT", "MLFLOW_TRACKING_URI", "MLFLOW_ALLOW_FILE_STORE"):
+        monkeypatch.delenv(variable, raising=False)
+
+
+def make_loggers(root: Path) -> list[Logger]:
+    """The four loggers, each in its own folder; MLflow in its default folder store."""
+    return [
+        CSVLogger(root / "csv", name="exp"),
+        TensorBoardLogger(root / "tb", name="exp", default_hp_metric=False),
+        WandbLogger(project="exp", save_dir=root / "wandb", offline=True),
+        MLFlowLogger(experiment_name="exp", save_dir=root / "mlruns"),
+    ]
+
+
+# ---- reading each backend's files ----------------------------------------------------------------
+def csv_points(logger: CSVLogger) -> list[Point]:
+    with open(os.path.join(logger.log_dir, "metrics.csv"), newline="", encoding="utf-8") as file:
+        rows = list(csv.DictReader(file))
+    return [
+        (key, int(row["step"]), float(value))
+        for row in rows
+        for key, value in row.items()
+        if key != "step" and value != ""
+    ]
+
+
+def tensorboard_points(logger: TensorBoardLogger) -> list[Point]:
+    """Points in the order they were written (wall time), after TensorBoard's purges."""
+    accumulator = EventAccumulator(logger.log_dir, size_guidance={"scalars": 0})
+    accumulator.Reload()
+    events = [
+        (event.wall_time, tag, event.step, event.value)
+        for tag in accumulator.Tags()["scalars"]
+        for event in accumulator.Scalars(tag)
+    ]
+    return [(tag, step, value) for _, tag, step, value in sorted(events, key=lambda e: e[0])]
+
+
+def wandb_points(logger: WandbLogger) -> list[Point]:
+    points = []
+    for run in find_runs(logger.save_dir):
+        assert run.run_id == logger.version
+        for row in run.history:
+            step = row[STEP_METRIC]
+            points.extend(
+                (key, step, float(value))
+                for key, value in row.items()
+                if not key.startswith("_") and key != STEP_METRIC
+            )
+    return points
+
+
+def mlflow_points(logger: MLFlowLogger) -> list[Point]:
+    """Every stored point, by timestamp (MLflow keeps one copy of identical points)."""
+    client = MlflowClient(logger.tracking_uri)
+    points = []
+    for key in client.get_run(logger.run_id).data.metrics:
+        points.extend(
+            (metric.timestamp, key, metric.step, metric.value)
+            for metric in client.get_metric_history(logger.run_id, key)
+        )
+    return [(key, step, value) for _, key, step, value in sorted(points, key=lambda p: p[0])]
+
+
+def read_all(loggers: list[Any]) -> dict[str, list[Point]]:
+    csv_logger, tb_logger, wandb_logger, mlflow_logger = loggers
+    return {
+        "csv": csv_points(csv_logger),
+        "tensorboard": tensorboard_points(tb_logger),
+        "wandb": wandb_points(wandb_logger),
+        "mlflow": mlflow_points(mlflow_logger),
+    }
+
+
+def assert_same_points(expected: list[Point], received: list[Point], name: str) -> None:
+    """Same names and steps, values within 1e-6 (TensorBoard stores float32)."""
+    expected, received = sorted(expected), sorted(received)
+    assert [(k, s) for k, s, _ in received] == [(k, s) for k, s, _ in expected], name
+    for (key, step, want), (_, _, got) in zip(expected, received):
+        assert got == pytest.approx(want, rel=1e-6, abs=1e-6), (name, key, step)
+
+
+# ---- one fit, four loggers -----------------------------------------------------------------------
+def test_one_fit_writes_the_same_stream_to_every_logger(tmp_path: Path) -> None:
+    loggers = make_loggers(tmp_path)
+    trainer = quiet_trainer(tmp_path, max_epochs=2, log_every_n_steps=2, logger=loggers)
+    trainer.fit(LinearModule(), make_loader(), make_loader(n=8))
+
+    points = read_all(loggers)
+    reference = points["csv"]
+    assert {key for key, _, _ in reference} == {"train/loss", "val/loss", "epoch"}
+    assert sorted({s for k, s, _ in reference if k == "train/loss"}) == list(range(2, 17, 2))
+    assert sorted(s for k, s, _ in reference if k == "val/loss") == [8, 16]
+    assert_same_points(reference, points["tensorboard"], "tensorboard")
+    assert_same_points(reference, points["wandb"], "wandb")
+    # MLflow stores identical (name, step, value, millisecond) points once: compare as sets.
+    assert_same_points(sorted(set(reference)), sorted(set(points["mlflow"])), "mlflow")
+
+    assert trainer.log_dir == loggers[0].log_dir
+    assert MlflowClient(loggers[3].tracking_uri).get_run(loggers[3].run_id).data.params == {
+        "lr": "0.05"
+    }
+    (run,) = find_runs(loggers[2].save_dir)
+    assert run.config == {"lr": 0.05}
+
+
+def test_resumed_fit_continues_every_run_without_repeated_steps(tmp_path: Path) -> None:
+    first = make_loggers(tmp_path)
+    trainer = quiet_trainer(tmp_path, max_epochs=1, log_every_n_steps=2, logger=first)
+    trainer.fit(LinearModule(), make_loader(), make_loader(n=8))
+    trainer.save_checkpoint(tmp_path / "ckpt")
+    identities = [(logger.name, logger.version) for logger in first]
+
+    resumed = make_loggers(tmp_path)  # fresh objects, no version or id given
+    trainer = quiet_trainer(tmp_path, max_epochs=2, log_every_n_steps=2, logger=resumed)
+    trainer.fit(LinearModule(), make_loader(), make_loader(n=8), ckpt_path=tmp_path / "ckpt")
+
+    assert [(logger.name, logger.version) for logger in resumed] == identities
+    assert os.listdir(tmp_path / "csv" / "exp") == ["version_0"]
+    assert os.listdir(tmp_path / "tb" / "exp") == ["version_0"]
+    experiment = MlflowClient(resumed[3].tracking_uri).get_experiment_by_name("exp")
+    runs = MlflowClient(resumed[3].tracking_uri).search_runs([experiment.experiment_id])
+    assert [run.info.run_id for run in runs] == [resumed[3].version]
+    assert [run.run_id for run in find_runs(resumed[2].save_dir)] == [resumed[2].version] * 2
+
+    for name, points in read_all(resumed).items():
+        steps = [step for key, step, _ in points if key == "train/loss"]
+        assert steps == list(range(2, 17, 2)), name  # in write order: no repeat, no decrease
+        assert [step for key, step, _ in points if key == "val/loss"] == [8, 16], name
+
+
+def test_resuming_an_earlier_checkpoint_drops_later_points_in_the_file_loggers(
+    tmp_path: Path,
+) -> None:
+    """As after a crash: the run went on past the checkpoint it resumes from.
+
+    CSV and TensorBoard replace the points from the first step logged again; W&B and MLflow
+    histories are append-only, so there those steps appear twice (see docs/loggers.md).
+    """
+    checkpoint = ModelCheckpoint(dirpath=tmp_path / "ckpt", save_top_k=-1)
+    first = [CSVLogger(tmp_path / "csv"), TensorBoardLogger(tmp_path / "tb")]
+    trainer = quiet_trainer(
+        tmp_path,
+        max_epochs=2,
+        log_every_n_steps=2,
+        logger=first,
+        enable_checkpointing=True,
+        callbacks=[checkpoint],
+    )
+    trainer.fit(LinearModule(), make_loader(), make_loader(n=8))
+    time.sleep(1.01 - time.time() % 1)  # event files are named by the second they are opened in
+
+    resumed = [CSVLogger(tmp_path / "csv"), TensorBoardLogger(tmp_path / "tb")]
+    trainer = quiet_trainer(tmp_path, max_epochs=2, log_every_n_steps=2, logger=resumed)
+    trainer.fit(
+        LinearModule(),
+        make_loader(),
+        make_loader(n=8),
+        ckpt_path=tmp_path / "ckpt" / "epoch=0-step=8",
+    )
+
+    for points in (csv_points(resumed[0]), tensorboard_points(resumed[1])):
+        steps = [step for key, step, _ in points if key == "train/loss"]
+        assert steps == list(range(2, 17, 2))
+        assert [step for key, step, _ in points if key == "val/loss"] == [8, 16]
+
+
+# ---- the Accelerator's trackers ------------------------------------------------------------------
+def test_accelerator_log_with_names_build_the_same_loggers(tmp_path: Path) -> None:
+    accelerator = Accelerator(
+        cpu=True,
+        log_with=[LoggerType.TENSORBOARD, "wandb", "mlflow"],
+        project_dir=str(tmp_path),
+    )
+    accelerator.init_trackers(
+        "proj",
+        config={"lr": 0.1},
+        init_kwargs={"wandb": {"offline": True, "name": "first"}, "mlflow": {"run_name": "r"}},
+    )
+    tensorboard, wandb_logger, mlflow = accelerator.trackers
+    assert isinstance(tensorboard, TensorBoardLogger) and tensorboard.name == "proj"
+    assert accelerator.get_tracker("wandb") is wandb_logger
+    assert accelerator.get_tracker("mlflow") is mlflow
+    assert accelerator.get_tracker("wandb", unwrap=True) is wandb_logger.experiment
+    for step in (1, 2):
+        accelerator.log({"loss": 1.0 / step}, step=step)
+    accelerator.end_training()
+
+    assert tensorboard.log_dir == str(tmp_path / "proj" / "version_0")
+    assert tensorboard_points(tensorboard) == [("loss", 1, 1.0), ("loss", 2, 0.5)]
+    (run,) = find_runs(tmp_path)
+    assert (run.project, run.display_name, run.config) == ("proj", "first", {"lr": 0.1})
+    assert wandb_points(wandb_logger) == [("loss", 1, 1.0), ("loss", 2, 0.5)]
+    assert mlflow.save_dir == str(tmp_path / "mlruns")
+    assert mlflow_points(mlflow) == [("loss", 1, 1.0), ("loss", 2, 0.5)]
+    record = MlflowClient(mlflow.tracking_uri).get_run(mlflow.run_id)
+    assert (record.info.run_name, record.info.status, record.data.params) == (
+        "r",
+        "FINISHED",
+        {"lr": "0.1"},
+    )
+
+
+def test_log_with_all_builds_every_installed_tracker(tmp_path: Path) -> None:
+    accelerator = Accelerator(cpu=True, log_with=LoggerType.ALL, project_dir=str(tmp_path))
+    accelerator.init_trackers("proj", init_kwargs={"wandb": {"offline": True}})
+    assert [tracker.tracker_name for tracker in accelerator.trackers] == [
+        "csv",
+        "tensorboard",
+        "wandb",
+        "mlflow",
+    ]
+    assert accelerator.get_tracker("csv") is accelerator.trackers[0]
+    accelerator.end_training()  # nothing was logged: no run is started or left open
+
+
+# ---- a missing package ---------------------------------------------------------------------------
+def test_missing_package_names_the_pip_extra() -> None:
+    """Each backend, hidden from the import system, fails at construction with the fix."""
+    script = textwrap.dedent(
+        """
+        import sys
+        for name in ("tensorboard", "wandb", "mlflow"):
+            sys.modules[name] = None  # makes `import name` raise ImportError
+        from trainer import Accelerator
+        from trainer.errors import MissingDependencyError
+        from trainer.loggers import MLFlowLogger, TensorBoardLogger, WandbLogger
+
+        attempts = {
+            "tensorboard": lambda: TensorBoardLogger("logs"),
+            "wandb": lambda: WandbLogger(offline=True),
+            "mlflow": lambda: MLFlowLogger(),
+            "log_with": lambda: Accelerator(cpu=True, log_with="wandb").init_trackers("p"),
+        }
+        for label, attempt in attempts.items():
+            try:
+                attempt()
+            except MissingDependencyError as err:
+                print(label, "|", err)
+            else:
+                print(label, "| no error")
+        """
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script],
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    lines = dict(line.split(" | ", 1) for line in done.stdout.strip().splitlines())
+    assert "TensorBoardLogger needs the package 'tensorboard'" in lines["tensorboard"]
+    assert "pip install 'trainer[tensorboard]'" in lines["tensorboard"]
+    assert "WandbLogger needs the package 'wandb'" in lines["wandb"]
+    assert "pip install 'trainer[wandb]'" in lines["wandb"]
+    assert "MLFlowLogger needs the package 'mlflow'" in lines["mlflow"]
+    assert "pip install 'trainer[mlflow]'" in lines["mlflow"]
+    assert "pip install 'trainer[wandb]'" in lines["log_with"]

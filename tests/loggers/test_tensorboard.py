@@ -1,0 +1,193 @@
+"""Tests of trainer/loggers/tensorboard.py: real event files, read back with EventAccumulator."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from trainer.errors import ConfigurationError
+from trainer.loggers.tensorboard import TensorBoardLogger
+
+pytest.importorskip("tensorboard")
+from tensorboard.backend.event_processing.event_accumulator import (
+    EventAccumulator,
+)
+from tensorboard.plugins.hparams import plugin_data_pb2
+
+
+def read_scalars(log_dir: str) -> dict[str, list[tuple[int, float]]]:
+    """Every scalar point of ``log_dir`` as tag -> [(step, value)], in the order TB shows them."""
+    accumulator = EventAccumulator(log_dir, size_guidance={"scalars": 0})
+    accumulator.Reload()
+    return {
+        tag: [(event.step, event.value) for event in accumulator.Scalars(tag)]
+        for tag in accumulator.Tags()["scalars"]
+    }
+
+
+def read_hparams(log_dir: str) -> dict[str, object]:
+    """The hyperparameters of the last hparams-plugin session record of ``log_dir``."""
+    accumulator = EventAccumulator(log_dir, size_guidance={"tensors": 0})
+    accumulator.Reload()
+    metadata = accumulator.SummaryMetadata("_hparams_/session_start_info")
+    data = plugin_data_pb2.HParamsPluginData.FromString(metadata.plugin_data.content)
+    values = {}
+    for key, value in data.session_start_info.hparams.items():
+        kind = value.WhichOneof("kind")
+        values[key] = getattr(value, kind)
+    return values
+
+
+def read_metric_columns(log_dir: str) -> list[str]:
+    """The metric columns the HPARAMS tab shows (from the experiment record)."""
+    accumulator = EventAccumulator(log_dir, size_guidance={"tensors": 0})
+    accumulator.Reload()
+    metadata = accumulator.SummaryMetadata("_hparams_/experiment")
+    data = plugin_data_pb2.HParamsPluginData.FromString(metadata.plugin_data.content)
+    return [info.name.tag for info in data.experiment.metric_infos]
+
+
+def test_layout_and_scalars_read_back(tmp_path: Path) -> None:
+    logger = TensorBoardLogger(tmp_path, name="exp")
+    assert logger.save_dir == str(tmp_path)
+    assert logger.root_dir == str(tmp_path / "exp")
+    assert logger.log_dir == str(tmp_path / "exp" / "version_0")
+    assert not (tmp_path / "exp").exists()  # nothing is created before the first write
+    for step in range(0, 100, 10):
+        logger.log_metrics({"train/loss": 1.0 / (step + 1), "epoch": torch.tensor(0.0)}, step)
+    logger.finalize("success")
+
+    scalars = read_scalars(logger.log_dir)
+    assert sorted(scalars) == ["epoch", "train/loss"]
+    steps = [step for step, _ in scalars["train/loss"]]
+    assert steps == list(range(0, 100, 10))
+    values = [value for _, value in scalars["train/loss"]]
+    assert values == pytest.approx([1.0 / (s + 1) for s in steps], rel=1e-6)  # float32 on disk
+    assert TensorBoardLogger(tmp_path, name="exp").version == 1  # the next free number
+
+
+def test_version_name_sub_dir_and_prefix(tmp_path: Path) -> None:
+    logger = TensorBoardLogger(tmp_path, name=None, version="run_a", sub_dir="fold_1", prefix="k")
+    assert logger.log_dir == str(tmp_path / "run_a" / "fold_1")
+    assert logger.sub_dir == "fold_1"
+    logger.log_metrics({"loss": 2.0})  # step None: 0, then one past the last
+    logger.log_metrics({"loss": 1.0})
+    logger.finalize("success")
+    assert read_scalars(logger.log_dir) == {"k-loss": [(0, 2.0), (1, 1.0)]}
+    assert TensorBoardLogger(tmp_path, version=3).log_dir == str(
+        tmp_path / "trainer_logs" / "version_3"
+    )
+
+
+def test_hyperparams_go_to_the_hparams_plugin_with_hp_metric(tmp_path: Path) -> None:
+    logger = TensorBoardLogger(tmp_path)
+    logger.log_hyperparams(
+        argparse.Namespace(lr=0.1, optimizer={"name": "sgd", "momentum": 0.9}, layers=(4, 2))
+    )
+    logger.finalize("success")
+
+    assert read_hparams(logger.log_dir) == {
+        "lr": 0.1,
+        "optimizer/name": "sgd",
+        "optimizer/momentum": 0.9,
+        "layers": "(4, 2)",
+    }
+    assert read_scalars(logger.log_dir) == {"hp_metric": [(0, -1.0)]}
+    assert read_metric_columns(logger.log_dir) == ["hp_metric"]
+
+
+def test_hyperparams_with_metrics_and_without_default_hp_metric(tmp_path: Path) -> None:
+    with_metrics = TensorBoardLogger(tmp_path, version=0)
+    with_metrics.log_hyperparams({"lr": 0.1}, metrics={"val/loss": 0.5})
+    with_metrics.finalize("success")
+    assert read_scalars(with_metrics.log_dir) == {"val/loss": [(0, 0.5)]}
+    assert read_metric_columns(with_metrics.log_dir) == ["val/loss"]
+
+    without = TensorBoardLogger(tmp_path, version=1, default_hp_metric=False)
+    without.log_hyperparams({"lr": 0.1, "scheduler": None})
+    without.finalize("success")
+    assert read_scalars(without.log_dir) == {}
+    assert read_hparams(without.log_dir) == {"lr": 0.1, "scheduler": "None"}
+
+
+def test_log_graph_only_when_asked(tmp_path: Path) -> None:
+    model = torch.nn.Sequential(torch.nn.Linear(3, 2), torch.nn.ReLU())
+    model.example_input_array = torch.zeros(1, 3)
+
+    off = TensorBoardLogger(tmp_path, version="off")
+    off.log_graph(model)
+    assert off._experiment is None  # nothing traced, nothing written
+
+    on = TensorBoardLogger(tmp_path, version="on", log_graph=True)
+    on.log_graph(model)
+    on.finalize("success")
+    accumulator = EventAccumulator(on.log_dir)
+    accumulator.Reload()
+    assert accumulator.Tags()["graph"] is True
+    assert "Linear" in str(accumulator.Graph())
+
+    with pytest.warns(UserWarning, match="example_input_array"):
+        TensorBoardLogger(tmp_path, version="none", log_graph=True).log_graph(torch.nn.Linear(1, 1))
+
+
+def _next_second() -> None:
+    """Event file names carry the creation second: keep an interrupted and a resumed file apart."""
+    time.sleep(1.01 - time.time() % 1)
+
+
+def test_resume_drops_the_points_logged_after_the_checkpoint(tmp_path: Path) -> None:
+    crashed = TensorBoardLogger(tmp_path)
+    crashed.log_hyperparams({"lr": 0.1})
+    for step in range(10):
+        crashed.log_metrics({"loss": float(step)}, step)
+        if step == 4:
+            checkpoint_state = crashed.state_dict()  # a checkpoint at step 4, then a crash at 9
+    crashed.save()
+    assert checkpoint_state == {"name": "trainer_logs", "version": 0}
+    _next_second()
+
+    resumed = TensorBoardLogger(tmp_path)
+    resumed.load_state_dict(checkpoint_state)
+    resumed.log_hyperparams({"lr": 0.1})  # no second hp_metric point at step 0
+    for step in range(5, 8):
+        resumed.log_metrics({"loss": 100.0 + step}, step)
+    resumed.finalize("success")
+
+    assert resumed.log_dir == crashed.log_dir
+    assert len(os.listdir(resumed.log_dir)) == 2  # one event file per session
+    scalars = read_scalars(resumed.log_dir)
+    kept = [(step, float(step)) for step in range(5)]
+    assert scalars["loss"] == [*kept, (5, 105.0), (6, 106.0), (7, 107.0)]
+    assert scalars["hp_metric"] == [(0, -1.0)]
+    assert read_hparams(resumed.log_dir) == {"lr": 0.1}  # written after the purge, so kept
+
+
+def test_given_version_wins_over_the_checkpoint(tmp_path: Path) -> None:
+    logger = TensorBoardLogger(tmp_path, version=7)
+    logger.load_state_dict({"name": "trainer_logs", "version": 0})
+    assert logger.version == 7
+    started = TensorBoardLogger(tmp_path)
+    started.log_metrics({"loss": 1.0}, 0)  # the writer exists: its folder is fixed
+    started.load_state_dict({"name": "trainer_logs", "version": 5})
+    assert started.version == 0
+    started.finalize("success")
+
+
+def test_bad_input_names_the_fix(tmp_path: Path) -> None:
+    with pytest.raises(ConfigurationError, match=r"version.*received -1 \(type int\)"):
+        TensorBoardLogger(tmp_path, version=-1)
+    with pytest.raises(ConfigurationError, match="save_dir"):
+        TensorBoardLogger(None)  # type: ignore[arg-type]
+    logger = TensorBoardLogger(tmp_path)
+    with pytest.raises(ConfigurationError, match=r"step to be an int.*step=trainer.global_step"):
+        logger.log_metrics({"loss": 1.0}, step=1.5)  # type: ignore[arg-type]
+    with pytest.raises(ConfigurationError, match=r"metric 'loss'.*loss.item\(\)"):
+        logger.log_metrics({"loss": "high"}, step=1)
+    with pytest.raises(ConfigurationError, match="argparse.Namespace"):
+        logger.log_hyperparams(["lr", 0.1])  # type: ignore[arg-type]
+    logger.finalize("success")
