@@ -152,9 +152,9 @@ def test_unknown_precision_lists_the_valid_ones():
         trainer.Accelerator(mixed_precision="fp13")
 
 
-def test_fp8_names_its_future_extra():
-    with pytest.raises(ConfigurationError, match="fp8.*TransformerEngine or torchao"):
-        trainer.Trainer(precision="fp8")
+def test_fp8_without_fp8_hardware_says_what_is_needed():
+    with pytest.raises(ConfigurationError, match=r"compute capability 8\.9.*precision='bf16-mixed'"):
+        trainer.Trainer(precision="fp8", accelerator="cpu")
 
 
 def test_non_dataloader_is_rejected_with_the_argument_name(tmp_path):

@@ -6,7 +6,8 @@
 from __future__ import annotations
 
 from trainer.errors import ConfigurationError, describe
-from trainer.precision.modes import DoublePrecision, FP8Precision, HalfPrecision, MixedPrecision
+from trainer.precision.fp8 import FP8Precision
+from trainer.precision.modes import DoublePrecision, HalfPrecision, MixedPrecision
 from trainer.precision.precision import Precision
 
 __all__ = [

@@ -1,4 +1,4 @@
-"""The precision modes other than 32-true: 64-true, the true-half modes, the mixed modes, fp8.
+"""The precision modes other than 32-true and fp8: 64-true, the true-half modes, the mixed modes.
 
 Each class is one mode. Mixed modes run the forward pass under ``torch.autocast``; "16-mixed"
 scales the loss with ``torch.amp.GradScaler`` and reports skipped steps.
@@ -14,7 +14,7 @@ import torch
 from trainer.errors import ConfigurationError
 from trainer.precision.precision import Precision
 
-__all__ = ["DoublePrecision", "FP8Precision", "HalfPrecision", "MixedPrecision"]
+__all__ = ["DoublePrecision", "HalfPrecision", "MixedPrecision"]
 
 
 class DoublePrecision(Precision):
@@ -95,17 +95,3 @@ class MixedPrecision(Precision):
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         if self.scaler is not None and "scaler" in state_dict:
             self.scaler.load_state_dict(state_dict["scaler"])
-
-
-class FP8Precision(Precision):
-    """``"fp8"``: 8-bit float matmuls through TransformerEngine or torchao (not available yet)."""
-
-    name = "fp8"
-    mixed_precision = "fp8"
-
-    def __init__(self) -> None:
-        raise ConfigurationError(
-            "precision='fp8' is not available in this version of trainer: it needs the fp8 "
-            "backends (TransformerEngine or torchao) that come with the 'fp8' extra in a later "
-            "release. Use precision='bf16-mixed' for now."
-        )
