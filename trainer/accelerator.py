@@ -323,7 +323,7 @@ class Accelerator:
             self.gradient_state,
             step_with_optimizer=self.step_scheduler_with_optimizer,
             split_batches=self.split_batches,
-            num_processes=self.num_processes,
+            num_processes=self.strategy.distributed_sampler_kwargs["num_replicas"],  # data replicas
         )
         self._schedulers.append(wrapped)
         return wrapped

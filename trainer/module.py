@@ -155,6 +155,15 @@ class TrainModule(_HyperparameterMixin, ModuleHooks, torch.nn.Module):
     def world_size(self) -> int:
         return self._trainer.world_size if self._trainer is not None else 1
 
+    @property
+    def device_mesh(self) -> Any:
+        """The strategy's device mesh (model-parallel strategies), else None."""
+        return (
+            getattr(self._trainer.strategy, "device_mesh", None)
+            if self._trainer is not None
+            else None
+        )
+
     # ---- user hooks with defaults ----------------------------------------------------------
     def configure_model(self) -> None:
         """Build large layers here (called once, after the strategy is set up)."""
