@@ -217,7 +217,7 @@ def test_nan_loss_without_detect_anomaly_does_not_raise(tmp_path):
         ({"fast_dev_run": -1}, "fast_dev_run=-1"),
         ({"accelerator": "tpu"}, "accelerator='tpu'"),
         ({"devices": 4}, r"devices=4.*strategy='ddp'"),
-        ({"logger": "csv"}, "not a trainer.loggers.Logger"),
+        ({"logger": "csv"}, r"logger=.csv.*expected True, False, a trainer.loggers.Logger"),
         ({"callbacks": [print]}, "not a trainer.callbacks.Callback"),
         ({"seed": -5}, None),
     ],

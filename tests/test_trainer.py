@@ -454,16 +454,24 @@ def test_default_callbacks_are_summary_progress_bar_and_checkpoint(tmp_path):
     t = trainer.Trainer(default_root_dir=str(tmp_path))
     names = [type(cb).__name__ for cb in t.callbacks]
     assert names == ["ModelSummary", "RichProgressBar", "ModelCheckpoint", "FitSummary"]
-    off = trainer.Trainer(enable_progress_bar=False, enable_model_summary=False, enable_checkpointing=False)
+    off = trainer.Trainer(
+        enable_progress_bar=False, enable_model_summary=False, enable_checkpointing=False
+    )
     assert off.callbacks == []
     # A user's ModelCheckpoint replaces the default and moves last.
     from trainer.callbacks import ModelCheckpoint
 
     mine = ModelCheckpoint(monitor="val/loss")
-    t = trainer.Trainer(callbacks=[mine, _ValCounter()], enable_progress_bar=False, enable_model_summary=False)
+    t = trainer.Trainer(
+        callbacks=[mine, _ValCounter()], enable_progress_bar=False, enable_model_summary=False
+    )
     assert t.callbacks[-1] is mine and len(t.callbacks) == 2
     with_summary = trainer.Trainer(callbacks=[mine], enable_progress_bar=False)
-    assert [type(cb).__name__ for cb in with_summary.callbacks] == ["ModelSummary", "ModelCheckpoint", "FitSummary"]
+    assert [type(cb).__name__ for cb in with_summary.callbacks] == [
+        "ModelSummary",
+        "ModelCheckpoint",
+        "FitSummary",
+    ]
 
 
 def test_accumulate_grad_batches_can_change_between_epochs(tmp_path):
@@ -480,7 +488,9 @@ def test_accumulate_grad_batches_can_change_between_epochs(tmp_path):
 
 
 def test_test_results_reach_the_csv_file_when_test_returns(tmp_path):
-    t = trainer.Trainer(default_root_dir=str(tmp_path), enable_progress_bar=False, enable_model_summary=False)
+    t = trainer.Trainer(
+        default_root_dir=str(tmp_path), enable_progress_bar=False, enable_model_summary=False
+    )
     t.test(LinearModule(), make_loader())
     text = (tmp_path / "trainer_logs" / "version_0" / "metrics.csv").read_text()
     assert "test/loss" in text.splitlines()[0] and len(text.splitlines()) == 2
@@ -500,7 +510,9 @@ def test_public_train_dataloader_model_and_reset(tmp_path):
     class Resize(Callback):
         def on_fit_start(self, trainer, module):
             seen["before"] = trainer.train_dataloader.batch_size
-            assert trainer.model("training_step", next(iter(trainer.train_dataloader)), 0).requires_grad
+            assert trainer.model(
+                "training_step", next(iter(trainer.train_dataloader)), 0
+            ).requires_grad
             module.batch_size = 8
             trainer.reset_train_dataloader()
             seen["after"] = trainer.train_dataloader.batch_size
@@ -510,3 +522,85 @@ def test_public_train_dataloader_model_and_reset(tmp_path):
     assert seen == {"before": 4, "after": 8} and t.global_step == 4
     with pytest.raises(trainer.ConfigurationError, match="cannot be rebuilt"):
         quiet_trainer(tmp_path, max_epochs=1, callbacks=[Resize()]).fit(Sized(), make_loader())
+
+
+def test_eval_only_module_validates_and_tests(tmp_path):
+    class EvalOnly(trainer.TrainModule):
+        def __init__(self):
+            super().__init__()
+            self.net = torch.nn.Linear(4, 1)
+
+        def validation_step(self, batch, batch_idx):
+            self.log("val/out", self.net(batch[0]).mean())
+
+    assert set(quiet_trainer(tmp_path).validate(EvalOnly(), make_loader())[0]) == {"val/out"}
+
+
+def test_manual_optimization_refuses_trainer_accumulation_and_clipping(tmp_path):
+    class Manual(LinearModule):
+        automatic_optimization = False
+
+        def training_step(self, batch, batch_idx):
+            return None
+
+    for kwargs in ({"accumulate_grad_batches": 2}, {"gradient_clip_val": 1.0}):
+        with pytest.raises(trainer.ConfigurationError, match="manual optimization"):
+            quiet_trainer(tmp_path, max_epochs=1, **kwargs).fit(Manual(), make_loader())
+
+
+def test_manual_optimization_step_logs_reach_the_loggers(tmp_path):
+    from tests.test_module import MemoryLogger
+
+    class Manual(LinearModule):
+        automatic_optimization = False
+
+        def training_step(self, batch, batch_idx):
+            opt = self.optimizers()
+            loss = torch.nn.functional.mse_loss(self(batch[0]), batch[1])
+            opt.zero_grad()
+            self.manual_backward(loss)
+            opt.step()
+            self.log("manual/loss", loss)
+
+    memory = MemoryLogger()
+    quiet_trainer(tmp_path, max_epochs=1, logger=memory, log_every_n_steps=2).fit(
+        Manual(), make_loader(n=32)
+    )
+    assert [step for step, row in memory.rows if "manual/loss" in row] == [2, 4, 6, 8]
+
+
+def test_log_errors_name_the_running_step(tmp_path):
+    class BadVal(LinearModule):
+        def validation_step(self, batch, batch_idx):
+            self.log("x", "nope")
+
+    with pytest.raises(trainer.ConfigurationError, match="in validation_step"):
+        quiet_trainer(tmp_path).validate(BadVal(), make_loader())
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        ({"check_val_every_n_epoch": 0}, "check_val_every_n_epoch=0"),
+        ({"logger": "csv"}, "logger='csv'"),
+        ({"logger": print}, "logger=<built-in function print>"),
+    ],
+)
+def test_more_bad_arguments(tmp_path, kwargs, match):
+    with pytest.raises(trainer.ConfigurationError, match=match):
+        trainer.Trainer(**kwargs)
+
+
+def test_plateau_with_strict_false_skips_when_the_metric_is_missing(tmp_path):
+    class Loose(LinearModule):
+        def configure_optimizers(self):
+            opt = torch.optim.SGD(self.parameters(), lr=1.0)
+            plateau = torch.optim.lr_scheduler.ReduceLROnPlateau(opt)
+            return {
+                "optimizer": opt,
+                "lr_scheduler": {"scheduler": plateau, "monitor": "missing", "strict": False},
+            }
+
+    t = quiet_trainer(tmp_path, max_epochs=2)
+    t.fit(Loose(), make_loader(n=8))
+    assert t.optimizers[0].param_groups[0]["lr"] == 1.0

@@ -133,6 +133,8 @@ def step_schedulers(
             config.scheduler.step()
             continue
         values = metrics()
+        if config.monitor not in values and not config.strict:
+            continue  # strict=False: no value this time, no step (Lightning's semantics)
         if config.monitor not in values:
             raise ConfigurationError(
                 f"ReduceLROnPlateau monitors {config.monitor!r}, which was not logged; logged "

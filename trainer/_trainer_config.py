@@ -174,7 +174,16 @@ def build_loggers(logger: Any, root: str) -> list[Logger]:
         return [CSVLogger(save_dir=root, name="trainer_logs")]
     if logger in (False, None):
         return []
-    loggers = [logger] if isinstance(logger, Logger) else list(logger)
+    if isinstance(logger, Logger):
+        loggers = [logger]
+    elif isinstance(logger, list | tuple):
+        loggers = list(logger)
+    else:
+        raise ConfigurationError(
+            f"Trainer(logger={describe(logger)}): expected True, False, a trainer.loggers.Logger or "
+            "a list of them, e.g. logger=TensorBoardLogger('logs') (names like 'csv' are for "
+            "Accelerator(log_with=...))."
+        )
     for item in loggers:
         if not isinstance(item, Logger):
             raise ConfigurationError(

@@ -261,11 +261,13 @@ class Accelerator:
         return model
 
     def prepare_data_loader(
-        self, data_loader: DataLoader, device_placement: bool | None = None
+        self, data_loader: DataLoader, device_placement: bool | None = None, *, shard: bool = True
     ) -> DataLoaderShard:
         """Wrap a DataLoader for this process: placement, end-of-data tracking, input cast."""
         remainder = -1
-        if self.num_processes > 1:
+        if (
+            self.num_processes > 1 and shard
+        ):  # shard=False: the loader already gives each process its part
             from trainer.data.sharding import shard_data_loader
 
             sharding = self.strategy.distributed_sampler_kwargs

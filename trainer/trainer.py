@@ -154,7 +154,11 @@ class Trainer:
         self.gradient_clip_val = gradient_clip_val
         self.gradient_clip_algorithm = check_clip(gradient_clip_val, gradient_clip_algorithm)
         self.val_check_interval = 1.0 if dev_batches else check_val_interval(val_check_interval)
-        self.check_val_every_n_epoch = check_val_every_n_epoch
+        self.check_val_every_n_epoch = (
+            None
+            if check_val_every_n_epoch is None
+            else check_positive_int("check_val_every_n_epoch", check_val_every_n_epoch)
+        )
         self.num_sanity_val_steps = 0 if dev_batches else check_sanity_steps(num_sanity_val_steps)
         self.limit_batches = {
             "train": dev_batches or limit_train_batches,
@@ -506,7 +510,7 @@ class Trainer:
         if self.deterministic:
             torch.use_deterministic_algorithms(True, warn_only=True)
         if self.datamodule is not None:
-            if self.is_global_zero:
+            if self.local_rank == 0:  # once per machine (downloads land on each machine's disk)
                 self.datamodule.prepare_data()
             self.datamodule.setup(stage)
         for store in self._stores.values():  # metrics of an earlier run are not this run's
@@ -548,7 +552,7 @@ class Trainer:
         self._wrapped_model = prepared
         if type(prepared) is _StepRouter:  # untouched by the engine: call the steps directly
             self._run_step: Callable[..., Any] = lambda name, *args: getattr(module, name)(*args)
-            self._training_step = module.training_step
+            self._training_step = getattr(module, "training_step", None)
         else:
             self._run_step = prepared
             self._training_step = partial(prepared, "training_step")
@@ -565,6 +569,15 @@ class Trainer:
         optimizers, schedulers = (
             ([], []) if returned is None else parse_optimizer_config(returned, where)
         )
+        if not module.automatic_optimization and (
+            self.accumulate_grad_batches > 1 or self.gradient_clip_val is not None
+        ):
+            raise ConfigurationError(
+                f"{type(module).__name__} uses manual optimization (automatic_optimization = False), "
+                "so Trainer(accumulate_grad_batches=...) and Trainer(gradient_clip_val=...) cannot "
+                "apply: step every N batches and call self.clip_gradients / "
+                "torch.nn.utils.clip_grad_norm_ yourself in training_step."
+            )
         if module.automatic_optimization and len(optimizers) > 1:
             raise HookResultError(
                 f"configure_optimizers returned {len(optimizers)} optimizers under automatic "
@@ -594,7 +607,8 @@ class Trainer:
                 f"trainer: {argument}={describe(loader)} is not a torch.utils.data.DataLoader. "
                 "Wrap your dataset: DataLoader(dataset, batch_size=32)."
             )
-        prepared = self.accelerator.prepare_data_loader(loader)
+        # use_distributed_sampler=False: the user's sampler already shards (Lightning's meaning).
+        prepared = self.accelerator.prepare_data_loader(loader, shard=self.use_distributed_sampler)
         length = safe_len(prepared)
         limit = resolve_limit(
             f"limit_{'val' if name == 'validation' else name}_batches",
@@ -762,7 +776,8 @@ class Trainer:
         epoch_metrics = store.finalize_epoch()
         self._send_to_loggers(store.epoch_items(for_logger=True) if epoch_metrics else {})
         if is_complete:
-            self._step_schedulers("epoch")
+            if self.module.automatic_optimization:  # manual optimization steps its own
+                self._step_schedulers("epoch")
             self.progress.epoch += 1
             self.progress.batch_idx = 0
 
@@ -780,9 +795,10 @@ class Trainer:
             steps_before = sum(opt.step_count for opt in self.optimizers)
             with self.accelerator.autocast():
                 output = self._training_step(batch, batch_idx)
-            self.progress.global_step += (
-                sum(opt.step_count for opt in self.optimizers) - steps_before
-            )
+            stepped = sum(opt.step_count for opt in self.optimizers) - steps_before
+            self.progress.global_step += stepped
+            if stepped and self.progress.global_step % self.log_every_n_steps < stepped:
+                self._send_to_loggers(self._stores["train"].step_items(for_logger=True))
         else:
             with self.accelerator.accumulate(self._wrapped_model):
                 with self.accelerator.autocast():
@@ -957,6 +973,7 @@ class Trainer:
         if store is not None:
             store.start_epoch()
             store.default_on_step, store.default_on_epoch = False, True
+            store.hook_name = step_name
             self.module._metric_store = store
         self._wrapped_model.eval()
         predictions: list[Any] = []
