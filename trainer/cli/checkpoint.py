@@ -1,8 +1,9 @@
 """``trainer checkpoint``: inspect, verify and consolidate checkpoint directories offline.
 
 ``trainer checkpoint consolidate DIR OUT`` turns a sharded checkpoint (DCP shards written by
-FSDP with ``state_dict_type="SHARDED"``) — or any trainer checkpoint — into one
-``model.safetensors``-style file of full weights, without starting processes.
+FSDP with ``state_dict_type="SHARDED"``, or DeepSpeed ZeRO shards written by DeepSpeedStrategy)
+— or any trainer checkpoint — into one ``model.safetensors``-style file of full weights, without
+starting processes.
 ``trainer checkpoint verify DIR`` checks every file against the manifest.
 """
 
@@ -36,11 +37,14 @@ def consolidate(directory: str | os.PathLike[str], output: str | os.PathLike[str
     """Write the full model weights of the checkpoint at ``directory`` to ``output``.
 
     Returns the output path. The checkpoint is verified first; DCP shards are read with
-    ``torch.distributed.checkpoint`` in this single process.
+    ``torch.distributed.checkpoint`` in this single process; DeepSpeed ZeRO shards are merged into
+    fp32 weights with DeepSpeed's ``zero_to_fp32`` (which unpickles DeepSpeed's own files: only
+    after every file matched its sha256 in the manifest).
     """
     from trainer.checkpoint.format import load_model_weights, verify_checkpoint
     from trainer.checkpoint.tensor_files import deduplicate, write_safetensors
     from trainer.errors import CheckpointError
+    from trainer.strategies.deepspeed import ENGINE_DIR, load_engine_weights
     from trainer.strategies.fsdp import DCP_DIR
 
     source = Path(directory)
@@ -56,6 +60,10 @@ def consolidate(directory: str | os.PathLike[str], output: str | os.PathLike[str
         weights = loaded.get("model")
         if not weights:
             raise CheckpointError(f"{source}: the DCP shards hold no model weights.")
+    elif (source / ENGINE_DIR).is_dir():
+        weights = load_engine_weights(source)
+        if not weights:
+            raise CheckpointError(f"{source}: the DeepSpeed shards hold no model weights.")
     else:
         weights = load_model_weights(source, manifest["files"])
     tensors, aliases = deduplicate({k: v.contiguous() for k, v in weights.items()})

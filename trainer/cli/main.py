@@ -23,7 +23,18 @@ from collections.abc import Callable, Sequence
 from typing import Protocol
 
 from trainer import __version__
-from trainer.cli import checkpoint, config, env, launch, selfcheck
+from trainer.cli import (
+    checkpoint,
+    config,
+    env,
+    estimate_memory,
+    fit,
+    init,
+    launch,
+    predict,
+    test,
+    validate,
+)
 from trainer.errors import TrainerError
 
 __all__ = ["COMMANDS", "Command", "build_parser", "main"]
@@ -48,7 +59,19 @@ class Command(Protocol):
 
 
 # The one registry of subcommands, in the order ``trainer --help`` lists them.
-COMMANDS: tuple[Command, ...] = (env, launch, config, selfcheck, checkpoint)
+# `test` runs the config-driven test stage, or the distributed self-check (selfcheck.py).
+COMMANDS: tuple[Command, ...] = (
+    fit,
+    validate,
+    test,
+    predict,
+    init,
+    env,
+    launch,
+    config,
+    checkpoint,
+    estimate_memory,
+)
 
 
 def build_parser() -> argparse.ArgumentParser:
