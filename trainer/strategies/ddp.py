@@ -205,9 +205,8 @@ class DDPStrategy(Strategy):
             dist.barrier()
 
     def teardown(self) -> None:
-        """Drop the DDP wrappers before the process group (avoids a rare abort at exit)."""
+        """Drop the DDP wrappers (the process group ends at exit, after a gc.collect())."""
         self._wrapped.clear()
-        gc.collect()
 
     def __repr__(self) -> str:
         return f"DDPStrategy(device={self.root_device}, world_size={self.world_size}, precision={self.precision.name!r})"
