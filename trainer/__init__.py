@@ -8,7 +8,17 @@ and the framework's own small modules only.
 from __future__ import annotations
 
 from trainer.accelerator import Accelerator
-from trainer.big_modeling import init_empty_weights, init_on_device, load_checkpoint_in_model
+from trainer.big_modeling import (
+    cpu_offload,
+    cpu_offload_with_hook,
+    disk_offload,
+    dispatch_model,
+    infer_auto_device_map,
+    init_empty_weights,
+    init_on_device,
+    load_checkpoint_and_dispatch,
+    load_checkpoint_in_model,
+)
 from trainer.configs import (
     DataLoaderConfiguration,
     GradientAccumulationPlugin,
@@ -52,10 +62,16 @@ __all__ = [
     "TrainModule",
     "Trainer",
     "TrainerError",
+    "cpu_offload",
+    "cpu_offload_with_hook",
     "debug_launcher",
+    "disk_offload",
+    "dispatch_model",
     "find_executable_batch_size",
+    "infer_auto_device_map",
     "init_empty_weights",
     "init_on_device",
+    "load_checkpoint_and_dispatch",
     "load_checkpoint_in_model",
     "notebook_launcher",
     "seed_everything",
