@@ -153,7 +153,9 @@ def test_unknown_precision_lists_the_valid_ones():
 
 
 def test_fp8_without_fp8_hardware_says_what_is_needed():
-    with pytest.raises(ConfigurationError, match=r"compute capability 8\.9.*precision='bf16-mixed'"):
+    with pytest.raises(
+        ConfigurationError, match=r"compute capability 8\.9.*precision='bf16-mixed'"
+    ):
         trainer.Trainer(precision="fp8", accelerator="cpu")
 
 
