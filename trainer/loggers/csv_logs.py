@@ -21,17 +21,16 @@ from collections.abc import Iterable, Iterator, Mapping
 from typing import Any, TextIO
 
 from trainer.errors import ConfigurationError, describe
-from trainer.loggers.logger import Logger
+from trainer.loggers._versioned import VERSION_PREFIX, VersionedFolderLogger
 
 __all__ = ["CSVLogger"]
 
 _METRICS_FILE = "metrics.csv"
 _HPARAMS_FILE = "hparams.yaml"
 _STEP_KEY = "step"
-_VERSION_PREFIX = "version_"
 
 
-class CSVLogger(Logger):
+class CSVLogger(VersionedFolderLogger):
     """Log metrics to ``metrics.csv`` and hyperparameters to ``hparams.yaml``.
 
     Files go to ``<save_dir>/<name>/version_<N>/`` (no ``<name>`` folder when ``name`` is None
@@ -94,32 +93,10 @@ class CSVLogger(Logger):
         self._hparams: dict[str, Any] | None = None
 
     @property
-    def name(self) -> str:
-        """The experiment name (``""`` when there is no name folder)."""
-        return self._name
-
-    @property
-    def version(self) -> int | str:
-        """The run's version; when it was not given, the next free number, fixed at first use."""
-        if self._version is None:
-            self._version = self._next_version()
-        return self._version
-
-    @property
-    def save_dir(self) -> str:
-        """The root folder of all experiments, as given."""
-        return self._save_dir
-
-    @property
-    def root_dir(self) -> str:
-        """``<save_dir>/<name>``: the folder holding this experiment's versions."""
-        return os.path.join(self._save_dir, self._name) if self._name else self._save_dir
-
-    @property
     def log_dir(self) -> str:
         """``<root_dir>/version_<N>`` (or ``<root_dir>/<version>`` for a str version)."""
         version = self.version
-        folder = version if isinstance(version, str) else f"{_VERSION_PREFIX}{version}"
+        folder = version if isinstance(version, str) else f"{VERSION_PREFIX}{version}"
         return os.path.join(self.root_dir, folder)
 
     @property
@@ -246,21 +223,6 @@ class CSVLogger(Logger):
             f"CSVLogger.log_metrics expected step to be an int, received {describe(step)}. "
             f"Pass the global step, e.g. step=trainer.global_step."
         )
-
-    def _next_version(self) -> int:
-        """One past the highest ``version_<N>`` folder in ``root_dir``, so no run is overwritten."""
-        try:
-            entries = os.listdir(self.root_dir)
-        except FileNotFoundError:
-            return 0
-        numbers_found = [
-            int(entry[len(_VERSION_PREFIX) :])
-            for entry in entries
-            if entry.startswith(_VERSION_PREFIX)
-            and entry[len(_VERSION_PREFIX) :].isdigit()
-            and os.path.isdir(os.path.join(self.root_dir, entry))
-        ]
-        return max(numbers_found, default=-1) + 1
 
     def _ensure_log_dir(self) -> str:
         """Create the run folder at the first write (not in ``__init__``: loggers may never write)."""

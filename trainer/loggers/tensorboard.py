@@ -26,15 +26,14 @@ from typing import Any
 
 from trainer._imports import is_available, require
 from trainer.errors import ConfigurationError, describe
-from trainer.loggers.logger import Logger
+from trainer.loggers._versioned import VERSION_PREFIX, VersionedFolderLogger
 
 __all__ = ["TensorBoardLogger"]
 
-_VERSION_PREFIX = "version_"
 _HP_METRIC = "hp_metric"
 
 
-class TensorBoardLogger(Logger):
+class TensorBoardLogger(VersionedFolderLogger):
     """Log scalars, hyperparameters and optionally the model graph to TensorBoard event files.
 
     Files go to ``<save_dir>/<name>/version_<N>/`` (plus ``<sub_dir>`` when given; no
@@ -109,32 +108,10 @@ class TensorBoardLogger(Logger):
 
     # ---- where ---------------------------------------------------------------------------------
     @property
-    def name(self) -> str:
-        """The experiment name (``""`` when there is no name folder)."""
-        return self._name
-
-    @property
-    def version(self) -> int | str:
-        """The run's version; when it was not given, the next free number, fixed at first use."""
-        if self._version is None:
-            self._version = self._next_version()
-        return self._version
-
-    @property
-    def save_dir(self) -> str:
-        """The root folder of all experiments, as given."""
-        return self._save_dir
-
-    @property
-    def root_dir(self) -> str:
-        """``<save_dir>/<name>``: the folder holding this experiment's versions."""
-        return os.path.join(self._save_dir, self._name) if self._name else self._save_dir
-
-    @property
     def log_dir(self) -> str:
         """``<root_dir>/version_<N>[/<sub_dir>]``: where the event files go."""
         version = self.version
-        folder = version if isinstance(version, str) else f"{_VERSION_PREFIX}{version}"
+        folder = version if isinstance(version, str) else f"{VERSION_PREFIX}{version}"
         log_dir = os.path.join(self.root_dir, folder)
         return os.path.join(log_dir, self._sub_dir) if self._sub_dir else log_dir
 
@@ -306,21 +283,6 @@ class TensorBoardLogger(Logger):
             f"TensorBoardLogger.log_metrics expected step to be an int, received "
             f"{describe(step)}. Pass the global step, e.g. step=trainer.global_step."
         )
-
-    def _next_version(self) -> int:
-        """One past the highest ``version_<N>`` folder in ``root_dir``, so no run is overwritten."""
-        try:
-            entries = os.listdir(self.root_dir)
-        except FileNotFoundError:
-            return 0
-        found = [
-            int(entry[len(_VERSION_PREFIX) :])
-            for entry in entries
-            if entry.startswith(_VERSION_PREFIX)
-            and entry[len(_VERSION_PREFIX) :].isdigit()
-            and os.path.isdir(os.path.join(self.root_dir, entry))
-        ]
-        return max(found, default=-1) + 1
 
 
 def _check_installed() -> None:
