@@ -39,6 +39,8 @@ def launch_environment(config: LaunchConfig) -> dict[str, str]:
     }
     if config.fsdp_config:
         env["TRAINER_FSDP_CONFIG"] = json.dumps(config.fsdp_config)
+    if config.deepspeed_config:
+        env["TRAINER_DEEPSPEED_CONFIG"] = json.dumps(config.deepspeed_config)
     if config.use_cpu:
         env["CUDA_VISIBLE_DEVICES"] = ""
     return env

@@ -19,9 +19,13 @@ __all__ = [
     "STRATEGY_REGISTRY",
     "ClusterEnvironment",
     "DDPStrategy",
+    "DeepSpeedStrategy",
     "FSDPStrategy",
+    "MegatronStrategy",
+    "ModelParallelStrategy",
     "SingleDeviceStrategy",
     "Strategy",
+    "XLAStrategy",
     "detect_environment",
     "register_strategy",
     "resolve_strategy",
@@ -31,7 +35,11 @@ __all__ = [
 STRATEGY_REGISTRY: dict[str, str | Callable[..., Strategy]] = {
     "single": "trainer.strategies.single:SingleDeviceStrategy",
     "ddp": "trainer.strategies.ddp:DDPStrategy",
+    "deepspeed": "trainer.strategies.deepspeed:DeepSpeedStrategy",
     "fsdp": "trainer.strategies.fsdp:FSDPStrategy",
+    "megatron": "trainer.strategies.megatron:MegatronStrategy",
+    "model_parallel": "trainer.strategies.model_parallel:ModelParallelStrategy",
+    "xla": "trainer.strategies.xla:XLAStrategy",
 }
 
 
@@ -81,8 +89,24 @@ def __getattr__(name: str) -> Any:
         from trainer.strategies.ddp import DDPStrategy
 
         return DDPStrategy
+    if name == "DeepSpeedStrategy":
+        from trainer.strategies.deepspeed import DeepSpeedStrategy
+
+        return DeepSpeedStrategy
     if name == "FSDPStrategy":
         from trainer.strategies.fsdp import FSDPStrategy
 
         return FSDPStrategy
+    if name == "MegatronStrategy":
+        from trainer.strategies.megatron import MegatronStrategy
+
+        return MegatronStrategy
+    if name == "ModelParallelStrategy":
+        from trainer.strategies.model_parallel import ModelParallelStrategy
+
+        return ModelParallelStrategy
+    if name == "XLAStrategy":
+        from trainer.strategies.xla import XLAStrategy
+
+        return XLAStrategy
     raise AttributeError(f"module 'trainer.strategies' has no attribute {name!r}")
