@@ -108,6 +108,7 @@ def _clean_env() -> dict[str, str]:
         key: value
         for key, value in os.environ.items()
         if key not in ("FORCE_COLOR", "TTY_COMPATIBLE", "TTY_INTERACTIVE")
+        and not key.startswith("WANDB_")  # an earlier test's wandb service must not be reused
     }
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
     env["COLUMNS"] = "100"  # rich sizes its tables from this: keeps printed output stable
