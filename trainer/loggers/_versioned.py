@@ -8,9 +8,10 @@ from __future__ import annotations
 
 import os
 
+from trainer.errors import ConfigurationError, describe
 from trainer.loggers.logger import Logger
 
-__all__ = ["VERSION_PREFIX", "VersionedFolderLogger"]
+__all__ = ["VERSION_PREFIX", "VersionedFolderLogger", "argument_error", "check_folder_arguments"]
 
 VERSION_PREFIX = "version_"
 
@@ -61,3 +62,35 @@ class VersionedFolderLogger(Logger):
             and os.path.isdir(os.path.join(self.root_dir, entry))
         ]
         return max(numbers_found, default=-1) + 1
+
+
+def argument_error(
+    owner: str, argument: str, value: object, expected: str, fix: str
+) -> ConfigurationError:
+    """``<owner> expected <argument> to be <expected>, received <value>. <fix>``."""
+    return ConfigurationError(
+        f"{owner} expected {argument} to be {expected}, received {describe(value)}. {fix}"
+    )
+
+
+def check_folder_arguments(
+    owner: str, save_dir: object, name: object, version: object, prefix: object
+) -> None:
+    """Reject bad ``save_dir`` / ``name`` / ``version`` / ``prefix`` before anything is written."""
+    if not isinstance(save_dir, (str, os.PathLike)):
+        raise argument_error(
+            owner, "save_dir", save_dir, "a str or os.PathLike", "Pass a folder, e.g. 'logs'."
+        )
+    if name is not None and not isinstance(name, str):
+        raise argument_error(owner, "name", name, "a str or None", "Pass e.g. name='mnist'.")
+    is_bad_int = isinstance(version, bool) or (isinstance(version, int) and version < 0)
+    if (version is not None and not isinstance(version, (int, str))) or is_bad_int:
+        raise argument_error(
+            owner, "version", version, "an int >= 0, a str or None", "Pass e.g. version=0."
+        )
+    if version == "":
+        raise argument_error(
+            owner, "version", version, "a non-empty str", "Pass None to pick the next version."
+        )
+    if not isinstance(prefix, str):
+        raise argument_error(owner, "prefix", prefix, "a str", "Pass e.g. prefix='train'.")

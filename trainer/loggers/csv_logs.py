@@ -21,7 +21,12 @@ from collections.abc import Iterable, Iterator, Mapping
 from typing import Any, TextIO
 
 from trainer.errors import ConfigurationError, describe
-from trainer.loggers._versioned import VERSION_PREFIX, VersionedFolderLogger
+from trainer.loggers._versioned import (
+    VERSION_PREFIX,
+    VersionedFolderLogger,
+    argument_error,
+    check_folder_arguments,
+)
 
 __all__ = ["CSVLogger"]
 
@@ -236,24 +241,10 @@ def _check_arguments(
 ) -> None:
     """Reject bad constructor arguments before anything is resolved or written."""
 
-    def fail(argument: str, value: object, expected: str, fix: str) -> ConfigurationError:
-        return ConfigurationError(
-            f"CSVLogger expected {argument} to be {expected}, received {describe(value)}. {fix}"
-        )
-
-    if not isinstance(save_dir, (str, os.PathLike)):
-        raise fail("save_dir", save_dir, "a str or os.PathLike", "Pass a folder, e.g. 'logs'.")
-    if name is not None and not isinstance(name, str):
-        raise fail("name", name, "a str or None", "Pass e.g. name='mnist'.")
-    is_bad_int = isinstance(version, bool) or (isinstance(version, int) and version < 0)
-    if (version is not None and not isinstance(version, (int, str))) or is_bad_int:
-        raise fail("version", version, "an int >= 0, a str or None", "Pass e.g. version=0.")
-    if version == "":
-        raise fail("version", version, "a non-empty str", "Pass None to pick the next version.")
-    if not isinstance(prefix, str):
-        raise fail("prefix", prefix, "a str", "Pass e.g. prefix='train'.")
+    check_folder_arguments("CSVLogger", save_dir, name, version, prefix)
     if isinstance(flush_every, bool) or not isinstance(flush_every, int) or flush_every < 1:
-        raise fail(
+        raise argument_error(
+            "CSVLogger",
             "flush_logs_every_n_steps",
             flush_every,
             "an int >= 1",

@@ -26,7 +26,12 @@ from typing import Any
 
 from trainer._imports import is_available, require
 from trainer.errors import ConfigurationError, describe
-from trainer.loggers._versioned import VERSION_PREFIX, VersionedFolderLogger
+from trainer.loggers._versioned import (
+    VERSION_PREFIX,
+    VersionedFolderLogger,
+    argument_error,
+    check_folder_arguments,
+)
 
 __all__ = ["TensorBoardLogger"]
 
@@ -296,25 +301,15 @@ def _check_arguments(
 ) -> None:
     """Reject bad constructor arguments before anything is resolved or written."""
 
-    def fail(argument: str, value: object, expected: str, fix: str) -> ConfigurationError:
-        return ConfigurationError(
-            f"TensorBoardLogger expected {argument} to be {expected}, received "
-            f"{describe(value)}. {fix}"
-        )
-
-    if not isinstance(save_dir, (str, os.PathLike)):
-        raise fail("save_dir", save_dir, "a str or os.PathLike", "Pass a folder, e.g. 'logs'.")
-    if name is not None and not isinstance(name, str):
-        raise fail("name", name, "a str or None", "Pass e.g. name='mnist'.")
-    is_bad_int = isinstance(version, bool) or (isinstance(version, int) and version < 0)
-    if (version is not None and not isinstance(version, (int, str))) or is_bad_int:
-        raise fail("version", version, "an int >= 0, a str or None", "Pass e.g. version=0.")
-    if version == "":
-        raise fail("version", version, "a non-empty str", "Pass None to pick the next version.")
-    if not isinstance(prefix, str):
-        raise fail("prefix", prefix, "a str", "Pass e.g. prefix='train'.")
+    check_folder_arguments("TensorBoardLogger", save_dir, name, version, prefix)
     if sub_dir is not None and not isinstance(sub_dir, (str, os.PathLike)):
-        raise fail("sub_dir", sub_dir, "a str, os.PathLike or None", "Pass e.g. 'fold_1'.")
+        raise argument_error(
+            "TensorBoardLogger",
+            "sub_dir",
+            sub_dir,
+            "a str, os.PathLike or None",
+            "Pass e.g. 'fold_1'.",
+        )
 
 
 def _to_float(key: str, value: Any) -> float:
