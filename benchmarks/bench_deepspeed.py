@@ -34,7 +34,9 @@ import json
 import os
 import resource
 import statistics
+import sys
 import time
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -45,25 +47,10 @@ import trainer
 from trainer.callbacks import Callback
 from trainer.strategies import DDPStrategy, DeepSpeedStrategy
 
+if not __package__:  # run as a file (`torchrun benchmarks/bench_deepspeed.py`): find `benchmarks`
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-def mlp(width: int, depth: int) -> torch.nn.Sequential:
-    layers: list[torch.nn.Module] = []
-    for _ in range(depth):
-        layers += [torch.nn.Linear(width, width), torch.nn.ReLU()]
-    return torch.nn.Sequential(*layers, torch.nn.Linear(width, 1))
-
-
-class Module(trainer.TrainModule):
-    def __init__(self, width: int, depth: int) -> None:
-        super().__init__()
-        self.net = mlp(width, depth)
-
-    def training_step(self, batch, batch_idx):
-        x, y = batch
-        return torch.nn.functional.mse_loss(self.net(x), y)
-
-    def configure_optimizers(self):
-        return torch.optim.AdamW(self.parameters(), lr=1e-3)
+from benchmarks.bench_distributed import Module, data, mlp, rss_mb
 
 
 class LoopTimer(Callback):
@@ -81,12 +68,6 @@ class LoopTimer(Callback):
         cpu = time.process_time() - self.start[1]  # before the barrier: its wait is not work
         trainer.strategy.barrier()
         self.seconds = (time.perf_counter() - self.start[0], cpu)
-
-
-def data(steps: int, width: int, world: int) -> TensorDataset:
-    generator = torch.Generator().manual_seed(0)
-    x = torch.randn(steps * 32 * world, width, generator=generator)
-    return TensorDataset(x, x.sum(1, keepdim=True))
 
 
 def with_trainer(
@@ -196,14 +177,6 @@ def throughput(steps: int, rounds: int, width: int, depth: int) -> None:
                 f"| {name} | {steps / median:.1f} | {ddp / median:.2f}x | {cpu_ms:.2f} | "
                 f"{statistics.median(setups[name]):.3f} |"
             )
-
-
-def rss_mb() -> float:
-    with open("/proc/self/status", encoding="utf-8") as file:
-        for line in file:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) / 1024
-    return 0.0
 
 
 def memory(engine: str, width: int, depth: int, config: dict[str, Any] | None) -> None:

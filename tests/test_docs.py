@@ -192,9 +192,27 @@ def test_hook_order_page_is_up_to_date():
     )
 
 
+def test_api_reference_is_up_to_date():
+    spec = importlib.util.spec_from_file_location(
+        "gen_api_reference", ROOT / "scripts" / "gen_api_reference.py"
+    )
+    assert spec is not None and spec.loader is not None
+    generator = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(generator)
+    assert generator.main(["--check"]) == 0, (
+        "docs/api is stale: run `python scripts/gen_api_reference.py`"
+    )
+    pages = generator.render()
+    import trainer.callbacks
+
+    for name in [*trainer.__all__, *trainer.callbacks.__all__]:  # every public name has an entry
+        assert any(f".{name}\n" in text for text in pages.values()), name
+
+
 def test_mkdocs_build_strict(tmp_path: Path):
     pytest.importorskip("mkdocs")
     pytest.importorskip("material")
+    pytest.importorskip("mkdocstrings")
     result = subprocess.run(
         [
             sys.executable,
@@ -213,3 +231,6 @@ def test_mkdocs_build_strict(tmp_path: Path):
     )
     assert result.returncode == 0, result.stdout + result.stderr
     assert (tmp_path / "site" / "index.html").exists()
+    api_page = (tmp_path / "site" / "api" / "trainer" / "index.html").read_text(encoding="utf-8")
+    assert "gradient_clip_val" in api_page  # the reference was rendered from the docstrings
+    assert "accumulate_grad_batches" in api_page

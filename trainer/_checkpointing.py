@@ -1,6 +1,6 @@
 """What the Trainer puts in a checkpoint and how it takes it back; where ``ckpt_path`` points.
 
-The Trainer calls :func:`dump_checkpoint` / :func:`restore_checkpoint`; the file format lives in
+The Trainer calls `dump_checkpoint` / `restore_checkpoint`; the file format lives in
 ``trainer/checkpoint/``. A checkpoint holds the model, optimizers, schedulers, precision state,
 the progress (epoch, global step, batch position), the train loader's seed, the RNG states, the
 callbacks', datamodule's and loggers' state, and the hyperparameters.

@@ -80,7 +80,7 @@ def compute_module_sizes(
 ) -> dict[str, int]:
     """Bytes of every module and tensor name (and ``""`` for the model), buffers included.
 
-    Example:
+    Examples:
         >>> sizes = compute_module_sizes(torch.nn.Sequential(torch.nn.Linear(100, 100)))
         >>> sizes[""], sizes["0"], sizes["0.bias"]
         (40400, 40400, 400)
@@ -98,7 +98,7 @@ def compute_module_sizes(
 def find_tied_parameters(model: torch.nn.Module) -> list[list[str]]:
     """Groups of parameter names that are one Parameter object (tied weights), sorted.
 
-    Example:
+    Examples:
         >>> net = torch.nn.Sequential(torch.nn.Embedding(10, 4), torch.nn.Linear(4, 10))
         >>> net[1].weight = net[0].weight
         >>> find_tied_parameters(net)
@@ -136,7 +136,7 @@ def parse_max_memory(max_memory: Mapping[DeviceKey, int | str] | None) -> dict[D
     indices (``0``), ``"cuda:0"``, ``"mps"``, ``"xpu:0"``, ``"cpu"`` or ``"disk"``; values are
     bytes or sizes like ``"10GiB"`` / ``"200MB"``.
 
-    Example:
+    Examples:
         >>> parse_max_memory({"cpu": "1KiB", "cuda:1": 10, 0: "1KB"})
         {0: 1000, 1: 10, 'cpu': 1024}
     """
@@ -359,7 +359,7 @@ def _direct_items(module: torch.nn.Module, name: str) -> list[_Item]:
 def clean_device_map(device_map: DeviceMap, module_name: str = "") -> DeviceMap:
     """Collapse entries whose siblings all share a device into their parent's entry.
 
-    Example:
+    Examples:
         >>> clean_device_map({"0": "cpu", "1": "cpu"})
         {'': 'cpu'}
     """

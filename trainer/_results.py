@@ -1,6 +1,6 @@
 """Where ``self.log`` values go: kept on the device, read only when a logger or the bar needs them.
 
-One :class:`MetricStore` per stage (fit's training, validation, test). A step value replaces the
+One `MetricStore` per stage (fit's training, validation, test). A step value replaces the
 previous one; an epoch value accumulates with its reduction (batch-size-weighted mean by default)
 as tensor arithmetic, so logging never forces a host-device sync per step. torchmetrics ``Metric``
 values are computed, synced and reset at epoch end.

@@ -50,7 +50,8 @@ class Accelerator:
         strategy: a Strategy instance or a registered name; None picks single-device.
         split_batches: shorthand for ``DataLoaderConfiguration(split_batches=...)``.
         dataloader_config: how dataloaders are sharded (DataLoaderConfiguration).
-        project_dir / project_config: where checkpoints and tracker files go.
+        project_dir: where checkpoints and tracker files go (shorthand for ``project_config``).
+        project_config: the full ``ProjectConfiguration``.
         log_with: tracker names (``LoggerType`` or str), Logger instances, or a list of them.
         gradient_accumulation_plugin: full accumulation options (exclusive with the steps arg).
         step_scheduler_with_optimizer: prepared schedulers step only with a real optimizer step.
@@ -59,7 +60,7 @@ class Accelerator:
         dynamo_backend: compile prepared models with ``torch.compile(backend=...)``.
         device_placement: move models and batches to ``self.device``.
 
-    Example:
+    Examples:
         >>> accelerator = Accelerator(gradient_accumulation_steps=2)
         >>> model, optimizer, loader = accelerator.prepare(model, optimizer, loader)
         >>> for x, y in loader:
@@ -218,7 +219,7 @@ class Accelerator:
         parameters), then schedulers (which need their prepared optimizer). Anything else is
         returned unchanged.
 
-        Example:
+        Examples:
             >>> model, opt, dl, sched = accelerator.prepare(model, opt, dl, sched)
         """
         if device_placement is not None and len(device_placement) != len(args):

@@ -75,7 +75,7 @@ def init_on_device(device: torch.device | str, include_buffers: bool = False) ->
     larger than the machine's RAM cannot be allocated even so. With ``include_buffers`` every
     tensor is created on ``device`` from the start (a ``torch.device`` context): any size.
 
-    Example:
+    Examples:
         >>> with init_on_device("meta", include_buffers=True):
         ...     layer = torch.nn.Linear(100_000, 100_000)  # 10B parameters (40 GB), no memory
         >>> layer.weight.device
@@ -155,7 +155,7 @@ class _SkipMetaInit(torch.overrides.TorchFunctionMode):
 def init_empty_weights(include_buffers: bool = False) -> Iterator[None]:
     """Build modules with parameters on the meta device: any size, no memory, no init time.
 
-    Example:
+    Examples:
         >>> with init_empty_weights():
         ...     model = torch.nn.Sequential(*[torch.nn.Linear(50_000, 50_000) for _ in range(4)])
         >>> sum(p.numel() for p in model.parameters())  # 10B parameters in a millisecond
@@ -200,7 +200,7 @@ def infer_auto_device_map(
     Raises:
         ConfigurationError: a ``max_memory`` key that is no device or a value that is no size.
 
-    Example:
+    Examples:
         >>> net = torch.nn.Sequential(*[torch.nn.Linear(100, 100) for _ in range(4)])  # 40,400 B each
         >>> infer_auto_device_map(net, max_memory={"cpu": 3 * 40_400})  # one layer kept in reserve
         {'0': 'cpu', '1': 'cpu', '2': 'disk', '3': 'disk'}
@@ -255,7 +255,7 @@ def dispatch_model(
         ConfigurationError: the map misses tensors, puts everything on disk, needs an
             ``offload_dir``, or leaves a meta tensor without weights.
 
-    Example:
+    Examples:
         >>> import tempfile
         >>> net = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.Linear(2, 2))
         >>> net = dispatch_model(net, {"0": "cpu", "1": "disk"}, offload_dir=tempfile.mkdtemp())
@@ -319,7 +319,7 @@ def cpu_offload(
         state_dict: the CPU tensors to use (default: the model's own, moved to the CPU).
         preload_module_classes: class names loaded as one piece (see ``dispatch_model``).
 
-    Example:
+    Examples:
         >>> net = cpu_offload(torch.nn.Linear(2, 2))
         >>> net.weight.device, net(torch.ones(1, 2)).shape
         (device(type='meta'), torch.Size([1, 2]))
@@ -350,7 +350,7 @@ def disk_offload(
     released after it, so RAM holds one module's weights at a time. Tensors of a meta model that
     are listed in ``offload_dir/index.json`` are read from there.
 
-    Example:
+    Examples:
         >>> import tempfile
         >>> net = disk_offload(torch.nn.Linear(2, 2), tempfile.mkdtemp())
         >>> net.weight.device, net(torch.ones(1, 2)).shape
@@ -402,7 +402,7 @@ def cpu_offload_with_hook(
     Returns:
         ``(model, hook)``.
 
-    Example:
+    Examples:
         >>> encoder, hook1 = cpu_offload_with_hook(torch.nn.Linear(2, 2))
         >>> decoder, hook2 = cpu_offload_with_hook(torch.nn.Linear(2, 2), prev_module_hook=hook1)
         >>> decoder(encoder(torch.ones(1, 2))).shape  # encoder offloaded as decoder starts
@@ -452,7 +452,7 @@ def load_checkpoint_in_model(
         CheckpointError: unreadable checkpoint; with ``strict``, any key problem.
         ConfigurationError: ``device_map`` misses tensors or uses ``"disk"`` without a folder.
 
-    Example:
+    Examples:
         >>> import tempfile
         >>> from safetensors.torch import save_file
         >>> path = tempfile.mkdtemp() + "/model.safetensors"
@@ -513,7 +513,7 @@ def load_checkpoint_and_dispatch(
             ``offload_folder``.
         CheckpointError: see ``load_checkpoint_in_model``.
 
-    Example:
+    Examples:
         >>> import tempfile
         >>> from safetensors.torch import save_file
         >>> path = tempfile.mkdtemp() + "/model.safetensors"

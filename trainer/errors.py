@@ -1,6 +1,6 @@
 """The error hierarchy of `trainer`.
 
-Every error the framework raises on purpose derives from :class:`TrainerError`. A message says
+Every error the framework raises on purpose derives from `TrainerError`. A message says
 what is wrong, where (hook, argument, file, rank) and how to fix it, with the value received.
 This module owns only the classes; the checks live next to the code they guard.
 """

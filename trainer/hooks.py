@@ -1,7 +1,7 @@
 """The hook names and their order, published as data.
 
-The Trainer's dispatcher checks every name it calls against :data:`CALLBACK_HOOKS`; the hook-order
-test and the documentation page are both generated from :data:`FIT_ORDER` and :func:`fit_sequence`
+The Trainer's dispatcher checks every name it calls against `CALLBACK_HOOKS`; the hook-order
+test and the documentation page are both generated from `FIT_ORDER` and `fit_sequence`
 so the three can never disagree. This module owns names and order only; the calls live in
 `trainer/trainer.py`.
 """

@@ -156,7 +156,7 @@ def notebook_launcher(
     Returns each rank's return value by rank. Inside, a bare ``Accelerator()`` or a Trainer with
     ``strategy="auto"`` runs DDP over the processes.
 
-    Example:
+    Examples:
         >>> def train():
         ...     accelerator = Accelerator()
         ...     return accelerator.process_index
@@ -191,7 +191,7 @@ def debug_launcher(
 ) -> dict[int, Any]:
     """Run ``function(*args)`` in ``num_processes`` CPU processes on a free port (for debugging).
 
-    Example:
+    Examples:
         >>> debug_launcher(lambda: Accelerator().num_processes, num_processes=2)
         {0: 2, 1: 2}
     """

@@ -40,7 +40,7 @@ def find_executable_batch_size(
 
     The decorated function is called without the batch size; it receives it as first argument.
 
-    Example:
+    Examples:
         >>> @find_executable_batch_size(starting_batch_size=64)
         ... def train(batch_size):
         ...     if batch_size > 16:

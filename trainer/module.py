@@ -63,7 +63,7 @@ class _HyperparameterMixin:
 
         They are written to every logger and to checkpoints.
 
-        Example:
+        Examples:
             >>> class Net(TrainModule):
             ...     def __init__(self, lr: float = 0.1, hidden: int = 32):
             ...         super().__init__()
@@ -93,9 +93,9 @@ class TrainModule(_HyperparameterMixin, ModuleHooks, torch.nn.Module):
     Required: ``training_step(batch, batch_idx)`` returning the loss (a Tensor, a dict with
     "loss", or None to skip the batch) and ``configure_optimizers()``. Optional: the other
     ``*_step`` methods, ``configure_model`` and the ``*_dataloader`` methods, and any hook of
-    :class:`trainer.callbacks.Callback` (without its ``trainer, module`` arguments).
+    `trainer.callbacks.Callback` (without its ``trainer, module`` arguments).
 
-    Example:
+    Examples:
         >>> class Regressor(TrainModule):
         ...     def __init__(self):
         ...         super().__init__()
@@ -260,4 +260,4 @@ class DataModule(_HyperparameterMixin):
         return {}
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        """Restore :meth:`state_dict`."""
+        """Restore `state_dict`."""

@@ -5,15 +5,32 @@ Each is a no-op; the Trainer calls the module's hook first, then every callback'
 
 from __future__ import annotations
 
+import sys
+import warnings
+from pathlib import Path
 from typing import Any
 
 import torch
 
-__all__ = ["ModuleHooks"]
+__all__ = ["LIGHTNING_HOOKS_NOT_CALLED", "ModuleHooks", "warn_on_lightning_hooks"]
+
+# Lightning module hooks this Trainer never calls, and what to do instead. A ported module that
+# overrides one would otherwise train differently without a word.
+LIGHTNING_HOOKS_NOT_CALLED: dict[str, str] = {
+    "optimizer_step": "use manual optimization (automatic_optimization = False)",
+    "optimizer_zero_grad": "use manual optimization (automatic_optimization = False)",
+    "lr_scheduler_step": "use manual optimization, or step the scheduler in a hook",
+    "configure_gradient_clipping": "use Trainer(gradient_clip_val=...) or manual optimization",
+    "transfer_batch_to_device": "move or convert the batch in the step, or in the dataloader",
+    "on_before_batch_transfer": "convert the batch in the dataloader's collate_fn",
+    "on_after_batch_transfer": "convert the batch at the start of the step",
+    "configure_callbacks": "pass the callbacks to Trainer(callbacks=[...])",
+    "configure_sharded_model": "rename it configure_model",
+}
 
 
 class ModuleHooks:
-    """No-op hooks for :class:`trainer.TrainModule` to override."""
+    """No-op hooks for `trainer.TrainModule` to override."""
 
     def setup(self, stage: str) -> None: ...
     def teardown(self, stage: str) -> None: ...
@@ -52,3 +69,24 @@ class ModuleHooks:
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None: ...
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None: ...
     def on_exception(self, exception: BaseException) -> None: ...
+
+
+def warn_on_lightning_hooks(module: Any) -> None:
+    """Warn once per call about each Lightning-only hook ``module``'s class defines."""
+    for name, instead in LIGHTNING_HOOKS_NOT_CALLED.items():
+        if callable(getattr(type(module), name, None)):
+            warnings.warn(
+                f"{type(module).__name__}.{name} is a Lightning hook that this Trainer does not "
+                f"call, so it has no effect: {instead}.",
+                UserWarning,
+                stacklevel=_caller_stacklevel(),
+            )
+
+
+def _caller_stacklevel() -> int:
+    """The ``stacklevel`` that points a warning at the first frame outside this package."""
+    package = str(Path(__file__).resolve().parent)
+    frame, level = sys._getframe(1), 1
+    while frame is not None and frame.f_code.co_filename.startswith(package):
+        frame, level = frame.f_back, level + 1
+    return level

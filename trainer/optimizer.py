@@ -1,7 +1,7 @@
 """Prepared optimizers and schedulers: the step goes through the strategy and honours accumulation.
 
-:class:`AcceleratedOptimizer` steps (and zeroes gradients) only on batches where gradients are
-synchronised, and records whether the precision plugin skipped the step. :class:`AcceleratedScheduler`
+`AcceleratedOptimizer` steps (and zeroes gradients) only on batches where gradients are
+synchronised, and records whether the precision plugin skipped the step. `AcceleratedScheduler`
 follows Accelerate: it steps with the optimizer, never after a skipped step.
 """
 

@@ -18,7 +18,7 @@ def seed_everything(seed: int, *, deterministic: bool = False) -> int:
 
     Also sets ``PYTHONHASHSEED`` for worker processes. Returns the seed.
 
-    Example:
+    Examples:
         >>> seed_everything(42)
         42
     """
@@ -55,7 +55,7 @@ def get_rng_states() -> dict[str, Any]:
 
 
 def set_rng_states(states: dict[str, Any]) -> None:
-    """Restore what :func:`get_rng_states` returned."""
+    """Restore what `get_rng_states` returned."""
     if "python" in states:
         random.setstate(states["python"])
     if "torch" in states:

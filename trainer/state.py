@@ -1,6 +1,6 @@
 """Process-wide facts: which process this is, how many there are, and the enums that name modes.
 
-:class:`PartialState` is the only shared state in `trainer` (DESIGN §4): every instance reads
+`PartialState` is the only shared state in `trainer` (DESIGN §4): every instance reads
 the same process facts. Everything configurable (precision, accumulation, strategy) belongs to
 each Accelerator instead, so two Accelerators with different settings can live in one process.
 """
@@ -71,7 +71,7 @@ class PartialState:
     Reads an initialised ``torch.distributed`` process group if there is one, else the launcher's
     environment (``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``), else one process.
 
-    Example:
+    Examples:
         >>> state = PartialState()
         >>> state.num_processes, state.process_index
         (1, 0)

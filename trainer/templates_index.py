@@ -125,7 +125,7 @@ def find_templates_root() -> Path:
 def list_templates(root: str | os.PathLike[str] | None = None) -> list[TemplateInfo]:
     """Every template under ``root`` (default: ``find_templates_root()``), sorted by name.
 
-    Example:
+    Examples:
         >>> [t.name for t in list_templates()]
         ['accelerator_loop', 'gpt', 'image_classifier']
     """
@@ -164,7 +164,7 @@ def project_names(name: str) -> tuple[str, str]:
         ConfigurationError: ``name`` is not a valid project name, or its package name would not
             be importable or would shadow a package the project needs.
 
-    Example:
+    Examples:
         >>> project_names("My-Digits.v2")
         ('My-Digits.v2', 'my_digits_v2')
     """
@@ -214,7 +214,7 @@ def render_template(
         ConfigurationError: unknown template, invalid name, or a non-empty ``destination``
             without ``force``.
 
-    Example:
+    Examples:
         >>> project = render_template("gpt", "/tmp/shakespeare", project_name="shakespeare")
         >>> project.package, (project.directory / "shakespeare" / "model.py").is_file()
         ('shakespeare', True)

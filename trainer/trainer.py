@@ -56,7 +56,7 @@ from trainer.hooks import CALLBACK_HOOKS
 from trainer.launcher import relaunch_with_torchrun
 from trainer.loggers.logger import Logger
 from trainer.module import DataModule, TrainModule
-from trainer.module_hooks import ModuleHooks
+from trainer.module_hooks import ModuleHooks, warn_on_lightning_hooks
 from trainer.precision import Precision, resolve_precision
 from trainer.seed import get_rng_states, set_rng_states
 from trainer.strategies import Strategy, detect_environment, resolve_strategy
@@ -97,11 +97,11 @@ class _StepRouter(torch.nn.Module):
 
 
 class Trainer:
-    """Runs a :class:`~trainer.TrainModule`: the loop, the hooks, logging and stopping.
+    """Runs a `TrainModule`: the loop, the hooks, logging and stopping.
 
     Arguments follow Lightning's names (see DESIGN §3 and docs/trainer.md for each).
 
-    Example:
+    Examples:
         >>> trainer = Trainer(max_epochs=3, precision="bf16-mixed", log_every_n_steps=10)
         >>> trainer.fit(module, train_loader, val_loader)
         >>> trainer.callback_metrics["val/acc"]
@@ -517,6 +517,7 @@ class Trainer:
             store.reset()
         self._logged_metrics = {}
         self._restored_metrics = {}
+        warn_on_lightning_hooks(module)
         self._call_hook("setup", stage)
         with self.strategy.module_init_context():
             module.configure_model()

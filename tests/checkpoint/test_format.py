@@ -165,6 +165,31 @@ def test_rewriting_replaces_atomically_and_leaves_no_temporaries(tmp_path):
     assert torch.equal(read_checkpoint(tmp_path / "ck")["state_dict"]["w"], torch.ones(2))
 
 
+def test_a_folder_that_is_not_a_checkpoint_is_never_replaced(tmp_path):
+    other = tmp_path / "state"  # e.g. what Accelerate's save_state wrote
+    other.mkdir()
+    (other / "optimizer.bin").write_bytes(b"user data")
+    (other / "random_states_0.pkl").write_bytes(b"more")
+
+    with pytest.raises(CheckpointError, match=r"not a checkpoint \(it holds optimizer.bin, random"):
+        write_checkpoint(other, {"state_dict": {"w": torch.zeros(2)}})
+
+    assert sorted(os.listdir(other)) == ["optimizer.bin", "random_states_0.pkl"]
+    assert (other / "optimizer.bin").read_bytes() == b"user data"
+    assert os.listdir(tmp_path) == ["state"]  # no temporary left behind
+
+
+def test_a_file_is_never_replaced_but_an_empty_folder_is_used(tmp_path):
+    (tmp_path / "weights.pt").write_bytes(b"user data")
+    with pytest.raises(CheckpointError, match="it is a file"):
+        write_checkpoint(tmp_path / "weights.pt", {"state_dict": {"w": torch.zeros(2)}})
+    assert (tmp_path / "weights.pt").read_bytes() == b"user data"
+
+    (tmp_path / "empty").mkdir()
+    write_checkpoint(tmp_path / "empty", {"state_dict": {"w": torch.ones(2)}})
+    assert torch.equal(read_checkpoint(tmp_path / "empty")["state_dict"]["w"], torch.ones(2))
+
+
 def test_find_latest_skips_torn_and_corrupt_directories(tmp_path):
     for step in (5, 10):
         write_checkpoint(

@@ -63,7 +63,7 @@ class BatchSizeFinder(Callback):
             or a ``train_dataloader()`` to rebuild is missing, several processes run, or even
             the smallest size ran out of memory.
 
-    Example:
+    Examples:
         >>> finder = BatchSizeFinder(mode="binsearch", init_val=16)
         >>> Trainer(max_epochs=3, callbacks=[finder]).fit(module)  # module.batch_size = 16
         >>> # 16, 32 and 64 fit, 128 runs out of memory; bisection tries 96, 112, 104, ...

@@ -20,7 +20,7 @@ __all__ = ["Callback"]
 class Callback:
     """Base class for callbacks; override the hooks you need.
 
-    Example:
+    Examples:
         >>> class PrintLoss(Callback):
         ...     def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx):
         ...         if batch_idx % 100 == 0:
@@ -37,7 +37,7 @@ class Callback:
         return {}
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        """Restore what :meth:`state_dict` returned."""
+        """Restore what `state_dict` returned."""
 
     def setup(self, trainer: Trainer, module: TrainModule, stage: str) -> None: ...
     def teardown(self, trainer: Trainer, module: TrainModule, stage: str) -> None: ...

@@ -34,7 +34,7 @@ def cpu_stats() -> dict[str, float]:
         ``{"cpu_rss_mb": ..., "cpu_max_rss_mb": ...}``; ``cpu_rss_mb`` is missing where
         ``/proc/self/status`` is not readable (not Linux).
 
-    Example:
+    Examples:
         >>> sorted(cpu_stats())  # on Linux
         ['cpu_max_rss_mb', 'cpu_rss_mb']
     """
@@ -54,7 +54,7 @@ def cpu_stats() -> dict[str, float]:
 def cuda_stats(device: torch.device) -> dict[str, float]:
     """Memory allocated, reserved and the peak allocated on ``device`` since start, in MB.
 
-    Example:
+    Examples:
         >>> cuda_stats(torch.device("cuda", 0))  # doctest: +SKIP
         {'cuda_allocated_mb': 512.1, 'cuda_reserved_mb': 1024.5, 'cuda_max_allocated_mb': 900.0}
     """
@@ -86,7 +86,7 @@ class DeviceStatsMonitor(Callback):
     Raises:
         ConfigurationError: ``cpu_stats`` is not a bool or None; fit starts with no logger.
 
-    Example:
+    Examples:
         >>> monitor = DeviceStatsMonitor(cpu_stats=True)
         >>> # Trainer(callbacks=[monitor], log_every_n_steps=50) logs e.g.
         >>> # {"device_stats/cpu_rss_mb": 812.4, "device_stats/cpu_percent": 97.0, ...}

@@ -25,7 +25,7 @@ __all__ = ["EarlyStopping", "EarlyStoppingReason"]
 
 
 class EarlyStoppingReason(str, enum.Enum):
-    """Why :class:`EarlyStopping` stopped training (``EarlyStopping.stopping_reason``)."""
+    """Why `EarlyStopping` stopped training (``EarlyStopping.stopping_reason``)."""
 
     NOT_STOPPED = "not_stopped"
     STOPPING_THRESHOLD = "stopping_threshold"
@@ -67,7 +67,7 @@ class EarlyStopping(Callback):
         ConfigurationError: an argument is invalid, or (``strict``) ``monitor`` was not logged:
             the message lists the metrics that were.
 
-    Example:
+    Examples:
         >>> stopper = EarlyStopping(monitor="val/loss", patience=2, min_delta=0.01)
         >>> # Trainer(callbacks=[stopper]).fit(module): with val/loss 1.0, 0.5, 0.495, 0.6 the
         >>> # run stops after the 4th epoch: 0.495 and 0.6 do not beat 0.5 by more than 0.01.

@@ -38,7 +38,7 @@ class FitSummary(Callback):
     Args:
         console: the `rich.console.Console` to print to; defaults to one on stdout.
 
-    Example:
+    Examples:
         >>> # Trainer(max_epochs=3, callbacks=[FitSummary(), ModelCheckpoint(monitor="val/loss")])
         >>> # .fit(module, train, val) with 8 batches per epoch ends with:
         >>> #                     Fit summary

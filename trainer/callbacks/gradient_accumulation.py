@@ -33,7 +33,7 @@ class GradientAccumulationScheduler(Callback):
             not an int >= 1; at fit start, the module uses manual optimization or the Trainer
             was given its own ``accumulate_grad_batches``.
 
-    Example:
+    Examples:
         >>> scheduler = GradientAccumulationScheduler(scheduling={1: 2, 2: 4})
         >>> [scheduler.get_accumulate_grad_batches(epoch) for epoch in range(4)]
         [1, 2, 4, 4]

@@ -20,7 +20,7 @@ __all__ = ["LambdaCallback"]
 class LambdaCallback(Callback):
     """Build a callback from functions: ``LambdaCallback(on_train_epoch_end=fn, ...)``.
 
-    Each keyword is a hook name from :data:`trainer.hooks.CALLBACK_HOOKS`; its function receives
+    Each keyword is a hook name from `trainer.hooks.CALLBACK_HOOKS`; its function receives
     what the hook receives, ``(trainer, module, *hook_arguments)``. A None value is ignored
     (so Lightning code passing ``setup=None`` ports as is).
 
@@ -31,7 +31,7 @@ class LambdaCallback(Callback):
         ConfigurationError: a name is not a hook (the message lists the hooks), or a value is not
             callable.
 
-    Example:
+    Examples:
         >>> losses = []
         >>> record = LambdaCallback(
         ...     on_train_batch_end=lambda trainer, module, outputs, batch, batch_idx: losses.append(

@@ -3,8 +3,8 @@
 This module owns the range test (training steps with a growing learning rate, run through the
 Trainer's accelerator and prepared optimizer over the train dataloader), the smoothing and early
 stop, the suggestion, the plot, and putting the module, optimizer, precision and RNG state back
-as they were. It also holds what both finders share: :class:`_TrainingState` (capture/restore)
-and :func:`_run_training_steps`. It does not own the loop: no hook runs during the test and the
+as they were. It also holds what both finders share: `_TrainingState` (capture/restore)
+and `_run_training_steps`. It does not own the loop: no hook runs during the test and the
 Trainer's progress (global step, epoch) does not move.
 """
 
@@ -228,7 +228,7 @@ class LearningRateFinder(Callback):
     ``max_lr`` (geometric or equal steps, per ``mode``) and records each step's learning rate and
     smoothed loss. It stops early when the smoothed loss exceeds ``early_stop_threshold`` times
     the best one (or is not finite), puts the state back, and suggests the learning rate where
-    the loss falls fastest (:meth:`suggestion`). With ``update_attr`` the suggestion goes to
+    the loss falls fastest (`suggestion`). With ``update_attr`` the suggestion goes to
     ``module.<attr_name>`` / ``module.hparams[attr_name]``, the optimizer's parameter groups and
     its schedulers' ``base_lrs``, so the fit trains with it. No hook runs during the test.
 
@@ -250,7 +250,7 @@ class LearningRateFinder(Callback):
         ConfigurationError: an argument is out of range (the message names it), several
             optimizers, or ``update_attr`` with no ``attr_name`` on the module.
 
-    Example:
+    Examples:
         >>> finder = LearningRateFinder(min_lr=1e-6, max_lr=1.0, num_training_steps=100)
         >>> Trainer(max_epochs=5, callbacks=[finder]).fit(module)  # module.hparams.lr = 1e-5
         >>> finder.suggested_lr, module.hparams.lr  # e.g. (0.0912, 0.0912)
@@ -442,7 +442,7 @@ class LearningRateFinder(Callback):
         Returns:
             The ``matplotlib.figure.Figure``.
 
-        Example:
+        Examples:
             >>> finder.plot(path="lr_find.png")  # a PNG of 640 x 480 pixels
         """
         if not self.results["lr"]:

@@ -46,7 +46,7 @@ class LearningRateMonitor(Callback):
         ConfigurationError: ``logging_interval`` is not None, "step" or "epoch"; or fit starts
             with no logger (``Trainer(logger=False)``).
 
-    Example:
+    Examples:
         >>> monitor = LearningRateMonitor(logging_interval="epoch")
         >>> # SGD(lr=0.1) with StepLR(step_size=1, gamma=0.5), 3 epochs of 8 batches:
         >>> # the loggers receive {"lr-SGD": 0.1} at step 0, 0.05 at step 8, 0.025 at step 16.
@@ -98,7 +98,7 @@ class LearningRateMonitor(Callback):
         """The current values to log for schedulers stepped per ``interval`` ("step",
         "epoch", or "any"), plus every optimizer without a scheduler.
 
-        Example:
+        Examples:
             >>> LearningRateMonitor().extract_stats(trainer, "any")  # one SGD(lr=0.1)
             {'lr-SGD': 0.1}
         """

@@ -43,11 +43,13 @@ class ModelCheckpoint(Callback):
         mode: "min" or "max".
         save_top_k: how many to keep (-1 all, 0 none but ``last``).
         save_last: keep a ``last`` link to the newest checkpoint (written even when not top-k).
-        every_n_train_steps / every_n_epochs / train_time_interval: when to save (default: at
-            the end of every epoch, after its validation).
+        every_n_train_steps: save every N optimizer steps.
+        every_n_epochs: save every N epochs (the default, N=1, saves at the end of every
+            epoch, after its validation).
+        train_time_interval: save every time this interval has passed (a ``timedelta``).
         save_weights_only: only the model weights (no optimizer or loop state).
 
-    Example:
+    Examples:
         >>> ModelCheckpoint(monitor="val/loss", mode="min", save_top_k=2, save_last=True)
     """
 
@@ -294,7 +296,7 @@ class ModelCheckpoint(Callback):
 class OnExceptionCheckpoint(Callback):
     """Save a checkpoint when fit raises, to ``dirpath/filename``.
 
-    Example:
+    Examples:
         >>> OnExceptionCheckpoint(dirpath="checkpoints", filename="on_exception")
     """
 

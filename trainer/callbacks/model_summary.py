@@ -1,6 +1,6 @@
 """ModelSummary: the table of layers and parameter counts printed when fit starts.
 
-This module owns counting (:func:`summarize`, :func:`total_size_bytes`) and the printed table.
+This module owns counting (`summarize`, `total_size_bytes`) and the printed table.
 It reads the module only; it neither moves nor materializes parameters, so a model on the meta
 device is counted by ``numel``. `rich` is imported when the table is printed (DESIGN §1).
 """
@@ -39,7 +39,7 @@ class LayerSummary:
         params: parameters in the submodule and its children (each shared tensor once).
         trainable_params: those of ``params`` with ``requires_grad=True``.
 
-    Example:
+    Examples:
         >>> LayerSummary("0", "Linear", 55, 55).non_trainable_params
         0
     """
@@ -66,12 +66,12 @@ def summarize(module: torch.nn.Module, max_depth: int = 1) -> list[LayerSummary]
         max_depth: how many levels of children to list; -1 for all.
 
     Returns:
-        One :class:`LayerSummary` per submodule, parents before their children.
+        One `LayerSummary` per submodule, parents before their children.
 
     Raises:
         ConfigurationError: ``max_depth`` is not an int >= -1.
 
-    Example:
+    Examples:
         >>> model = torch.nn.Sequential(torch.nn.Linear(10, 5), torch.nn.ReLU())
         >>> [(row.name, row.type, row.params) for row in summarize(model)]
         [('0', 'Linear', 55), ('1', 'ReLU', 0)]
@@ -98,7 +98,7 @@ def total_size_bytes(module: torch.nn.Module) -> int:
     Returns:
         The size in bytes.
 
-    Example:
+    Examples:
         >>> total_size_bytes(torch.nn.Linear(10, 5))  # 55 float32 values
         220
         >>> total_size_bytes(torch.nn.Linear(10, 5).to(torch.bfloat16))
@@ -117,7 +117,7 @@ def format_count(number: int) -> str:
     Returns:
         ``"123"``, ``"1.2 K"``, ``"3.4 M"``, ``"7.0 B"`` or ``"1.0 T"``.
 
-    Example:
+    Examples:
         >>> format_count(55), format_count(1234), format_count(3_400_000)
         ('55', '1.2 K', '3.4 M')
     """
@@ -142,7 +142,7 @@ class ModelSummary(Callback):
     Raises:
         ConfigurationError: ``max_depth`` is not an int >= -1.
 
-    Example:
+    Examples:
         >>> # Trainer(callbacks=[ModelSummary(max_depth=2)]).fit(module) prints, for
         >>> # Sequential(Linear(10, 5), ReLU(), Linear(5, 2)): rows of 55, 0 and 12 parameters,
         >>> # then "Total params: 67" and "Total estimated model params size (MB): 0.000".
@@ -163,7 +163,7 @@ class ModelSummary(Callback):
         Args:
             module: the model to describe.
 
-        Example:
+        Examples:
             >>> ModelSummary().print_summary(torch.nn.Linear(10, 5))  # no rows; "Total params: 55"
         """
         if self._console is None:

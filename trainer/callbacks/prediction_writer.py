@@ -23,7 +23,7 @@ __all__ = ["BasePredictionWriter", "WriteInterval"]
 
 
 class WriteInterval(str, enum.Enum):
-    """When a :class:`BasePredictionWriter` writes."""
+    """When a `BasePredictionWriter` writes."""
 
     BATCH = "batch"
     EPOCH = "epoch"
@@ -41,7 +41,7 @@ class WriteInterval(str, enum.Enum):
 class BasePredictionWriter(Callback):
     """Subclass to write predictions as ``trainer.predict`` produces them.
 
-    Implement :meth:`write_on_batch_end` (``write_interval="batch"``), :meth:`write_on_epoch_end`
+    Implement `write_on_batch_end` (``write_interval="batch"``), `write_on_epoch_end`
     (``"epoch"``), or both (``"batch_and_epoch"``). ``batch_indices`` are the positions of the
     batch's samples in the order this process received them (``[0, 1, 2, 3]``, then
     ``[4, 5, 6, 7]`` ...): the dataset indices for an unshuffled loader in one process. Under
@@ -55,7 +55,7 @@ class BasePredictionWriter(Callback):
         ConfigurationError: ``write_interval`` is not one of those, or the subclass does not
             implement the method that interval calls.
 
-    Example:
+    Examples:
         >>> class TorchWriter(BasePredictionWriter):
         ...     def __init__(self, output_dir):
         ...         super().__init__(write_interval="epoch")

@@ -51,7 +51,7 @@ class RichProgressBar(Callback):
     Raises:
         ConfigurationError: ``refresh_rate_s`` is negative or ``plain_every_n_steps`` is below 1.
 
-    Example:
+    Examples:
         >>> bar = RichProgressBar(refresh_rate_s=0.5, plain_every_n_steps=100)
         >>> # Off a terminal, with 300 batches per epoch: lines at batches 100 and 200, then
         >>> # "Epoch 1/3  step 300/300  loss=0.4312  val/acc=0.91  12.3 it/s  elapsed 0:00:24"

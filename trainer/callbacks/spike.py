@@ -1,7 +1,7 @@
 """SpikeDetection: notice a training loss far above its recent mean, then raise or undo the step.
 
 This module owns the spike rule (running mean of the last ``window`` good losses, tolerances,
-non-finite values), :class:`LossSpikeError`, and in ``mode="skip"`` the copy of the last good
+non-finite values), `LossSpikeError`, and in ``mode="skip"`` the copy of the last good
 weights and optimizer state that a spiked step is rolled back to. It reads the loss from
 ``training_step``'s output in ``on_train_batch_end``; it never changes the loss or gradients.
 """
@@ -28,7 +28,7 @@ _MODES = ("raise", "skip", "warn")
 
 
 class LossSpikeError(AnomalyError):
-    """:class:`SpikeDetection` (``mode="raise"``) saw the training loss spike; names the step."""
+    """`SpikeDetection` (``mode="raise"``) saw the training loss spike; names the step."""
 
 
 class SpikeDetection(Callback):
@@ -41,7 +41,7 @@ class SpikeDetection(Callback):
 
     What happens then (``mode``):
 
-    - ``"raise"``: raise :class:`LossSpikeError` naming the step, the loss and the mean; fit
+    - ``"raise"``: raise `LossSpikeError` naming the step, the loss and the mean; fit
       ends through ``on_exception`` as for any error.
     - ``"skip"``: undo the optimizer step the spiking batch took part in: the weights, buffers
       and optimizer state (momentum, Adam moments and step counts) go back to a copy taken after
@@ -68,7 +68,7 @@ class SpikeDetection(Callback):
         ConfigurationError: an argument is invalid, e.g. both tolerances None.
         LossSpikeError: in ``mode="raise"``, during fit, at a spike.
 
-    Example:
+    Examples:
         >>> detector = SpikeDetection(mode="skip", window=10, warmup=5, rtol=2.0)
         >>> # losses 1.0, 0.9, 0.8, 0.8, 0.7, then 5.0: the mean is 0.84 and 5.0 > 0.84 * 3,
         >>> # so that step is undone and detector.spikes[0]["loss"] == 5.0.
@@ -163,7 +163,7 @@ class SpikeDetection(Callback):
     def is_spike(self, loss: float, mean: float) -> bool:
         """Whether ``loss`` is a spike against the running ``mean`` (the warmup aside).
 
-        Example:
+        Examples:
             >>> detector = SpikeDetection(rtol=2.0)
             >>> detector.is_spike(2.5, 1.0), detector.is_spike(3.5, 1.0)
             (False, True)

@@ -1,7 +1,7 @@
 """ThroughputMonitor: samples, batches, items (tokens) per second and MFU during training.
 
 This module owns the sliding window of (wall time, batches, samples, items) points, the rates
-computed from it, the table of known device peak FLOPs (:func:`get_available_flops`), and when
+computed from it, the table of known device peak FLOPs (`get_available_flops`), and when
 the rates are written to ``trainer.loggers``. It counts what the user's ``batch_size_fn`` and
 ``length_fn`` say; it does not measure FLOPs (pass ``flops_per_batch``).
 """
@@ -54,7 +54,7 @@ def get_available_flops(device_name: str, precision: str = "32-true") -> float |
     Returns:
         FLOP/s, or None for an unknown device or precision (e.g. a CPU, "64-true", "fp8").
 
-    Example:
+    Examples:
         >>> get_available_flops("NVIDIA H100 80GB HBM3", "bf16-mixed")
         989400000000000.0
         >>> get_available_flops("NVIDIA A100-SXM4-80GB", "32-true")  # "highest" precision
@@ -88,7 +88,7 @@ class ThroughputMonitor(Callback):
     - ``throughput/items_per_sec`` when ``length_fn`` is given;
     - ``throughput/flops_per_sec`` when ``flops_per_batch`` is given, and ``throughput/mfu``
       (= flops_per_batch × batches/s ÷ peak FLOP/s) when the peak is known as well: from
-      ``available_flops``, else from :func:`get_available_flops` for the CUDA device and the
+      ``available_flops``, else from `get_available_flops` for the CUDA device and the
       Trainer's precision.
 
     Rates are per process: each counts its own batches. Before a log the device is synchronized
@@ -106,7 +106,7 @@ class ThroughputMonitor(Callback):
     Raises:
         ConfigurationError: an argument has the wrong type or value.
 
-    Example:
+    Examples:
         >>> monitor = ThroughputMonitor(
         ...     batch_size_fn=lambda batch: batch[0].shape[0],  # 32 samples per batch
         ...     flops_per_batch=6 * 124e6 * 32 * 1024,  # 6 · params · tokens

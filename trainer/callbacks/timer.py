@@ -45,7 +45,7 @@ class Timer(Callback):
     Raises:
         ConfigurationError: ``duration`` or ``interval`` is invalid.
 
-    Example:
+    Examples:
         >>> timer = Timer(duration="00:00:01:30", interval="step")  # 90 seconds
         >>> # Trainer(callbacks=[timer]).fit(module) stops after the first step past 90 s;
         >>> timer.time_elapsed("train")  # e.g. 90.02, and time_remaining("train") == -0.02
@@ -85,7 +85,7 @@ class Timer(Callback):
     def time_elapsed(self, stage: str = "train") -> float:
         """Seconds spent in ``stage`` (for "train", including the time before a resume).
 
-        Example:
+        Examples:
             >>> Timer().time_elapsed("test")  # never started
             0.0
         """

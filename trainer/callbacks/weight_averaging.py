@@ -176,7 +176,7 @@ class StochasticWeightAveraging(Callback):
         ConfigurationError: an argument is out of range (the message names it), the Trainer has
             no ``max_epochs`` bound, or ``configure_optimizers`` returned several optimizers.
 
-    Example:
+    Examples:
         >>> swa = StochasticWeightAveraging(swa_lrs=0.01, swa_epoch_start=8)
         >>> Trainer(max_epochs=10, callbacks=[swa]).fit(module)
         >>> # epochs 8, 9 and 10 ran at lr 0.01 (annealed over 10 epochs with the defaults);
@@ -364,7 +364,7 @@ class WeightAveraging(Callback):
     Raises:
         ConfigurationError: an argument is out of range (the message names it).
 
-    Example:
+    Examples:
         >>> ema = WeightAveraging(decay=0.99)
         >>> Trainer(max_epochs=2, callbacks=[ema]).fit(module, train_loader)  # 10 steps
         >>> # module now holds 0.99 * average + 0.01 * weights, folded in after each step.

@@ -96,7 +96,7 @@ def save_accelerator_state(
 def load_accelerator_state(
     accelerator: Accelerator, input_dir: str | os.PathLike[str] | None
 ) -> Path:
-    """Restore what :func:`save_accelerator_state` wrote (newest automatic one when None)."""
+    """Restore what `save_accelerator_state` wrote (newest automatic one when None)."""
     config = accelerator.project_configuration
     if input_dir is None:
         if not config.automatic_checkpoint_naming:

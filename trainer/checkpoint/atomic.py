@@ -15,14 +15,23 @@ from pathlib import Path
 
 from trainer.errors import CheckpointError
 
-__all__ = ["atomic_directory", "atomic_write_text", "fsync_directory", "is_temporary"]
+__all__ = [
+    "MANIFEST",
+    "atomic_directory",
+    "atomic_write_text",
+    "check_replaceable",
+    "fsync_directory",
+    "is_temporary",
+    "refusal_to_replace",
+]
 
 _TMP_MARK = ".tmp-"
 _OLD_MARK = ".old-"
+MANIFEST = "manifest.json"  # every directory written here has one; its presence allows replacing
 
 
 def is_temporary(name: str) -> bool:
-    """Whether ``name`` is an unfinished or retired sibling left by :func:`atomic_directory`."""
+    """Whether ``name`` is an unfinished or retired sibling left by `atomic_directory`."""
     return name.startswith(".") and (_TMP_MARK in name or _OLD_MARK in name)
 
 
@@ -39,13 +48,16 @@ def fsync_directory(path: str | os.PathLike[str]) -> None:
 def atomic_directory(final: str | os.PathLike[str]) -> Iterator[Path]:
     """Yield a temporary directory that becomes ``final`` when the block ends without error.
 
-    An existing ``final`` is replaced: it is renamed aside, the new one renamed in, then the old
-    one removed. On error the temporary directory is removed and ``final`` is untouched.
+    An existing ``final`` is replaced when it is empty or a checkpoint (it has a manifest): it
+    is renamed aside, the new one renamed in, then the old one removed. On error the temporary
+    directory is removed and ``final`` is untouched.
 
     Raises:
-        CheckpointError: the directory could not be created, written or renamed (wraps OSError).
+        CheckpointError: ``final`` holds something else (a file, another tool's folder), or the
+            directory could not be created, written or renamed (wraps OSError).
     """
     final = Path(final)
+    check_replaceable(final)
     parent = final.parent
     tag = f"{os.getpid()}-{uuid.uuid4().hex[:8]}"
     temporary = parent / f".{final.name}{_TMP_MARK}{tag}"
@@ -75,6 +87,38 @@ def atomic_directory(final: str | os.PathLike[str]) -> Iterator[Path]:
         raise
     if retired is not None:
         shutil.rmtree(retired, ignore_errors=True)
+
+
+def refusal_to_replace(final: Path) -> str | None:
+    """Why a checkpoint may not be written at ``final``, or None when it may.
+
+    It may when nothing is there, or a link, an empty folder or a checkpoint (it has a manifest).
+    """
+    if final.is_symlink() or not final.exists():  # replacing a link deletes no data
+        return None
+    if final.is_dir() and ((final / MANIFEST).is_file() or not any(final.iterdir())):
+        return None
+    if final.is_dir():
+        names = sorted(entry.name for entry in final.iterdir())
+        shown = ", ".join(names[:4]) + (", ..." if len(names) > 4 else "")
+        what = f"a folder that is not a checkpoint (it holds {shown}; no {MANIFEST})"
+    else:
+        what = "a file"
+    return (
+        f"refusing to write a checkpoint at {final}: it is {what}, and replacing it would delete "
+        "it. Choose another path, or move it away first."
+    )
+
+
+def check_replaceable(final: Path) -> None:
+    """Raise unless a checkpoint may be written at ``final`` (see `refusal_to_replace`).
+
+    Raises:
+        CheckpointError: ``final`` is a file, or a folder with content and no manifest.
+    """
+    refusal = refusal_to_replace(final)
+    if refusal is not None:
+        raise CheckpointError(refusal)
 
 
 def atomic_write_text(path: str | os.PathLike[str], text: str) -> None:

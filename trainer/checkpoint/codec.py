@@ -1,8 +1,8 @@
 """JSON with tensors by reference: how ``state.json`` holds everything that is not a weight.
 
-:func:`encode` turns a nest of dicts, lists, tuples, numbers, strings, tensors and numpy arrays into
+`encode` turns a nest of dicts, lists, tuples, numbers, strings, tensors and numpy arrays into
 JSON-able data, moving every tensor into a ``sink`` dict (later written as safetensors) and leaving
-``{"__tensor__": key}`` in its place. :func:`decode` reverses it. Nothing here ever unpickles:
+``{"__tensor__": key}`` in its place. `decode` reverses it. Nothing here ever unpickles:
 a type it does not know is refused with the path to the value.
 """
 
@@ -69,7 +69,7 @@ def encode(value: Any, sink: dict[str, torch.Tensor], path: str) -> Any:
 
 
 def decode(value: Any, tensors: dict[str, torch.Tensor]) -> Any:
-    """Rebuild what :func:`encode` produced, taking tensors from ``tensors``."""
+    """Rebuild what `encode` produced, taking tensors from ``tensors``."""
     if isinstance(value, list):
         return [decode(v, tensors) for v in value]
     if not isinstance(value, dict):

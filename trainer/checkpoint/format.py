@@ -24,7 +24,7 @@ from typing import Any
 
 import torch
 
-from trainer.checkpoint.atomic import atomic_directory, is_temporary
+from trainer.checkpoint.atomic import MANIFEST, atomic_directory, is_temporary
 from trainer.checkpoint.codec import decode, encode
 from trainer.checkpoint.tensor_files import (
     deduplicate,
@@ -51,7 +51,6 @@ __all__ = [
 
 FORMAT_NAME = "trainer-checkpoint"
 FORMAT_VERSION = 1
-MANIFEST = "manifest.json"
 MODEL_FILE = "model.safetensors"
 MODEL_INDEX = "model.safetensors.index.json"
 OPTIMIZER_FILE = "optimizer.safetensors"

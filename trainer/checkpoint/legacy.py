@@ -13,6 +13,7 @@ from typing import Any
 
 import torch
 
+from trainer.checkpoint.lightning import from_lightning, is_lightning_checkpoint
 from trainer.checkpoint.tensor_files import read_safetensors
 from trainer.errors import CheckpointError
 
@@ -25,7 +26,9 @@ def load_weights_file(path: str | os.PathLike[str], device: str = "cpu") -> dict
     """A checkpoint-like dict from a single file.
 
     ``.safetensors`` gives ``{"state_dict": tensors}``; a legacy pickle gives its dict as saved
-    (a Lightning ``.ckpt`` already has ``"state_dict"``; a bare state dict is wrapped).
+    (a bare state dict is wrapped). A Lightning ``.ckpt`` keeps its weights, optimizer and
+    scheduler states, and gets a ``progress`` record from its loop state so that a run resumes
+    where Lightning stopped (`trainer.checkpoint.lightning.from_lightning`).
 
     Raises:
         CheckpointError: unknown suffix, unreadable file, or a pickle with anything but tensors
@@ -49,6 +52,8 @@ def load_weights_file(path: str | os.PathLike[str], device: str = "cpu") -> dict
         raise CheckpointError(
             f"refusing to load {file}: it is not a plain tensor checkpoint that can be read without running code ({type(err).__name__}: {str(err).splitlines()[0][:200]})."
         ) from err
+    if isinstance(loaded, dict) and is_lightning_checkpoint(loaded):
+        return from_lightning(loaded)
     if isinstance(loaded, dict) and "state_dict" in loaded:
         return loaded
     if isinstance(loaded, dict) and all(isinstance(v, torch.Tensor) for v in loaded.values()):

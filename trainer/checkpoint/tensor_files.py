@@ -1,6 +1,6 @@
 """Write safetensors files while hashing them, and read them back.
 
-:func:`write_safetensors` serialises tensors in the safetensors format itself (8-byte header
+`write_safetensors` serialises tensors in the safetensors format itself (8-byte header
 length, JSON header, raw bytes), writing each tensor's memory straight to the file while a second
 thread feeds the same bytes to sha256 — the hash costs little beyond the write. Files are fsynced.
 Reading uses the ``safetensors`` library.
@@ -68,7 +68,7 @@ def write_safetensors(
 ) -> FileRecord:
     """Write ``tensors`` to ``path`` as safetensors; return its size and sha256.
 
-    Tensors must not share memory (call :func:`deduplicate` first) and must have a supported dtype.
+    Tensors must not share memory (call `deduplicate` first) and must have a supported dtype.
     """
     header: dict[str, Any] = {}
     if metadata:

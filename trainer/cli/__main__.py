@@ -1,6 +1,6 @@
 """``python -m trainer.cli``: the same entry point as the ``trainer`` console script.
 
-Example:
+Examples:
     $ python -m trainer.cli env
 """
 

@@ -5,7 +5,7 @@ that come from parsing: an unknown key, a wrong type, a class path that does not
 missing required key, a config file that is missing or not YAML. Each message names the full
 dotted key (``trainer.max_epochs``, ``model.init_args.lr``), says what was expected and what
 was received, and lists the valid choices (keys of that section, types, or known classes).
-It also owns :func:`describe_type`, the text form of a type hint that the messages and the CLI
+It also owns `describe_type`, the text form of a type hint that the messages and the CLI
 reference page (``scripts/gen_cli_reference.py``) share.
 
 It does not own the parser (``trainer/cli/_config_parser.py``) nor any check of values that parse
@@ -14,7 +14,7 @@ fine but that a constructor rejects (the Trainer raises those itself).
 jsonargparse reports errors as text, not as structured data, so the rules below read that text;
 a message no rule recognizes is passed on, joined into one line, rather than guessed at.
 
-Example:
+Examples:
     >>> explain_parse_error("unrecognized arguments: --trainer.max_epoch 3", parser)  # doctest: +SKIP
     "unknown key 'trainer.max_epoch' (did you mean 'trainer.max_epochs'?). Valid keys under
     'trainer': accelerator, accumulate_grad_batches, ..."
@@ -114,7 +114,7 @@ def known_subclasses(base: type) -> list[str]:
 def describe_type(hint: Any) -> str:
     """A type hint as a user reads it: ``int | None``, ``one of 'min', 'max'``, ``list[Callback]``.
 
-    Example:
+    Examples:
         >>> describe_type(int | None)
         'int | None'
         >>> describe_type(typing.Literal["norm", "value"])

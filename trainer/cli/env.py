@@ -1,6 +1,6 @@
 """``trainer env``: print the facts a bug report needs, as ``key: value`` lines.
 
-This module owns the ``env`` subcommand and :func:`collect_env`, which other modules and tests
+This module owns the ``env`` subcommand and `collect_env`, which other modules and tests
 may call. It reports the versions of trainer, Python, the platform, torch and its CUDA build,
 the devices (CUDA GPUs, MPS, CPUs, RAM) and the versions of optional packages. Versions come
 from the installed distributions' metadata (``importlib.metadata``): no optional package is
@@ -9,7 +9,7 @@ imported, so the command stays fast and works even when one of them is broken.
 With ``--config_file F`` it also prints the top-level keys of the YAML file ``F``. It does not
 validate the file against any schema; that is the job of the command that uses the file.
 
-Example:
+Examples:
     $ trainer env --config_file ddp.yaml
     trainer_version: 0.1.0
     python_version: 3.11.7
@@ -60,7 +60,7 @@ def add_parser(
 ) -> argparse.ArgumentParser:
     """Add ``trainer env`` to ``subparsers`` and return its parser.
 
-    Example:
+    Examples:
         >>> import argparse
         >>> root = argparse.ArgumentParser(prog="trainer")
         >>> parser = add_parser(root.add_subparsers(dest="command"))
@@ -85,7 +85,7 @@ def add_parser(
 
 
 def run(args: argparse.Namespace) -> int:
-    """Print :func:`collect_env` and the launch config's top-level keys.
+    """Print `collect_env` and the launch config's top-level keys.
 
     The config is ``--config_file``, else the default file ``trainer config`` writes (if any).
 
@@ -120,10 +120,10 @@ def collect_env() -> dict[str, str]:
         An ordered mapping with the keys ``trainer_version``, ``python_version``,
         ``platform``, ``torch_version``, ``torch_cuda_version``, ``cuda_available``,
         ``gpu_count``, ``gpu_names``, ``mps_available``, ``cpu_count``, ``total_ram``, then one
-        key per entry of :data:`OPTIONAL_PACKAGES` whose value is a version or
+        key per entry of `OPTIONAL_PACKAGES` whose value is a version or
         ``"not installed"``.
 
-    Example:
+    Examples:
         On a CPU-only Linux machine with 8 cores and 16 GiB of RAM:
 
         >>> env = collect_env()
@@ -167,7 +167,7 @@ def read_config_file(path: str | os.PathLike[str]) -> dict[str, str]:
         ConfigurationError: the file is missing or unreadable, is not valid YAML, or its top
             level is not a mapping. The message names the file.
 
-    Example:
+    Examples:
         A file holding ``strategy: ddp`` and ``devices: [0, 1]``:
 
         >>> read_config_file("ddp.yaml")  # doctest: +SKIP

@@ -19,10 +19,10 @@ These figures are exact for the tensors the model holds. Activations are not in 
 depend on batch and sequence sizes. The table's caption gives the usual estimate for inference
 (+20%), and says it is one.
 
-This module owns the subcommand's options, the arithmetic (:func:`estimate`) and the tables. It
+This module owns the subcommand's options, the arithmetic (`estimate`) and the tables. It
 does not own device maps or loading (``trainer.big_modeling``).
 
-Example:
+Examples:
     $ trainer estimate-memory mypkg.models:build_llm --dtypes bfloat16 --strategy fsdp --num_processes 8
 """
 
@@ -128,7 +128,7 @@ def estimate(
 ) -> MemoryEstimate:
     """The memory of ``tensors`` in ``dtype`` for inference, training and one sharded process.
 
-    Example:
+    Examples:
         >>> w = TensorInfo("fc.weight", (1000, 1000), torch.float32, True, True, "fc")
         >>> e = estimate([w], torch.bfloat16, sharding=Sharding("fsdp", 3, 4))
         >>> e.parameter_bytes, e.gradient_bytes, e.optimizer_bytes, e.per_process["total"]
@@ -278,7 +278,7 @@ def _file_tensors(path: Path) -> list[TensorInfo]:
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     """Register ``estimate-memory``.
 
-    Example:
+    Examples:
         >>> root = argparse.ArgumentParser(prog="trainer")
         >>> parser = add_parser(root.add_subparsers(dest="command"))
         >>> root.parse_args(["estimate-memory", "m:Net", "--strategy", "fsdp"]).strategy

@@ -3,7 +3,7 @@
 This module only registers the subcommand; the parser, the run and the saved config are
 ``trainer/cli/trainer_cli.py``'s. Every token after ``fit`` goes to that parser.
 
-Example:
+Examples:
     $ trainer fit --config run.yaml --trainer.limit_val_batches 10
 """
 
@@ -24,5 +24,5 @@ def add_parser(
 
 
 def run(args: argparse.Namespace) -> int:
-    """Run the stage from the config; the exit status is :func:`trainer.cli.trainer_cli.run_cli`'s."""
+    """Run the stage from the config; the exit status is `trainer.cli.trainer_cli.run_cli`'s."""
     return run_stage("fit", args)

@@ -28,7 +28,7 @@ __all__ = ["add_parser", "run"]
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     """Register ``init``.
 
-    Example:
+    Examples:
         >>> root = argparse.ArgumentParser(prog="trainer")
         >>> parser = add_parser(root.add_subparsers(dest="command"))
         >>> root.parse_args(["init", "lm", "--template", "gpt"]).template

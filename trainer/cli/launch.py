@@ -5,7 +5,7 @@ The command line is torchrun's; the settings come from the flags, else the launc
 The launched processes learn the strategy, precision and FSDP options from the environment, so a
 bare ``Accelerator()`` or ``Trainer(strategy="auto")`` picks them up.
 
-Example:
+Examples:
     $ trainer launch --num_processes 2 train.py --epochs 3
     $ trainer launch --config_file fsdp.yaml --mixed_precision bf16 train.py
 """

@@ -80,7 +80,7 @@ def build_parser() -> argparse.ArgumentParser:
     Returns:
         The parser; parsing a subcommand sets ``args._run`` to that module's ``run``.
 
-    Example:
+    Examples:
         >>> parser = build_parser()
         >>> args = parser.parse_args(["env"])
         >>> args.command
@@ -111,7 +111,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         ``error: <message>`` on stderr); 2 for a usage error (argparse prints the usage);
         0 after ``--help`` or ``--version``.
 
-    Example:
+    Examples:
         >>> main(["--version"])  # doctest: +SKIP
         trainer 0.1.0
         0

@@ -8,7 +8,7 @@ launch config's processes). This module registers the one ``test`` subcommand an
 - anything else (``--config``, ``--model``, ``--help``, ...): the config-driven test stage of
   ``trainer/cli/trainer_cli.py``, whose ``--help`` lists every key.
 
-Example:
+Examples:
     $ trainer test --config run.yaml --ckpt_path last
     $ trainer test --config_file ddp.yaml        # the self-check
 """
@@ -33,7 +33,7 @@ def add_parser(
 
 
 def run(args: argparse.Namespace) -> int:
-    """Run the self-check or the config-driven test stage, by :func:`is_selfcheck`."""
+    """Run the self-check or the config-driven test stage, by `is_selfcheck`."""
     tokens = stage_arguments(args)
     if is_selfcheck(tokens):
         return selfcheck.run(argparse.Namespace(config_file=_launch_config_file(tokens)))
@@ -43,7 +43,7 @@ def run(args: argparse.Namespace) -> int:
 def is_selfcheck(tokens: list[str]) -> bool:
     """Whether ``trainer test <tokens>`` asks for the self-check rather than a config run.
 
-    Example:
+    Examples:
         >>> is_selfcheck([]), is_selfcheck(["--config_file", "ddp.yaml"])
         (True, True)
         >>> is_selfcheck(["--config", "run.yaml"])

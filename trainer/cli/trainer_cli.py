@@ -6,12 +6,12 @@ options (the LightningCLI shape, built on jsonargparse):
 - seeding (``seed_everything``), then building model, data and Trainer from the parsed config,
   and replacing the module's ``configure_optimizers`` when ``optimizer`` / ``lr_scheduler``
   are given; then running the stage (``fit``, ``validate``, ``test``, ``predict``);
-- recording the fully resolved config (:class:`SaveConfigCallback`): ``<log_dir>/config.yaml``
+- recording the fully resolved config (`SaveConfigCallback`): ``<log_dir>/config.yaml``
   on global rank 0 at the start of every run, and the key ``cli_config`` of every checkpoint,
   so ``trainer fit --config <log_dir>/config.yaml`` runs the same job again;
-- the Python entry points: :class:`TrainerCLI` (for a user's own ``main.py``) and
-  :func:`run_cli` (returns the exit status, like ``trainer.cli.main.main``);
-- the glue of the ``trainer <stage>`` subcommands (:func:`add_stage_parser`, :func:`run_stage`),
+- the Python entry points: `TrainerCLI` (for a user's own ``main.py``) and
+  `run_cli` (returns the exit status, like ``trainer.cli.main.main``);
+- the glue of the ``trainer <stage>`` subcommands (`add_stage_parser`, `run_stage`),
   which the modules ``fit.py``, ``validate.py``, ``test.py`` and ``predict.py`` register.
 
 It does not own the keys of a run and their parsing (``trainer/cli/_config_parser.py``), the
@@ -21,7 +21,7 @@ parser (``trainer/cli/main.py``), the Trainer, or the checkpoint format.
 jsonargparse is imported only when a parser is built; without it a run raises
 ``MissingDependencyError`` naming ``pip install 'trainer[cli]'``.
 
-Example:
+Examples:
     A ``run.yaml``::
 
         seed_everything: 0
@@ -92,7 +92,7 @@ _SEED_ENV = "TRAINER_CLI_SEED"  # a drawn seed, for the processes a relaunch sta
 class ReduceLROnPlateau(torch.optim.lr_scheduler.ReduceLROnPlateau):
     """torch's ReduceLROnPlateau plus ``monitor``, the metric it watches (for ``lr_scheduler``).
 
-    Example:
+    Examples:
         In a config (the full path: torch's class has the same short name)::
 
             lr_scheduler:
@@ -141,7 +141,7 @@ class SaveConfigCallback(Callback):
         config_text: the same config as YAML text.
         config_filename: the file name inside the log directory.
 
-    Example:
+    Examples:
         >>> callback = SaveConfigCallback({"trainer": {"max_epochs": 1}}, "trainer:\\n  max_epochs: 1\\n")
         >>> Trainer(callbacks=[callback]).fit(module)  # doctest: +SKIP
         >>> # trainer_logs/version_0/config.yaml now holds the config
@@ -201,15 +201,21 @@ class TrainerCLI:
         prog: the program name in help and errors (default: the script's name).
 
     Attributes:
-        subcommand, parser, config (the parsed jsonargparse Namespace), config_text (the
-        resolved YAML), model, datamodule, trainer, result (what the stage returned).
+        subcommand: the stage that ran: "fit", "validate", "test" or "predict".
+        parser: the jsonargparse parser.
+        config: the parsed jsonargparse Namespace.
+        config_text: the resolved config as YAML.
+        model: the TrainModule built from ``model``.
+        datamodule: the DataModule built from ``data``, if any.
+        trainer: the Trainer built from ``trainer``.
+        result: what the stage returned.
 
     Raises:
         ConfigArgumentError: an unknown key, a wrong type or a bad class path (when
             ``exit_on_error`` is False).
         TrainerError: the objects could not be built or the run failed (same condition).
 
-    Example:
+    Examples:
         >>> cli = TrainerCLI(Net, args=["fit", "--trainer.max_epochs", "2", "--model.lr", "0.1"])
         ...  # doctest: +SKIP
         >>> cli.trainer.current_epoch  # doctest: +SKIP
@@ -349,7 +355,7 @@ def run_cli(
 
     Args:
         args: the subcommand and its options, e.g. ``["fit", "--config", "run.yaml"]``.
-        model_class, datamodule_class: as for :class:`TrainerCLI`.
+        model_class, datamodule_class: as for `TrainerCLI`.
         prog: the program name in help and errors.
 
     Returns:
@@ -357,7 +363,7 @@ def run_cli(
         type or a bad class path; 1 for another TrainerError. Errors are printed as
         ``error: <message>`` on stderr.
 
-    Example:
+    Examples:
         >>> run_cli(["fit", "--config", "run.yaml", "--trainer.max_epochs", "1"])  # doctest: +SKIP
         0
     """
@@ -380,7 +386,7 @@ def add_stage_parser(
 
     The subparser has no options of its own (its prefix character is one no option uses), so
     ``--config``, ``--print_config``, ``--help`` and ``--trainer.max_epochs`` all reach
-    :func:`build_config_parser`'s parser, which documents them.
+    `build_config_parser`'s parser, which documents them.
 
     Args:
         subparsers: the ``trainer`` command's subparsers.

@@ -1,6 +1,6 @@
 """Prepared dataloaders: device placement, end-of-data lookahead, batch skipping and limits.
 
-:class:`DataLoaderShard` wraps a user's DataLoader for one process. It looks one batch ahead so
+`DataLoaderShard` wraps a user's DataLoader for one process. It looks one batch ahead so
 that the Accelerator knows, while the last batch is being used, that it is the last (gradient
 accumulation syncs there; ``gather_for_metrics`` trims there). Sharding across processes is
 decided by the strategy's ``distributed_sampler_kwargs`` and lives in ``trainer/data/sharding.py``.
@@ -215,7 +215,7 @@ def skip_first_batches(dataloader: Any, num_batches: int = 0) -> Any:
     Works on prepared loaders (the skip applies to their next iteration) and on plain
     DataLoaders (map-style: the batch sampler skips indices without loading them).
 
-    Example:
+    Examples:
         >>> dl = DataLoader(range(10), batch_size=2)
         >>> [b.tolist() for b in skip_first_batches(dl, 3)]
         [[6, 7], [8, 9]]

@@ -43,8 +43,8 @@ class CSVLogger(VersionedFolderLogger):
     ``step`` column, then one column per metric in order of first appearance; a metric that
     appears later widens the header and earlier rows get an empty cell.
 
-    Rows are kept in memory and written by :meth:`log_metrics` once a step is
-    ``flush_logs_every_n_steps`` past the last write, and by :meth:`save` / :meth:`finalize`. Passing the ``version`` of an
+    Rows are kept in memory and written by `log_metrics` once a step is
+    ``flush_logs_every_n_steps`` past the last write, and by `save` / `finalize`. Passing the ``version`` of an
     earlier run resumes it: its rows are kept, except those at or after the first step logged
     now, so a run resumed from a checkpoint has no duplicated steps.
 
@@ -61,7 +61,7 @@ class CSVLogger(VersionedFolderLogger):
     Raises:
         ConfigurationError: an argument has the wrong type or value.
 
-    Example:
+    Examples:
         >>> logger = CSVLogger("logs", name="mnist")  # doctest: +SKIP
         >>> logger.log_hyperparams({"lr": 0.1, "batch_size": 32})  # doctest: +SKIP
         >>> logger.log_metrics({"loss": 0.25}, step=0)  # doctest: +SKIP
@@ -120,7 +120,7 @@ class CSVLogger(VersionedFolderLogger):
             ConfigurationError: a value is not a number, a metric is named ``"step"``, or
                 ``step`` is not an int.
 
-        Example:
+        Examples:
             >>> logger.log_metrics({"loss": torch.tensor(0.5)}, step=3)  # doctest: +SKIP
             >>> logger.save()  # doctest: +SKIP   # metrics.csv now has the row "3,0.5"
         """
@@ -155,7 +155,7 @@ class CSVLogger(VersionedFolderLogger):
             ConfigurationError: ``params`` is neither, or the existing ``hparams.yaml`` of a
                 resumed run is not valid YAML.
 
-        Example:
+        Examples:
             >>> logger.log_hyperparams({"lr": 0.1, "layers": (64, 64)})  # doctest: +SKIP
             >>> # hparams.yaml: "lr: 0.1\\nlayers:\\n- 64\\n- 64\\n"
         """

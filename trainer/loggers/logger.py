@@ -15,7 +15,7 @@ __all__ = ["Logger"]
 class Logger(ABC):
     """Base class of experiment trackers.
 
-    Subclasses implement :meth:`log_metrics` and :meth:`log_hyperparams`, and the ``name`` /
+    Subclasses implement `log_metrics` and `log_hyperparams`, and the ``name`` /
     ``version`` properties; the rest has sensible defaults.
     """
 
@@ -64,7 +64,7 @@ class Logger(ABC):
         return {"name": self.name, "version": self.version}
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        """Continue the run recorded by :meth:`state_dict` (when the user did not pick one)."""
+        """Continue the run recorded by `state_dict` (when the user did not pick one)."""
 
     def after_save_checkpoint(self, checkpoint_callback: Any) -> None:
         """Called after a checkpoint is written (for artifact upload)."""

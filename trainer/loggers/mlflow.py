@@ -51,8 +51,8 @@ class MLFlowLogger(Logger):
     creates a run in it (named ``run_name``, tagged with ``tags``), or reopens ``run_id``.
     Metrics are kept in memory and written with one ``log_batch`` call every
     ``flush_interval_s`` seconds (checked when metrics arrive), when 1,000 are waiting, in
-    :meth:`save` / :meth:`finalize`, and when the interpreter exits; a killed process loses at
-    most that interval. :meth:`finalize` sets the run's status: FINISHED on success, FAILED on failure,
+    `save` / `finalize`, and when the interpreter exits; a killed process loses at
+    most that interval. `finalize` sets the run's status: FINISHED on success, FAILED on failure,
     KILLED when interrupted.
 
     Args:
@@ -77,7 +77,7 @@ class MLFlowLogger(Logger):
         ConfigurationError: an argument has the wrong type or value.
         MissingDependencyError: mlflow is not installed (``pip install 'trainer[mlflow]'``).
 
-    Example:
+    Examples:
         >>> logger = MLFlowLogger("mnist", tracking_uri="sqlite:///mlflow.db")  # doctest: +SKIP
         >>> logger.log_hyperparams({"lr": 0.1})  # doctest: +SKIP
         >>> logger.log_metrics({"loss": 0.25}, step=10)  # doctest: +SKIP
@@ -244,7 +244,7 @@ class MLFlowLogger(Logger):
         Raises:
             ConfigurationError: a value is not a number, or ``step`` is not an int.
 
-        Example:
+        Examples:
             >>> logger.log_metrics({"train/loss": 0.5}, step=50)  # doctest: +SKIP
             >>> logger.save()  # doctest: +SKIP   # one log_batch request
         """

@@ -7,7 +7,7 @@ a version without duplicated steps. It does not decide when metrics are logged o
 called (the Trainer does), nor which rank writes (the Trainer calls loggers on global rank zero
 only).
 
-Resuming: after :meth:`TensorBoardLogger.load_state_dict` (a fit resumed from a checkpoint), the
+Resuming: after `TensorBoardLogger.load_state_dict` (a fit resumed from a checkpoint), the
 first step logged is written with a ``SessionLog.START`` event. TensorBoard then drops every
 older event of that folder at or after that step: the points the interrupted run logged after
 its checkpoint disappear instead of showing twice.
@@ -44,7 +44,7 @@ class TensorBoardLogger(VersionedFolderLogger):
     Files go to ``<save_dir>/<name>/version_<N>/`` (plus ``<sub_dir>`` when given; no
     ``<name>`` folder when ``name`` is None or ``""``); view them with
     ``tensorboard --logdir <save_dir>``. Each metric is one scalar point at the given step.
-    :meth:`log_hyperparams` writes the hparams-plugin records (the HPARAMS tab) and, with
+    `log_hyperparams` writes the hparams-plugin records (the HPARAMS tab) and, with
     ``default_hp_metric``, a placeholder scalar ``hp_metric = -1`` at step 0 that the plugin
     shows next to the hyperparameters. Scalars are stored as float32 (TensorBoard's format).
 
@@ -53,10 +53,10 @@ class TensorBoardLogger(VersionedFolderLogger):
         name: experiment name, a sub-folder of ``save_dir``; None or ``""`` for none.
         version: an int gives ``version_<int>``, a str is used verbatim as the folder name,
             None picks the next free ``version_<N>`` (fixed at first use).
-        log_graph: whether :meth:`log_graph` writes the model graph (off by default: tracing
+        log_graph: whether `log_graph` writes the model graph (off by default: tracing
             the model costs time and memory).
         default_hp_metric: log ``hp_metric = -1`` at step 0 with the hyperparameters when no
-            metrics are given to :meth:`log_hyperparams`.
+            metrics are given to `log_hyperparams`.
         prefix: put before every metric name, joined with ``"-"`` (``"train"`` ->
             ``"train-loss"``).
         sub_dir: a folder inside the version folder for the event files (e.g. ``"fold_1"``).
@@ -68,7 +68,7 @@ class TensorBoardLogger(VersionedFolderLogger):
         MissingDependencyError: tensorboard is not installed
             (``pip install 'trainer[tensorboard]'``).
 
-    Example:
+    Examples:
         >>> logger = TensorBoardLogger("logs", name="mnist")  # doctest: +SKIP
         >>> logger.log_hyperparams({"lr": 0.1, "batch_size": 32})  # doctest: +SKIP
         >>> logger.log_metrics({"loss": 0.25}, step=10)  # doctest: +SKIP
@@ -147,7 +147,7 @@ class TensorBoardLogger(VersionedFolderLogger):
         Raises:
             ConfigurationError: a value is not a number, or ``step`` is not an int.
 
-        Example:
+        Examples:
             >>> logger.log_metrics({"train/loss": 0.5, "epoch": 0.0}, step=50)  # doctest: +SKIP
         """
         step = self._resolve_step(step)
@@ -178,7 +178,7 @@ class TensorBoardLogger(VersionedFolderLogger):
             ConfigurationError: ``params`` is neither a mapping nor a Namespace, or a metric is
                 not a number.
 
-        Example:
+        Examples:
             >>> logger.log_hyperparams({"lr": 0.1}, metrics={"val/loss": 0.0})  # doctest: +SKIP
         """
         self._hparams.update(_hparams_values(_flatten_params(_as_dict(params, "log_hyperparams"))))

@@ -41,9 +41,9 @@ class WandbLogger(Logger):
 
     The run starts at the first write with ``wandb.init(project=project, name=name, id=id,
     resume="allow", dir=save_dir, mode="offline" if offline)`` plus ``**kwargs``. Each
-    :meth:`log_metrics` call is one history row that also holds ``trainer/global_step``; every
+    `log_metrics` call is one history row that also holds ``trainer/global_step``; every
     metric uses it as its x axis (``define_metric("*", step_metric="trainer/global_step")``).
-    Hyperparameters go to ``run.config``. :meth:`finalize` finishes the run (exit code 0 on
+    Hyperparameters go to ``run.config``. `finalize` finishes the run (exit code 0 on
     success, 1 on failure, 130 when interrupted) unless it was started outside this logger.
 
     Offline, wandb writes ``<save_dir>/wandb/offline-run-<time>-<id>/run-<id>.wandb``; upload it
@@ -72,7 +72,7 @@ class WandbLogger(Logger):
         ConfigurationError: an argument has the wrong type or value.
         MissingDependencyError: wandb is not installed (``pip install 'trainer[wandb]'``).
 
-    Example:
+    Examples:
         >>> logger = WandbLogger(project="mnist", offline=True)  # doctest: +SKIP
         >>> logger.log_hyperparams({"lr": 0.1})  # doctest: +SKIP
         >>> logger.log_metrics({"loss": 0.25}, step=10)  # doctest: +SKIP
@@ -190,7 +190,7 @@ class WandbLogger(Logger):
         Raises:
             ConfigurationError: ``step`` is not an int.
 
-        Example:
+        Examples:
             >>> logger.log_metrics({"train/loss": 0.5}, step=50)  # doctest: +SKIP
             >>> # row: {"train/loss": 0.5, "trainer/global_step": 50}
         """

@@ -51,15 +51,15 @@ class FP8Precision(Precision):
             precision. Layers whose dims are not multiples of 16 are always kept.
 
     Attributes:
-        converted_layers: after :meth:`convert_module`, the names of the layers now in fp8.
+        converted_layers: after `convert_module`, the names of the layers now in fp8.
         skipped_layers: the ``nn.Linear`` layers left in high precision, name -> why.
 
     Raises:
         ConfigurationError: for an unknown backend or a recipe the backend does not take; from
-            :meth:`setup` on a device without fp8 tensor cores (CPU, compute capability < 8.9).
+            `setup` on a device without fp8 tensor cores (CPU, compute capability < 8.9).
         MissingDependencyError: when the chosen backend (or, for "auto", either) is missing.
 
-    Example:
+    Examples:
         >>> precision = FP8Precision(backend="torchao", recipe="tensorwise")
         >>> model = precision.convert_module(torch.nn.Sequential(
         ...     torch.nn.Linear(64, 256), torch.nn.ReLU(), torch.nn.Linear(256, 10)))
@@ -121,7 +121,7 @@ class FP8Precision(Precision):
         """Make the module's layers fp8 layers (torchao) or check it has some (TransformerEngine).
 
         Works on any device, so the conversion can be inspected on a CPU; records
-        :attr:`converted_layers` and :attr:`skipped_layers`.
+        `converted_layers` and `skipped_layers`.
 
         Raises:
             ConfigurationError: for TransformerEngine, when the module has no TransformerEngine

@@ -46,7 +46,7 @@ class MixedPrecision(Precision):
     """``"16-mixed"`` / ``"bf16-mixed"``: fp32 parameters, the forward pass under autocast.
 
     "16-mixed" scales the loss with ``torch.amp.GradScaler``; when a step has inf/NaN gradients the
-    scaler skips it, :meth:`optimizer_step` returns False and the scale is halved.
+    scaler skips it, `optimizer_step` returns False and the scale is halved.
     """
 
     def __init__(self, precision: str = "bf16-mixed", scaler: Any | None = None) -> None:

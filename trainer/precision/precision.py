@@ -65,7 +65,7 @@ class Precision:
         return {}
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        """Restore :meth:`state_dict`."""
+        """Restore `state_dict`."""
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.name!r})"

@@ -41,14 +41,17 @@ class DDPStrategy(Strategy):
     Args:
         accelerator: "cpu", "cuda" or None (CUDA when available).
         precision: the Precision plugin (the Accelerator fills it in when None).
-        find_unused_parameters / static_graph / gradient_as_bucket_view / bucket_cap_mb:
-            passed to ``DistributedDataParallel``.
-        ddp_comm_hook / ddp_comm_state: a gradient communication hook
+        find_unused_parameters: passed to ``DistributedDataParallel``.
+        static_graph: passed to ``DistributedDataParallel``.
+        gradient_as_bucket_view: passed to ``DistributedDataParallel``.
+        bucket_cap_mb: passed to ``DistributedDataParallel``.
+        ddp_comm_hook: a gradient communication hook
             (e.g. ``torch.distributed.algorithms.ddp_comm_hooks.default_hooks.fp16_compress_hook``).
+        ddp_comm_state: the state the hook receives.
         process_group_backend: "nccl", "gloo" or None (nccl on CUDA, gloo on CPU).
         timeout: the collective timeout; a rank that waits longer fails instead of hanging.
 
-    Example:
+    Examples:
         >>> Trainer(strategy=DDPStrategy(find_unused_parameters=True), devices=2)
     """
 

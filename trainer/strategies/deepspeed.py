@@ -110,23 +110,34 @@ class DeepSpeedStrategy(DDPStrategy):
             out or sets to "auto" comes from them and from the Trainer/Accelerator (precision,
             micro batch size, ``gradient_clipping``: 0 unless asked). ``optimizer``,
             ``scheduler``, ``train_batch_size`` and ``gradient_accumulation_steps`` are refused.
-        offload_optimizer / offload_parameters: keep optimizer states / parameters (stage 3) on
-            ``offload_optimizer_device`` / ``offload_params_device``: "cpu" or "nvme" (with
-            ``nvme_path``).
-        contiguous_gradients / overlap_comm / allgather_partitions / reduce_scatter /
-            allgather_bucket_size / reduce_bucket_size / sub_group_size / pin_memory:
-            ``zero_optimization`` options (``overlap_comm`` applies to stages 2-3: stages 0-1
-            reduce inside ``step()``, after the last backward).
+        offload_optimizer: keep optimizer states on ``offload_optimizer_device``: "cpu" or
+            "nvme" (with ``nvme_path``).
+        offload_parameters: keep parameters (stage 3) on ``offload_params_device``: "cpu" or
+            "nvme" (with ``nvme_path``).
+        contiguous_gradients: a ``zero_optimization`` option.
+        overlap_comm: a ``zero_optimization`` option, for stages 2-3 (stages 0-1 reduce inside
+            ``step()``, after the last backward).
+        allgather_partitions: a ``zero_optimization`` option.
+        reduce_scatter: a ``zero_optimization`` option.
+        allgather_bucket_size: a ``zero_optimization`` option.
+        reduce_bucket_size: a ``zero_optimization`` option.
+        sub_group_size: a ``zero_optimization`` option.
+        pin_memory: a ``zero_optimization`` option (pinned offload buffers).
         zero_optimization: False leaves the ``zero_optimization`` section out (stage 0).
         logging_level: the level of DeepSpeed's logger.
         logging_batch_size_per_gpu: ``train_micro_batch_size_per_gpu`` (DeepSpeed's bookkeeping);
             "auto": the train DataLoader's batch size, 1 if none is known.
-        loss_scale / initial_scale_power / loss_scale_window / hysteresis / min_loss_scale:
-            fp16 loss scaling (``loss_scale=0`` is dynamic).
+        loss_scale: fp16 loss scale; 0 is dynamic scaling.
+        initial_scale_power: dynamic scaling starts at ``2**initial_scale_power``.
+        loss_scale_window: steps without overflow before the scale grows.
+        hysteresis: overflows tolerated before the scale shrinks.
+        min_loss_scale: the smallest dynamic scale.
         exclude_frozen_parameters: leave frozen parameters out of checkpoints.
-        process_group_backend / timeout / environment: as for DDPStrategy.
+        process_group_backend: as for DDPStrategy.
+        timeout: as for DDPStrategy.
+        environment: as for DDPStrategy.
 
-    Example:
+    Examples:
         >>> Trainer(strategy=DeepSpeedStrategy(stage=3, offload_optimizer=True), devices=2)
     """
 
@@ -514,7 +525,7 @@ class DeepSpeedStrategy(DDPStrategy):
         if engine is None or "optimizer_states" not in checkpoint:
             self._save_weights_only(path, checkpoint)
             return
-        from trainer.checkpoint.atomic import atomic_directory
+        from trainer.checkpoint.atomic import atomic_directory, refusal_to_replace
         from trainer.checkpoint.format import write_checkpoint_files
 
         rest = {k: v for k, v in checkpoint.items() if k not in ("state_dict", "optimizer_states")}
@@ -524,7 +535,11 @@ class DeepSpeedStrategy(DDPStrategy):
             "tag": _TAG, "zero_stage": self.zero_stage, "module_prefix": prefix, "version": version
         }  # fmt: skip
         final = Path(path)
-        token = self.broadcast(uuid.uuid4().hex[:12] if self.is_global_zero else None)
+        token, refusal = self.broadcast(
+            (uuid.uuid4().hex[:12], refusal_to_replace(final)) if self.is_global_zero else None
+        )
+        if refusal is not None:  # raised on every rank, before any of them writes
+            raise CheckpointError(refusal)
         staging = final.parent / f".{final.name}.tmp-deepspeed-{token}"
         engine.save_checkpoint(
             str(staging), tag=_TAG, client_state={}, save_latest=False,

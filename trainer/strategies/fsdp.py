@@ -14,15 +14,18 @@ import contextlib
 import datetime as dt
 import json
 import os
-import shutil
-import uuid
 from collections.abc import Iterable, Iterator
-from pathlib import Path
 from typing import Any
 
 import torch
 
-from trainer.errors import CheckpointError, ConfigurationError
+from trainer.checkpoint.sharded import DCP_DIR as DCP_DIR  # re-exported: `trainer checkpoint`
+from trainer.checkpoint.sharded import (
+    has_sharded_state,
+    load_sharded_checkpoint,
+    save_sharded_checkpoint,
+)
+from trainer.errors import ConfigurationError
 from trainer.precision import Precision
 from trainer.state import DistributedType
 from trainer.strategies.ddp import DDPStrategy
@@ -30,8 +33,6 @@ from trainer.strategies.environment import ClusterEnvironment
 from trainer.strategies.fsdp_config import parse_fsdp_config
 
 __all__ = ["FSDPStrategy"]
-
-DCP_DIR = "dcp"
 
 
 class FSDPStrategy(DDPStrategy):
@@ -53,7 +54,7 @@ class FSDPStrategy(DDPStrategy):
         fsdp_config: an Accelerate ``fsdp_config`` (dict, YAML or JSON path); its values fill
             what the arguments leave unset. ``trainer launch`` passes one by environment.
 
-    Example:
+    Examples:
         >>> FSDPStrategy(auto_wrap_policy={"Block"}, state_dict_type="FULL")
     """
 
@@ -331,53 +332,16 @@ class FSDPStrategy(DDPStrategy):
         if self.state_dict_type == "FULL":
             super().save_checkpoint(path, checkpoint)
             return
-        import torch.distributed.checkpoint as dcp
-
-        from trainer.checkpoint.atomic import atomic_directory
-
-        rest = dict(checkpoint)
-        tensors = {"model": rest.pop("state_dict"), "optimizers": rest.pop("optimizer_states", [])}
-        final = Path(path)
-        token = self.broadcast(uuid.uuid4().hex if self.is_global_zero else None)
-        staging = final.parent / f".{final.name}.dcp-{token}"
-        dcp.save(tensors, checkpoint_id=str(staging))  # every rank writes its shards
-        self.barrier()
-        if self.is_global_zero:
-            try:
-                from trainer.checkpoint.format import write_checkpoint_files
-
-                with atomic_directory(final) as directory:
-                    os.rename(staging, directory / DCP_DIR)
-                    write_checkpoint_files(directory, rest, world_size=self.world_size)
-            finally:
-                shutil.rmtree(staging, ignore_errors=True)
-        self.barrier()
+        save_sharded_checkpoint(self, path, checkpoint)
 
     def load_checkpoint(
         self, path: str | os.PathLike[str], module: torch.nn.Module | None = None
     ) -> dict[str, Any]:
         """Verify, read the JSON state, and load DCP shards into this rank's sharded state."""
-        directory = Path(path)
-        if not (directory / DCP_DIR).is_dir():
+        if not has_sharded_state(path):
             return super().load_checkpoint(path, module)  # a FULL (or single-process) checkpoint
-        import torch.distributed.checkpoint as dcp
-
-        from trainer.checkpoint import read_checkpoint
-
-        checkpoint = read_checkpoint(directory)
         module = module if module is not None else (self._sharded[0] if self._sharded else None)
-        if module is None:
-            raise CheckpointError(
-                f"{directory}: a sharded checkpoint is loaded into a prepared model; prepare it first."
-            )
-        target = {
-            "model": self.module_state_dict(module, full=False),
-            "optimizers": [self.optimizer_state_dict(opt) for opt in self._optimizers],
-        }
-        dcp.load(target, checkpoint_id=str(directory / DCP_DIR))
-        checkpoint["state_dict"] = target["model"]
-        checkpoint["optimizer_states"] = target["optimizers"]
-        return checkpoint
+        return load_sharded_checkpoint(self, path, module, self._optimizers)
 
     def teardown(self) -> None:
         # Sharding is in place and outlives the run: keep the modules for saves after fit.

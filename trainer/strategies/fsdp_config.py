@@ -72,7 +72,7 @@ def parse_fsdp_config(config: dict[str, Any] | str | os.PathLike[str]) -> dict[s
     Returns a dict of FSDPStrategy arguments plus ``"ignored"`` (FSDP1-only keys) and, when the
     config names one, ``"mixed_precision"`` (Accelerate's name: "no", "fp16", "bf16").
 
-    Example:
+    Examples:
         >>> parse_fsdp_config({"fsdp_auto_wrap_policy": "TRANSFORMER_BASED_WRAP",
         ...                    "fsdp_transformer_layer_cls_to_wrap": "LlamaDecoderLayer"})["auto_wrap_policy"]
         {'LlamaDecoderLayer'}

@@ -22,11 +22,8 @@ import contextlib
 import datetime as dt
 import math
 import os
-import shutil
-import uuid
 import warnings
 from collections.abc import Iterable, Iterator
-from pathlib import Path
 from types import ModuleType
 from typing import Any
 
@@ -34,12 +31,17 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
+from trainer.checkpoint.sharded import (
+    has_sharded_state,
+    load_sharded_checkpoint,
+    save_sharded_checkpoint,
+)
 from trainer.errors import CheckpointError, ConfigurationError, StrategyError
 from trainer.precision import Precision
 from trainer.state import DistributedType
 from trainer.strategies.ddp import DDPStrategy
 from trainer.strategies.environment import ClusterEnvironment
-from trainer.strategies.fsdp import DCP_DIR, _remember
+from trainer.strategies.fsdp import _remember
 from trainer.strategies.model_parallel import (
     DATA_PARALLEL,
     TENSOR_PARALLEL,
@@ -88,8 +90,11 @@ class MegatronStrategy(DDPStrategy):
             over the tensor-parallel group after backward.
         seed: the seed of megatron's CUDA RNG tracker (default: ``torch.initial_seed()`` when
             ``configure_model`` runs, i.e. the Trainer's ``seed``).
-        find_unused_parameters / static_graph / gradient_as_bucket_view / bucket_cap_mb: passed
-            to the ``DistributedDataParallel`` over the data-parallel group.
+        find_unused_parameters: passed to the ``DistributedDataParallel`` over the
+            data-parallel group.
+        static_graph: passed to that ``DistributedDataParallel``.
+        gradient_as_bucket_view: passed to that ``DistributedDataParallel``.
+        bucket_cap_mb: passed to that ``DistributedDataParallel``.
         process_group_backend: "nccl", "gloo" or None (nccl on CUDA, gloo on CPU).
         timeout: the collective timeout.
 
@@ -99,7 +104,7 @@ class MegatronStrategy(DDPStrategy):
             number of processes (in ``setup_environment``).
         MissingDependencyError: megatron-core is not installed.
 
-    Example:
+    Examples:
         >>> # 4 processes: layers split over 2, two data-parallel replicas
         >>> Trainer(strategy=MegatronStrategy(tensor_model_parallel_size=2), devices=4)
     """
@@ -313,7 +318,7 @@ class MegatronStrategy(DDPStrategy):
         megatron cannot initialise on the GPU), and ``params_dtype``/``pipeline_dtype`` from a
         true-half precision; ``overrides`` win.
 
-        Example:
+        Examples:
             >>> config = trainer.strategy.model_parallel_config()
             >>> ColumnParallelLinear(4, 8, config=config, init_method=torch.nn.init.xavier_normal_)
         """
@@ -619,14 +624,8 @@ class MegatronStrategy(DDPStrategy):
 
     def save_checkpoint(self, path: str | os.PathLike[str], checkpoint: dict[str, Any]) -> None:
         """Every rank writes its DCP shards; rank 0 moves them into the atomic directory."""
-        import torch.distributed.checkpoint as dcp
-
-        from trainer.checkpoint.atomic import atomic_directory
-        from trainer.checkpoint.format import write_checkpoint_files
-
-        rest = dict(checkpoint)
-        tensors = {"model": rest.pop("state_dict"), "optimizers": rest.pop("optimizer_states", [])}
-        rest["model_parallel"] = {
+        checkpoint = dict(checkpoint)
+        checkpoint["model_parallel"] = {
             "tensor_model_parallel_size": self.tensor_model_parallel_size,
             "pipeline_model_parallel_size": self.pipeline_model_parallel_size,
             "data_parallel_size": self.data_parallel_size,
@@ -634,20 +633,10 @@ class MegatronStrategy(DDPStrategy):
         if self.accelerator_type == "cuda":
             from megatron.core.tensor_parallel import get_cuda_rng_tracker
 
-            rest[RNG_TRACKER_KEY] = self.all_gather_object(get_cuda_rng_tracker().get_states())
-        final = Path(path)
-        token = self.broadcast(uuid.uuid4().hex if self.is_global_zero else None)
-        staging = final.parent / f".{final.name}.dcp-{token}"
-        dcp.save(tensors, checkpoint_id=str(staging))
-        self.barrier()
-        if self.is_global_zero:
-            try:
-                with atomic_directory(final) as directory:
-                    os.rename(staging, directory / DCP_DIR)
-                    write_checkpoint_files(directory, rest, world_size=self.world_size)
-            finally:
-                shutil.rmtree(staging, ignore_errors=True)
-        self.barrier()
+            checkpoint[RNG_TRACKER_KEY] = self.all_gather_object(
+                get_cuda_rng_tracker().get_states()
+            )
+        save_sharded_checkpoint(self, path, checkpoint)
 
     def load_checkpoint(
         self, path: str | os.PathLike[str], module: torch.nn.Module | None = None
@@ -659,24 +648,10 @@ class MegatronStrategy(DDPStrategy):
         """
         from trainer.checkpoint import read_checkpoint
 
-        directory = Path(path)
-        if not (directory / DCP_DIR).is_dir():
-            return read_checkpoint(directory)
-        import torch.distributed.checkpoint as dcp
-
-        checkpoint = read_checkpoint(directory)
+        if not has_sharded_state(path):
+            return read_checkpoint(path)
         module = module if module is not None else (self._modules[0] if self._modules else None)
-        if module is None:
-            raise CheckpointError(
-                f"{directory}: a sharded checkpoint is loaded into a prepared model; prepare it first."
-            )
-        target = {
-            "model": self.module_state_dict(module, full=False),
-            "optimizers": [self.optimizer_state_dict(opt) for opt in self._optimizers],
-        }
-        dcp.load(target, checkpoint_id=str(directory / DCP_DIR))
-        checkpoint["state_dict"] = target["model"]
-        checkpoint["optimizer_states"] = target["optimizers"]
+        checkpoint = load_sharded_checkpoint(self, path, module, self._optimizers)
         tracker_states = checkpoint.get(RNG_TRACKER_KEY) or []
         if self.accelerator_type == "cuda" and len(tracker_states) == self.world_size:
             from megatron.core.tensor_parallel import get_cuda_rng_tracker

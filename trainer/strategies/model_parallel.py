@@ -60,8 +60,9 @@ class ModelParallelStrategy(FSDPStrategy):
             machine, or ``world_size // data_parallel_size`` when that one is given.
         save_distributed_checkpoint: True writes DCP shards from every rank (consolidate with
             ``trainer checkpoint consolidate``); False gathers full weights to rank 0.
-        auto_wrap_policy / reshard_after_forward / activation_checkpointing: as in
-            FSDPStrategy, applied over the data-parallel sub-mesh.
+        auto_wrap_policy: as in FSDPStrategy, applied over the data-parallel sub-mesh.
+        reshard_after_forward: as in FSDPStrategy, applied over the data-parallel sub-mesh.
+        activation_checkpointing: as in FSDPStrategy.
         process_group_backend: "nccl", "gloo" or None (nccl on CUDA, gloo on CPU).
         timeout: the collective timeout.
 
@@ -69,7 +70,7 @@ class ModelParallelStrategy(FSDPStrategy):
         ConfigurationError: a size that is not a positive int or "auto"; sizes whose product
             is not the number of processes (raised in ``setup_environment``).
 
-    Example:
+    Examples:
         >>> # 4 processes: 2 replicas, each layer split over 2 processes
         >>> ModelParallelStrategy(data_parallel_size=2, tensor_parallel_size=2)
     """

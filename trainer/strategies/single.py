@@ -10,7 +10,7 @@ __all__ = ["SingleDeviceStrategy"]
 class SingleDeviceStrategy(Strategy):
     """One process, one device: the base behaviour, named.
 
-    Example:
+    Examples:
         >>> SingleDeviceStrategy("cpu").root_device
         device(type='cpu')
     """

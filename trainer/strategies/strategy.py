@@ -178,7 +178,7 @@ class Strategy:
         return module
 
     def teardown(self) -> None:
-        """Release what :meth:`setup_environment` started."""
+        """Release what `setup_environment` started."""
 
     def __repr__(self) -> str:
         return (

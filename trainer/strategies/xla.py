@@ -57,21 +57,22 @@ class XLAStrategy(Strategy):
             when unset: a TPU if there is one).
         precision: the Precision plugin (the Accelerator fills it in when None).
         sync_module_states: broadcast the master replica's parameters and buffers to the
-            others in :meth:`setup_module` (``xm.broadcast_master_param``), so every replica
+            others in `setup_module` (``xm.broadcast_master_param``), so every replica
             starts equal whatever its seed.
         spmd: run one process per host in torch_xla's SPMD mode: ``xr.use_spmd()``, a device
-            mesh, batches from :meth:`process_dataloader` sharded along the mesh's first axis;
+            mesh, batches from `process_dataloader` sharded along the mesh's first axis;
             the compiler inserts the collectives, so gradients are not reduced by hand.
-        mesh_shape / mesh_axis_names: the SPMD mesh (default: every device on one axis,
-            ``("data",)``); the first axis shards the batch. Only with ``spmd=True``.
+        mesh_shape: the SPMD mesh's shape (default: every device on one axis); the first
+            axis shards the batch. Only with ``spmd=True``.
+        mesh_axis_names: the mesh's axis names (default ``("data",)``). Only with ``spmd=True``.
 
     Raises:
         ConfigurationError: for an unknown accelerator, one that contradicts ``PJRT_DEVICE``,
             or mesh arguments without ``spmd=True``.
-        MissingDependencyError: from :meth:`setup_environment` when torch_xla is missing or
+        MissingDependencyError: from `setup_environment` when torch_xla is missing or
             does not import beside this torch (its wheels match one torch release each).
 
-    Example:
+    Examples:
         >>> trainer = Trainer(strategy=XLAStrategy("tpu"), precision="bf16-mixed", max_epochs=3)
         >>> XLAStrategy.spawn(train)  # one process per TPU chip, each calls train(index)
     """
@@ -277,9 +278,9 @@ class XLAStrategy(Strategy):
         """Run ``function(index, *args)`` once per device with ``xmp.spawn`` (PJRT).
 
         Under torchrun there is nothing to spawn: call the function directly instead; the
-        strategy joins the ``xla://`` process group in :meth:`setup_environment`.
+        strategy joins the ``xla://`` process group in `setup_environment`.
 
-        Example:
+        Examples:
             >>> def train(index: int) -> None:
             ...     Trainer(strategy="xla", max_epochs=1).fit(MyModule(), loader)
             >>> XLAStrategy.spawn(train)  # a v4-8 TPU: 4 processes, index 0..3
