@@ -25,7 +25,12 @@ from trainer.configs import (
 from trainer.data.loader import DataLoaderShard, skip_first_batches
 from trainer.errors import ConfigurationError, describe
 from trainer.gradient_state import GradientState
-from trainer.optimizer import AcceleratedOptimizer, AcceleratedScheduler
+from trainer.optimizer import (
+    AcceleratedOptimizer,
+    AcceleratedScheduler,
+    parameter_replacements,
+    use_replaced_parameters,
+)
 from trainer.precision import Precision, resolve_precision
 from trainer.state import DistributedType, PartialState
 from trainer.strategies import Strategy, _auto_strategy_name, resolve_strategy
@@ -133,6 +138,8 @@ class Accelerator:
         self._schedulers: list[AcceleratedScheduler] = []
         self._dataloaders: list[DataLoaderShard] = []
         self._custom_objects: list[Any] = []
+        # Parameters that preparing a model replaced (FSDP2, TP): optimizers follow them.
+        self._replaced_parameters: dict[int, tuple[torch.nn.Parameter, torch.nn.Parameter]] = {}
 
     # ---- facts --------------------------------------------------------------------------
     @property
@@ -249,10 +256,14 @@ class Accelerator:
         evaluation_mode: bool = False,
     ) -> torch.nn.Module:
         """Convert, place and wrap one model through the strategy (and compile it if asked)."""
+        parameters_before = dict(model.named_parameters())
         if device_placement is False:
             model = self.precision.convert_module(model)
         else:
             model = self.strategy.setup_module(model)
+        self._replaced_parameters.update(
+            parameter_replacements(parameters_before, self.strategy.unwrap_module(model))
+        )
         if self.precision.compute_dtype != torch.float32 and self.precision.param_dtype is None:
             # Mixed modes: the forward runs under autocast without the user writing it.
             model.forward = _autocast_forward(model.forward, self.precision)
@@ -301,6 +312,7 @@ class Accelerator:
         """Wrap an optimizer so it steps through the strategy and honours accumulation."""
         if isinstance(optimizer, AcceleratedOptimizer):
             return optimizer
+        use_replaced_parameters(optimizer, self._replaced_parameters)  # e.g. sharded by FSDP
         optimizer = self.strategy.setup_optimizer(optimizer)
         wrapped = AcceleratedOptimizer(optimizer, self.strategy, self.gradient_state)
         self._optimizers.append(wrapped)
@@ -588,6 +600,7 @@ class Accelerator:
         self._optimizers.clear()
         self._schedulers.clear()
         self._dataloaders.clear()
+        self._replaced_parameters.clear()
         if torch.cuda.is_available():
             torch.cuda.empty_cache()
 

@@ -18,7 +18,54 @@ if TYPE_CHECKING:
     from trainer.gradient_state import GradientState
     from trainer.strategies import Strategy
 
-__all__ = ["AcceleratedOptimizer", "AcceleratedScheduler"]
+__all__ = [
+    "AcceleratedOptimizer",
+    "AcceleratedScheduler",
+    "parameter_replacements",
+    "use_replaced_parameters",
+]
+
+
+# Wrappers that insert a segment into parameter names without changing what they name.
+_WRAPPER_SEGMENTS = ("_checkpoint_wrapped_module.", "_orig_mod.", "_fsdp_wrapped_module.")
+
+
+def _plain_name(name: str) -> str:
+    for segment in _WRAPPER_SEGMENTS:
+        name = name.replace(segment, "")
+    return name
+
+
+def parameter_replacements(
+    before: dict[str, torch.nn.Parameter], after: torch.nn.Module
+) -> dict[int, tuple[torch.nn.Parameter, torch.nn.Parameter]]:
+    """``id(old) -> (old, new)`` for each parameter of ``before`` that ``after`` replaced.
+
+    FSDP2's ``fully_shard`` and tensor parallelism swap a module's parameters for new (DTensor)
+    ones, so an optimizer built earlier would step tensors the model no longer uses. Names are
+    matched with wrapper segments (activation checkpointing, ``torch.compile``) removed.
+    """
+    old_by_name = {_plain_name(name): param for name, param in before.items()}
+    replaced = {}
+    for name, new in after.named_parameters():
+        old = old_by_name.get(_plain_name(name))
+        if old is not None and old is not new:
+            replaced[id(old)] = (old, new)
+    return replaced
+
+
+def use_replaced_parameters(
+    optimizer: torch.optim.Optimizer,
+    replaced: dict[int, tuple[torch.nn.Parameter, torch.nn.Parameter]],
+) -> None:
+    """Point ``optimizer``'s parameter groups (and any state) at the replacing parameters."""
+    if not replaced:
+        return
+    for group in optimizer.param_groups:
+        group["params"] = [replaced.get(id(p), (p, p))[1] for p in group["params"]]
+    for old, new in replaced.values():
+        if old in optimizer.state:
+            optimizer.state[new] = optimizer.state.pop(old)
 
 
 class AcceleratedOptimizer(torch.optim.Optimizer):

@@ -62,3 +62,25 @@ def test_send_to_device_keeps_structure():
     batch = {"x": torch.ones(2), "pair": (torch.zeros(1), "label"), "n": 3}
     moved = send_to_device(batch, torch.device("cpu"))
     assert set(moved) == {"x", "pair", "n"} and moved["pair"][1] == "label" and moved["n"] == 3
+
+
+def _order(shard: DataLoaderShard) -> list[int]:
+    return [int(i) for batch in shard for i in batch]
+
+
+def test_a_complete_pass_advances_the_epoch_and_a_break_does_not():
+    shard = DataLoaderShard(DataLoader(range(12), batch_size=4, shuffle=True))
+    shard.seed = 7
+    shard.set_epoch(0)
+    epoch0, epoch1 = _order(shard), _order(shard)  # no set_epoch between: it reshuffles
+    assert sorted(epoch0) == sorted(epoch1) == list(range(12))
+    assert epoch0 != epoch1
+    assert shard.state_dict() == {"seed": 7, "epoch": 2}
+
+    for _ in shard:  # a pass cut short stays in its epoch
+        break
+    assert shard.state_dict()["epoch"] == 2
+
+    replay = DataLoaderShard(DataLoader(range(12), batch_size=4, shuffle=True))
+    replay.load_state_dict({"seed": 7, "epoch": 1})
+    assert _order(replay) == epoch1  # the order is a function of (seed, epoch) alone

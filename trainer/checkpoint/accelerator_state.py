@@ -20,8 +20,6 @@ import torch
 from trainer.checkpoint.format import (
     MODEL_FILE,
     MODEL_INDEX,
-    read_checkpoint,
-    write_checkpoint,
     write_model_files,
 )
 from trainer.errors import CheckpointError, ConfigurationError
@@ -68,22 +66,24 @@ def save_accelerator_state(
         )
     else:
         output = Path(output_dir)
-    models = [accelerator.get_state_dict(model) for model in accelerator._models]
+    strategy = accelerator.strategy
+    models = [accelerator.unwrap_model(model) for model in accelerator._models]
+    # The first model and the optimizers keep the strategy's layout (DCP shards under FSDP's
+    # SHARDED state dicts, written by every rank); further models are gathered in full.
     checkpoint: dict[str, Any] = {
-        "state_dict": models[0] if models else {},
-        "other_models": models[1:],
+        "state_dict": strategy.module_state_dict(models[0], full=False) if models else {},
+        "other_models": [strategy.module_state_dict(model, full=True) for model in models[1:]],
+        "num_models": len(models),  # the first state dict may be held by an engine (DeepSpeed)
         "optimizer_states": [optimizer.state_dict() for optimizer in accelerator._optimizers],
         "lr_schedulers": [scheduler.state_dict() for scheduler in accelerator._schedulers],
         "dataloaders": [loader.state_dict() for loader in accelerator._dataloaders],
         "precision": accelerator.precision.state_dict(),
         "custom_objects": [obj.state_dict() for obj in accelerator._custom_objects],
-        "rng_states": [get_rng_states()],
+        "rng_states": strategy.all_gather_object(get_rng_states()),  # one per process
         "iteration": config.iteration,
         "global_step": config.iteration,
     }
-    if accelerator.is_main_process:
-        write_checkpoint(output, checkpoint, world_size=accelerator.num_processes)
-    accelerator.wait_for_everyone()
+    strategy.save_checkpoint(output, checkpoint)  # every process calls it; the strategy writes
     if config.automatic_checkpoint_naming:
         config.iteration += 1
         if config.total_limit is not None and accelerator.is_main_process:
@@ -111,9 +111,11 @@ def load_accelerator_state(
         source = existing[-1][1]
     else:
         source = Path(input_dir)
-    checkpoint = read_checkpoint(source)
+    first_model = accelerator.unwrap_model(accelerator._models[0]) if accelerator._models else None
+    checkpoint = accelerator.strategy.load_checkpoint(source, first_model)
     models = [checkpoint["state_dict"], *checkpoint.get("other_models", [])]
-    _check_counts("models", len(models) if models[0] else 0, len(accelerator._models), source)
+    saved_models = checkpoint.get("num_models", len(models) if models[0] else 0)
+    _check_counts("models", saved_models, len(accelerator._models), source)
     for model, state in zip(accelerator._models, models, strict=False):
         accelerator.strategy.load_module_state_dict(accelerator.unwrap_model(model), state)
     for kind, objects in (

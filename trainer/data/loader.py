@@ -125,6 +125,14 @@ class DataLoaderShard:
         self.set_epoch(state.get("epoch", self._epoch))
 
     def __iter__(self) -> Iterator[Any]:
+        """One pass over the loader; a pass that runs to the end advances the epoch.
+
+        As in Accelerate, each pass starts with ``set_epoch(epoch)`` (with a seed, the shuffle
+        order is a function of ``(seed, epoch)`` alone) and a completed pass counts one epoch,
+        so a loop that never calls ``set_epoch`` still reshuffles, and a saved position
+        replays exactly. The Trainer calls ``set_epoch`` itself before each epoch.
+        """
+        self.set_epoch(self._epoch)
         self.end_of_dataloader = False
         self.batches_yielded = 0
         skip, self.skip_batches = self.skip_batches, 0  # a skip applies to one iteration only
@@ -158,6 +166,7 @@ class DataLoaderShard:
                 self.batches_yielded += 1
                 yield batch
                 current = following
+            self._epoch += 1  # only a pass that ran to its end (a break closes the generator)
         finally:
             if state is not None:
                 state.end_iteration(self)
