@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from trainer.checkpoint.accelerate_folder import is_accelerate_folder, read_accelerate_folder
 from trainer.checkpoint.format import (
     MODEL_FILE,
     MODEL_INDEX,
@@ -111,8 +112,11 @@ def load_accelerator_state(
         source = existing[-1][1]
     else:
         source = Path(input_dir)
-    first_model = accelerator.unwrap_model(accelerator._models[0]) if accelerator._models else None
-    checkpoint = accelerator.strategy.load_checkpoint(source, first_model)
+    if is_accelerate_folder(source):  # written by Hugging Face Accelerate's save_state
+        checkpoint = read_accelerate_folder(source, accelerator.process_index)
+    else:
+        first = accelerator.unwrap_model(accelerator._models[0]) if accelerator._models else None
+        checkpoint = accelerator.strategy.load_checkpoint(source, first)
     models = [checkpoint["state_dict"], *checkpoint.get("other_models", [])]
     saved_models = checkpoint.get("num_models", len(models) if models[0] else 0)
     _check_counts("models", saved_models, len(accelerator._models), source)
