@@ -30,6 +30,7 @@ from trainer.optimizer import (
     AcceleratedScheduler,
     parameter_replacements,
     use_replaced_parameters,
+    warn_on_eps_below_dtype,
 )
 from trainer.precision import Precision, resolve_precision
 from trainer.state import DistributedType, PartialState
@@ -313,6 +314,7 @@ class Accelerator:
         if isinstance(optimizer, AcceleratedOptimizer):
             return optimizer
         use_replaced_parameters(optimizer, self._replaced_parameters)  # e.g. sharded by FSDP
+        warn_on_eps_below_dtype(optimizer, self.precision.param_dtype)
         optimizer = self.strategy.setup_optimizer(optimizer)
         wrapped = AcceleratedOptimizer(optimizer, self.strategy, self.gradient_state)
         self._optimizers.append(wrapped)

@@ -5,12 +5,11 @@ Each is a no-op; the Trainer calls the module's hook first, then every callback'
 
 from __future__ import annotations
 
-import sys
-import warnings
-from pathlib import Path
 from typing import Any
 
 import torch
+
+from trainer._warnings import warn_user
 
 __all__ = ["LIGHTNING_HOOKS_NOT_CALLED", "ModuleHooks", "warn_on_lightning_hooks"]
 
@@ -75,18 +74,7 @@ def warn_on_lightning_hooks(module: Any) -> None:
     """Warn once per call about each Lightning-only hook ``module``'s class defines."""
     for name, instead in LIGHTNING_HOOKS_NOT_CALLED.items():
         if callable(getattr(type(module), name, None)):
-            warnings.warn(
+            warn_user(
                 f"{type(module).__name__}.{name} is a Lightning hook that this Trainer does not "
-                f"call, so it has no effect: {instead}.",
-                UserWarning,
-                stacklevel=_caller_stacklevel(),
+                f"call, so it has no effect: {instead}."
             )
-
-
-def _caller_stacklevel() -> int:
-    """The ``stacklevel`` that points a warning at the first frame outside this package."""
-    package = str(Path(__file__).resolve().parent)
-    frame, level = sys._getframe(1), 1
-    while frame is not None and frame.f_code.co_filename.startswith(package):
-        frame, level = frame.f_back, level + 1
-    return level

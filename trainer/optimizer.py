@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from trainer._warnings import warn_user
 from trainer.errors import ConfigurationError
 
 if TYPE_CHECKING:
@@ -66,6 +67,25 @@ def use_replaced_parameters(
     for old, new in replaced.values():
         if old in optimizer.state:
             optimizer.state[new] = optimizer.state.pop(old)
+
+
+def warn_on_eps_below_dtype(optimizer: torch.optim.Optimizer, dtype: torch.dtype | None) -> None:
+    """Warn when a group's ``eps`` rounds to 0 in ``dtype`` (the parameters' dtype).
+
+    With float16 parameters (``precision="16-true"``) Adam keeps its moments in float16, where
+    the default ``eps=1e-8`` is 0: once ``sqrt(v)`` underflows the update divides by zero.
+    """
+    if dtype is None or not dtype.is_floating_point:
+        return
+    for index, group in enumerate(optimizer.param_groups):
+        eps = group.get("eps")
+        if isinstance(eps, float) and 0 < eps and torch.tensor(eps, dtype=dtype).item() == 0:
+            warn_user(
+                f"{type(optimizer).__name__} param group {index} has eps={eps:g}, which is 0 in "
+                f"{dtype} (the parameters' dtype under this precision): its update can divide "
+                "by zero and the loss turn NaN. Use eps=1e-4 or larger, or a mixed precision "
+                '("16-mixed" keeps float32 parameters).'
+            )
 
 
 class AcceleratedOptimizer(torch.optim.Optimizer):

@@ -183,3 +183,31 @@ def test_precision_instance_is_used_as_is(tmp_path):
     plugin = MixedPrecision("bf16-mixed")
     t = quiet_trainer(tmp_path, precision=plugin)
     assert t.precision_plugin is plugin and t.precision == "bf16-mixed"
+
+
+class AdamModule(LinearModule):
+    def __init__(self, eps: float) -> None:
+        super().__init__()
+        self.eps = eps
+
+    def configure_optimizers(self):
+        return torch.optim.AdamW(self.parameters(), lr=1e-3, eps=self.eps)
+
+
+def test_16_true_warns_when_adam_eps_is_zero_in_float16(tmp_path):
+    with pytest.warns(UserWarning, match=r"eps=1e-08, which is 0 in torch.float16") as caught:
+        quiet_trainer(tmp_path, max_steps=1, precision="16-true").fit(
+            AdamModule(eps=1e-8), make_loader()
+        )
+    assert [w.filename for w in caught if "eps=" in str(w.message)] == [__file__]
+
+
+@pytest.mark.parametrize(("precision", "eps"), [("16-true", 1e-4), ("bf16-true", 1e-8)])
+def test_no_eps_warning_when_eps_is_representable(tmp_path, precision, eps):
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.filterwarnings("error", message=".*eps=")
+        quiet_trainer(tmp_path, max_steps=1, precision=precision).fit(
+            AdamModule(eps=eps), make_loader()
+        )
