@@ -16,7 +16,7 @@ from __future__ import annotations
 import os
 import shutil
 import uuid
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -32,6 +32,7 @@ __all__ = [
     "has_sharded_state",
     "load_sharded_checkpoint",
     "save_sharded_checkpoint",
+    "save_staged_checkpoint",
 ]
 
 DCP_DIR = "dcp"
@@ -82,21 +83,55 @@ def save_sharded_checkpoint(
 
     rest = dict(checkpoint)
     tensors = {"model": rest.pop("state_dict"), "optimizers": rest.pop("optimizer_states", [])}
+    save_staged_checkpoint(
+        strategy,
+        path,
+        DCP_DIR,
+        lambda staging: dcp.save(tensors, checkpoint_id=str(staging)),
+        rest,
+    )
+
+
+def save_staged_checkpoint(
+    strategy: ShardedStrategy,
+    path: str | os.PathLike[str],
+    subdir: str,
+    write_shards: Callable[[Path], Any],
+    rest: dict[str, Any],
+) -> None:
+    """Every rank writes its shards to one staging folder; rank 0 commits it as ``path/subdir``.
+
+    The staging folder is a hidden sibling of ``path`` (``.<name>.tmp-<subdir>-<token>``, so a
+    crash leaves nothing that looks like a checkpoint). Rank 0 then builds the checkpoint in an
+    atomic directory: the staging folder moved in as ``subdir``, ``rest`` written as JSON and
+    tensor files, and the manifest over all of it. Every rank must call it.
+
+    Args:
+        strategy: gives the collectives and ranks (broadcast, barrier, is_global_zero).
+        path: the checkpoint directory to create or replace.
+        subdir: the name of the shards' folder inside the checkpoint.
+        write_shards: called on every rank with the staging folder; writes that rank's shards.
+        rest: what rank 0 writes next to the shards (``write_checkpoint_files``).
+
+    Raises:
+        CheckpointError: on every rank, when ``path`` holds something that is not a checkpoint;
+            on rank 0, when it could not create, write or rename the directory.
+    """
     final = Path(path)
     # One collective tells every rank the staging name and whether rank 0 may write at path,
     # so a refusal is raised on all ranks instead of leaving the others at the barrier.
     token, refusal = strategy.broadcast(
-        (uuid.uuid4().hex, refusal_to_replace(final)) if strategy.is_global_zero else None
+        (uuid.uuid4().hex[:12], refusal_to_replace(final)) if strategy.is_global_zero else None
     )
     if refusal is not None:
         raise CheckpointError(refusal)
-    staging = final.parent / f".{final.name}.dcp-{token}"
-    dcp.save(tensors, checkpoint_id=str(staging))  # every rank writes its shards
+    staging = final.parent / f".{final.name}.tmp-{subdir}-{token}"
+    write_shards(staging)
     strategy.barrier()
     if strategy.is_global_zero:
         try:
             with atomic_directory(final) as directory:
-                os.rename(staging, directory / DCP_DIR)
+                os.rename(staging, directory / subdir)
                 write_checkpoint_files(directory, rest, world_size=strategy.world_size)
         finally:
             shutil.rmtree(staging, ignore_errors=True)

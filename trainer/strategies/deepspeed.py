@@ -24,8 +24,6 @@ import io
 import json
 import logging
 import os
-import shutil
-import uuid
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
@@ -525,8 +523,7 @@ class DeepSpeedStrategy(DDPStrategy):
         if engine is None or "optimizer_states" not in checkpoint:
             self._save_weights_only(path, checkpoint)
             return
-        from trainer.checkpoint.atomic import atomic_directory, refusal_to_replace
-        from trainer.checkpoint.format import write_checkpoint_files
+        from trainer.checkpoint.sharded import save_staged_checkpoint
 
         rest = {k: v for k, v in checkpoint.items() if k not in ("state_dict", "optimizer_states")}
         prefix = _key_prefix(engine.module.state_dict(), checkpoint.get("state_dict", {}))
@@ -534,26 +531,17 @@ class DeepSpeedStrategy(DDPStrategy):
         rest[STATE_KEY] = {
             "tag": _TAG, "zero_stage": self.zero_stage, "module_prefix": prefix, "version": version
         }  # fmt: skip
-        final = Path(path)
-        token, refusal = self.broadcast(
-            (uuid.uuid4().hex[:12], refusal_to_replace(final)) if self.is_global_zero else None
-        )
-        if refusal is not None:  # raised on every rank, before any of them writes
-            raise CheckpointError(refusal)
-        staging = final.parent / f".{final.name}.tmp-deepspeed-{token}"
-        engine.save_checkpoint(
-            str(staging), tag=_TAG, client_state={}, save_latest=False,
-            exclude_frozen_parameters=self.exclude_frozen_parameters,
-        )  # fmt: skip
-        self.barrier()
-        if self.is_global_zero:
-            try:
-                with atomic_directory(final) as directory:
-                    os.rename(staging, directory / ENGINE_DIR)
-                    write_checkpoint_files(directory, rest, world_size=self.world_size)
-            finally:
-                shutil.rmtree(staging, ignore_errors=True)
-        self.barrier()
+
+        def write_engine_shards(staging: Path) -> None:  # every rank writes its own
+            engine.save_checkpoint(
+                str(staging),
+                tag=_TAG,
+                client_state={},
+                save_latest=False,
+                exclude_frozen_parameters=self.exclude_frozen_parameters,
+            )
+
+        save_staged_checkpoint(self, path, ENGINE_DIR, write_engine_shards, rest)
 
     def _save_weights_only(self, path: str | os.PathLike[str], checkpoint: dict[str, Any]) -> None:
         engine = self._engine
