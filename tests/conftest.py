@@ -2,11 +2,24 @@
 
 from __future__ import annotations
 
+import importlib.util
+from pathlib import Path
+from types import ModuleType
+
 import pytest
 import torch
 from torch.utils.data import DataLoader, TensorDataset
 
 import trainer
+
+
+def load_module_from_file(path: Path, name: str | None = None) -> ModuleType:
+    """Import the Python file ``path`` (a script or example, not on the path) as a module."""
+    spec = importlib.util.spec_from_file_location(name or path.stem, path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def make_loader(

@@ -17,7 +17,6 @@ Conventions for code blocks in ``docs/**/*.md`` and ``README.md``:
 
 from __future__ import annotations
 
-import importlib.util
 import itertools
 import os
 import re
@@ -27,6 +26,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+
+from tests.conftest import load_module_from_file
 
 ROOT = Path(__file__).resolve().parent.parent
 DOCS = ROOT / "docs"
@@ -181,24 +182,14 @@ def test_expected_output_ellipsis():
 
 
 def test_hook_order_page_is_up_to_date():
-    spec = importlib.util.spec_from_file_location(
-        "gen_hook_order", ROOT / "scripts" / "gen_hook_order.py"
-    )
-    assert spec is not None and spec.loader is not None
-    generator = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(generator)
+    generator = load_module_from_file(ROOT / "scripts" / "gen_hook_order.py")
     assert generator.main(["--check"]) == 0, (
         "docs/hook_order.md is stale: run `python scripts/gen_hook_order.py`"
     )
 
 
 def test_api_reference_is_up_to_date():
-    spec = importlib.util.spec_from_file_location(
-        "gen_api_reference", ROOT / "scripts" / "gen_api_reference.py"
-    )
-    assert spec is not None and spec.loader is not None
-    generator = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(generator)
+    generator = load_module_from_file(ROOT / "scripts" / "gen_api_reference.py")
     assert generator.main(["--check"]) == 0, (
         "docs/api is stale: run `python scripts/gen_api_reference.py`"
     )

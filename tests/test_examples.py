@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import csv
-import importlib.util
 import subprocess
 import sys
 from pathlib import Path
 from types import ModuleType
 
 import pytest
+
+from tests.conftest import load_module_from_file
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 
@@ -33,11 +34,7 @@ def _metrics_rows(root: Path) -> list[dict[str, str]]:
 
 
 def _load_example(name: str) -> ModuleType:
-    spec = importlib.util.spec_from_file_location(f"example_{name}", EXAMPLES / f"{name}.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_module_from_file(EXAMPLES / f"{name}.py", f"example_{name}")
 
 
 @pytest.mark.parametrize("script", ["digits.py", "accelerator_loop.py"])

@@ -24,6 +24,7 @@ __all__ = [
     "AcceleratedScheduler",
     "parameter_replacements",
     "use_replaced_parameters",
+    "warn_on_eps_below_dtype",
 ]
 
 

@@ -10,7 +10,6 @@ as a user runs it) and the Python entry points (``run_cli``, ``TrainerCLI``).
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import inspect
 import json
 import os
@@ -25,6 +24,7 @@ import pytest
 import torch
 import yaml
 
+from tests.conftest import load_module_from_file
 from trainer import Trainer
 from trainer.cli import main, selfcheck
 from trainer.cli import test as test_command
@@ -555,12 +555,7 @@ def test_test_without_a_run_config_is_the_selfcheck(monkeypatch: pytest.MonkeyPa
 
 
 def test_cli_reference_page_is_up_to_date() -> None:
-    spec = importlib.util.spec_from_file_location(
-        "gen_cli_reference", REPO_ROOT / "scripts" / "gen_cli_reference.py"
-    )
-    assert spec is not None and spec.loader is not None
-    generator = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(generator)
+    generator = load_module_from_file(REPO_ROOT / "scripts" / "gen_cli_reference.py")
     assert generator.main(["--check"]) == 0, (
         "docs/cli.md is stale: run `python scripts/gen_cli_reference.py`"
     )
