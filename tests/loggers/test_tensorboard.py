@@ -191,3 +191,12 @@ def test_bad_input_names_the_fix(tmp_path: Path) -> None:
     with pytest.raises(ConfigurationError, match="argparse.Namespace"):
         logger.log_hyperparams(["lr", 0.1])  # type: ignore[arg-type]
     logger.finalize("success")
+
+
+def test_a_metric_that_is_not_a_scalar_is_refused_naming_the_logger_and_key(tmp_path):
+    logger = TensorBoardLogger(tmp_path, name="exp")
+    with pytest.raises(
+        ConfigurationError, match=r"TensorBoardLogger expected metric 'acc'.*tensor"
+    ):
+        logger.log_metrics({"acc": torch.tensor([1.0, 2.0])}, step=0)
+    logger.finalize("success")

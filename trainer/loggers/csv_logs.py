@@ -27,6 +27,7 @@ from trainer.loggers._versioned import (
     argument_error,
     check_folder_arguments,
 )
+from trainer.loggers.logger import metric_as_float
 
 __all__ = ["CSVLogger"]
 
@@ -134,7 +135,7 @@ class CSVLogger(VersionedFolderLogger):
                     f"name of metrics.csv's step column (step {step}). Rename the metric, "
                     f"e.g. 'train_step', or pass it as the step argument."
                 )
-            row[column] = _to_float(key, value)
+            row[column] = metric_as_float("CSVLogger.log_metrics", key, value)
         # Columns grow only once the whole row is valid, so a rejected row leaves no trace.
         self._columns.extend(column for column in row if column not in self._columns)
         self._pending.append(row)
@@ -250,17 +251,6 @@ def _check_arguments(
             "an int >= 1",
             "Pass the number of log_metrics calls between writes, e.g. 100.",
         )
-
-
-def _to_float(key: str, value: Any) -> float:
-    """Read a metric as a plain float (tensors included) so the CSV holds numbers only."""
-    try:
-        return float(value)
-    except (TypeError, ValueError, RuntimeError) as err:
-        raise ConfigurationError(
-            f"CSVLogger.log_metrics expected metric {key!r} to be a number or a one-element "
-            f"tensor, received {describe(value)}. Log a scalar, e.g. loss.item() or x.mean()."
-        ) from err
 
 
 @contextlib.contextmanager

@@ -9,7 +9,9 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from typing import Any
 
-__all__ = ["Logger"]
+from trainer.errors import ConfigurationError, describe
+
+__all__ = ["Logger", "metric_as_float"]
 
 
 class Logger(ABC):
@@ -68,3 +70,18 @@ class Logger(ABC):
 
     def after_save_checkpoint(self, checkpoint_callback: Any) -> None:
         """Called after a checkpoint is written (for artifact upload)."""
+
+
+def metric_as_float(owner: str, key: str, value: Any) -> float:
+    """``value`` as a plain float (one-element tensors included), for backends storing numbers.
+
+    Raises:
+        ConfigurationError: naming ``owner`` and ``key`` when ``value`` is not a scalar.
+    """
+    try:
+        return float(value)
+    except (TypeError, ValueError, RuntimeError) as err:
+        raise ConfigurationError(
+            f"{owner} expected metric {key!r} to be a number or a one-element tensor, "
+            f"received {describe(value)}. Log a scalar, e.g. loss.item() or x.mean()."
+        ) from err

@@ -31,7 +31,7 @@ from typing import Any
 
 from trainer._imports import is_available, require
 from trainer.errors import ConfigurationError, describe
-from trainer.loggers.logger import Logger
+from trainer.loggers.logger import Logger, metric_as_float
 from trainer.loggers.tensorboard import _as_dict, _flatten_params
 from trainer.loggers.wandb import _checkpoints_to_log
 
@@ -254,7 +254,9 @@ class MLFlowLogger(Logger):
             atexit.register(_save_at_exit, weakref.ref(self))
             self._is_flushed_at_exit = True
         for key, value in metrics.items():
-            self._pending.append((self._name_of(key), _to_float(key, value), timestamp, step))
+            self._pending.append(
+                (self._name_of(key), metric_as_float("MLFlowLogger", key, value), timestamp, step)
+            )
         self._last_step = step
         is_due = time.monotonic() - self._last_flush >= self._flush_interval_s
         if is_due or len(self._pending) >= _MAX_METRICS_PER_BATCH:
@@ -434,14 +436,3 @@ def _check_arguments(
         or flush_interval_s < 0
     ):
         raise fail("flush_interval_s", flush_interval_s, "a number >= 0", "Pass e.g. 5.0.")
-
-
-def _to_float(key: str, value: Any) -> float:
-    """Read a metric as a plain float (tensors included): MLflow stores numbers only."""
-    try:
-        return float(value)
-    except (TypeError, ValueError, RuntimeError) as err:
-        raise ConfigurationError(
-            f"MLFlowLogger expected metric {key!r} to be a number or a one-element tensor, "
-            f"received {describe(value)}. Log a scalar, e.g. loss.item() or x.mean()."
-        ) from err

@@ -32,6 +32,7 @@ from trainer.loggers._versioned import (
     argument_error,
     check_folder_arguments,
 )
+from trainer.loggers.logger import metric_as_float
 
 __all__ = ["TensorBoardLogger"]
 
@@ -151,7 +152,10 @@ class TensorBoardLogger(VersionedFolderLogger):
             >>> logger.log_metrics({"train/loss": 0.5, "epoch": 0.0}, step=50)  # doctest: +SKIP
         """
         step = self._resolve_step(step)
-        values = {self._tag(key): _to_float(key, value) for key, value in metrics.items()}
+        values = {
+            self._tag(key): metric_as_float("TensorBoardLogger", key, value)
+            for key, value in metrics.items()
+        }
         if self._is_resuming:
             self._start_session(step)
         self._write_scalars(values, step)
@@ -187,7 +191,10 @@ class TensorBoardLogger(VersionedFolderLogger):
             metrics = {_HP_METRIC: -1.0} if is_placeholder_due else {}
         elif not isinstance(metrics, Mapping):
             metrics = {_HP_METRIC: metrics}
-        values = {self._tag(key): _to_float(key, value) for key, value in metrics.items()}
+        values = {
+            self._tag(key): metric_as_float("TensorBoardLogger", key, value)
+            for key, value in metrics.items()
+        }
         self._metric_names.extend(name for name in values if name not in self._metric_names)
         self._write_scalars(values, 0)
         self._has_pending_hparams = True
@@ -310,17 +317,6 @@ def _check_arguments(
             "a str, os.PathLike or None",
             "Pass e.g. 'fold_1'.",
         )
-
-
-def _to_float(key: str, value: Any) -> float:
-    """Read a metric as a plain float (tensors included): a scalar event holds one number."""
-    try:
-        return float(value)
-    except (TypeError, ValueError, RuntimeError) as err:
-        raise ConfigurationError(
-            f"TensorBoardLogger expected metric {key!r} to be a number or a one-element tensor, "
-            f"received {describe(value)}. Log a scalar, e.g. loss.item() or x.mean()."
-        ) from err
 
 
 def _as_dict(params: Any, where: str) -> dict[str, Any]:
