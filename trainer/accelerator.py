@@ -591,10 +591,15 @@ class Accelerator:
         )
 
     def end_training(self) -> None:
-        """Finish every tracker's run and release the strategy's resources."""
+        """Finish every tracker's run, then end the process group (after a barrier).
+
+        Call it at the end of the script on every process, as in Accelerate. A collective used
+        afterwards joins the group again.
+        """
         for tracker in self.trackers:
             tracker.finalize("success")
         self.trackers = []
+        self.strategy.end_process_group()
 
     def free_memory(self) -> None:
         """Drop references to everything prepared and empty the device cache."""

@@ -632,7 +632,7 @@ class Trainer:
                 return function()
         return None
 
-    def _teardown(self, stage: str, status: str) -> None:
+    def _teardown(self, stage: str, status: str, *, is_clean_exit: bool = False) -> None:
         self.state.status = status
         self._call_hook("teardown", stage)
         if self.datamodule is not None:
@@ -653,6 +653,10 @@ class Trainer:
         self._training_step = self._run_step = None  # type: ignore[assignment]
         self.accelerator.free_memory()
         self.strategy.teardown()
+        # Every rank ends here together (a clean end, or the agreed stop of a preemption signal):
+        # end the group now, not at interpreter exit. After a failure a barrier could hang.
+        if (status == "finished" or is_clean_exit) and not self.strategy.should_keep_process_group:
+            self.strategy.end_process_group()
 
     def _handle_exception(self, err: BaseException, stage: str) -> None:
         status = "interrupted" if isinstance(err, KeyboardInterrupt) else "failed"
@@ -660,7 +664,9 @@ class Trainer:
         try:
             self._call_hook("on_exception", err)
         finally:
-            self._teardown(stage, status)
+            self._teardown(
+                stage, status, is_clean_exit=isinstance(err, SystemExit) and not err.code
+            )
 
     # ---- the fit loop -------------------------------------------------------------------------
     def _run_sanity_check(self) -> None:

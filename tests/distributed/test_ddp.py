@@ -127,3 +127,23 @@ def test_an_exception_on_one_rank_ends_the_job_promptly_with_its_traceback():
 def test_ddp_strategy_outside_a_launcher_says_how_to_start_it():
     with pytest.raises(trainer.StrategyError, match="trainer launch --num_processes N"):
         trainer.Trainer(strategy="ddp", accelerator="cpu")
+
+
+def test_process_group_ends_inside_teardown_and_later_stages_join_again(tmp_path):
+    """#13: the group ends in each stage's teardown (barrier, destroy), never from an exit hook."""
+    result = torchrun(str(ROOT / "tests/distributed/exit_worker.py"), str(tmp_path), timeout=180)
+    output = result.stdout + result.stderr
+    assert result.returncode == 0, output[-4000:]
+    assert "terminate called" not in output
+    for rank in range(2):
+        facts = json.loads((tmp_path / f"rank{rank}.json").read_text())
+        assert facts["open_before_fit"] is True  # the Trainer joins when it is built
+        assert facts["open_after_fit"] is False
+        assert facts["steps"] == 4
+        assert facts["validate"][0]["val/loss"] > 0
+        assert facts["open_after_validate"] is False
+        assert facts["second_steps"] == 4
+        assert facts["open_after_second_fit"] is False
+        assert facts["accelerator_sum"] == [2.0]
+        assert facts["open_after_end_training"] is False
+    assert (tmp_path / "after_fit" / "manifest.json").is_file()

@@ -3,6 +3,13 @@
 One process per device, started by torchrun (``trainer launch``) or SLURM; the process group is
 NCCL on CUDA and gloo on CPU. Gradients are all-reduced during backward, skipped inside
 accumulation windows (``no_sync``). Collectives are ``torch.distributed`` calls.
+
+The group this strategy starts is ended by `DDPStrategy.end_process_group` — a barrier, then
+``destroy_process_group`` — while the interpreter is fully alive: the Trainer calls it when a
+stage ends cleanly, ``Accelerator.end_training`` calls it. Ending it at interpreter exit instead,
+with engine objects still alive, can abort the process ("terminate called without an active
+exception"): gloo's worker threads then free tensors after Python has gone. An exit hook remains
+only as the fallback for a run that failed or never called ``end_training``.
 """
 
 from __future__ import annotations
@@ -10,8 +17,11 @@ from __future__ import annotations
 import atexit
 import contextlib
 import datetime as dt
+import functools
 import gc
+import itertools
 import os
+import weakref
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -26,6 +36,8 @@ from trainer.strategies.environment import ClusterEnvironment, detect_environmen
 from trainer.strategies.strategy import ReduceOp, Strategy
 
 __all__ = ["DDPStrategy"]
+
+_JOIN_COUNT = itertools.count()
 
 _OPS = {
     "sum": dist.ReduceOp.SUM,
@@ -87,6 +99,8 @@ class DDPStrategy(Strategy):
         self.timeout = timeout
         self.environment = environment or detect_environment()
         self._wrapped: list[DistributedDataParallel] = []
+        self._dropped: list[weakref.ref[DistributedDataParallel]] = []
+        self._own_group: Any = None  # the default group, when this strategy started it
 
     # ---- facts -------------------------------------------------------------------------
     @property
@@ -122,31 +136,55 @@ class DDPStrategy(Strategy):
     # ---- setup -------------------------------------------------------------------------
     def setup_environment(self) -> None:
         """Join the process group the launcher prepared (or reuse an existing one)."""
-        if not dist.is_initialized():
-            if not self.environment.is_distributed:
-                raise StrategyError(
-                    "DDPStrategy: this process was not started by a launcher (no RANK/WORLD_SIZE "
-                    "from torchrun, no SLURM task). Start it with `trainer launch --num_processes N "
-                    "script.py` or `torchrun --nproc_per_node N script.py`."
-                )
-            os.environ.setdefault("MASTER_ADDR", self.environment.main_address)
-            os.environ.setdefault("MASTER_PORT", str(self.environment.main_port))
-            backend = self.process_group_backend or (
-                "nccl" if self.accelerator_type == "cuda" else "gloo"
+        self._join_process_group()
+        self.precision.setup(self.root_device)
+
+    def _join_process_group(self) -> None:
+        """Start this process's group from the launcher's environment, unless one exists."""
+        if dist.is_initialized():
+            return
+        if not self.environment.is_distributed:
+            raise StrategyError(
+                "DDPStrategy: this process was not started by a launcher (no RANK/WORLD_SIZE "
+                "from torchrun, no SLURM task). Start it with `trainer launch --num_processes N "
+                "script.py` or `torchrun --nproc_per_node N script.py`."
             )
-            if self.accelerator_type == "cuda":
-                torch.cuda.set_device(self.root_device)
-            dist.init_process_group(
-                backend,
+        os.environ.setdefault("MASTER_ADDR", self.environment.main_address)
+        os.environ.setdefault("MASTER_PORT", str(self.environment.main_port))
+        backend = self.process_group_backend or (
+            "nccl" if self.accelerator_type == "cuda" else "gloo"
+        )
+        if self.accelerator_type == "cuda":
+            torch.cuda.set_device(self.root_device)
+        store, rank, world_size = next(
+            dist.rendezvous(
+                "env://",
                 rank=self.environment.global_rank,
                 world_size=self.environment.world_size,
                 timeout=self.timeout,
             )
-            atexit.register(_destroy_process_group)
-            PartialState._reset_state()
-        self.precision.setup(self.root_device)
+        )
+        # A group joined again after `end_process_group` must not read the addresses the ended
+        # one left in the launcher's store (torch names every first group alike): one key prefix
+        # per join. Every rank joins the same number of times, so the prefixes agree.
+        prefix = f"trainer/{next(_JOIN_COUNT)}"
+        dist.init_process_group(
+            backend,
+            store=dist.PrefixStore(prefix, store),
+            rank=rank,
+            world_size=world_size,
+            timeout=self.timeout,
+        )
+        self._adopt_process_group()
+
+    def _adopt_process_group(self) -> None:
+        """Record that this strategy started the group (it ends it); forget cached facts."""
+        self._own_group = dist.group.WORLD
+        register_exit_fallback()
+        PartialState._reset_state()
 
     def setup_module(self, module: torch.nn.Module) -> torch.nn.Module:
+        self._join_process_group()  # an earlier stage may have ended it
         module = self.precision.convert_module(module).to(self.root_device)
         if not any(p.requires_grad for p in module.parameters()):
             return module  # nothing to synchronise (e.g. a frozen evaluation model)
@@ -180,16 +218,19 @@ class DDPStrategy(Strategy):
     def all_reduce(self, tensor: torch.Tensor, op: ReduceOp = "mean") -> torch.Tensor:
         if op not in _OPS:
             raise StrategyError(f"all_reduce(op={op!r}): expected one of {sorted(_OPS)}.")
+        self._join_process_group()
         result = tensor.clone() if tensor.is_floating_point() or op != "mean" else tensor.float()
         dist.all_reduce(result, op=_OPS[op])
         return result / self.world_size if op == "mean" else result
 
     def all_gather(self, tensor: torch.Tensor) -> torch.Tensor:
+        self._join_process_group()
         pieces = [torch.empty_like(tensor) for _ in range(self.world_size)]
         dist.all_gather(pieces, tensor.contiguous())
         return torch.stack(pieces)
 
     def broadcast(self, obj: Any, src: int = 0) -> Any:
+        self._join_process_group()
         if isinstance(obj, torch.Tensor):
             result = obj.clone()
             dist.broadcast(result, src=src)
@@ -199,24 +240,48 @@ class DDPStrategy(Strategy):
         return box[0]
 
     def all_gather_object(self, obj: Any) -> list[Any]:
+        self._join_process_group()
         gathered: list[Any] = [None] * self.world_size
         dist.all_gather_object(gathered, obj)
         return gathered
 
     def barrier(self) -> None:
-        if dist.is_initialized():
-            dist.barrier()
+        self._join_process_group()
+        dist.barrier()
 
     def teardown(self) -> None:
-        """Drop the DDP wrappers (the process group ends at exit, after a gc.collect())."""
+        """Drop the DDP wrappers (each run wraps the module afresh); keep the process group."""
+        self._dropped = [weakref.ref(wrapper) for wrapper in self._wrapped]
         self._wrapped.clear()
+
+    def end_process_group(self) -> None:
+        """Barrier, then destroy the group this strategy started; the next use joins again.
+
+        A dropped DDP wrapper still alive in a reference cycle holds the group's pending work:
+        it is collected first, only when one is (a collection costs ~0.1-1 s with big imports).
+        """
+        if not dist.is_initialized() or dist.group.WORLD is not self._own_group:
+            return  # not started here (a user's group, another Trainer's), or already ended
+        if any(ref() is not None for ref in self._dropped):
+            gc.collect()
+        self._dropped = []
+        dist.barrier()
+        dist.destroy_process_group()
+        self._own_group = None
+        PartialState._reset_state()
 
     def __repr__(self) -> str:
         return f"DDPStrategy(device={self.root_device}, world_size={self.world_size}, precision={self.precision.name!r})"
 
 
-def _destroy_process_group() -> None:
-    """At exit: collect dead wrappers first, then end the group (the order avoids an abort)."""
-    gc.collect()
+@functools.cache
+def register_exit_fallback() -> None:
+    """Once per process: end a group still open at exit (a failed run, no ``end_training``)."""
+    atexit.register(_destroy_process_group_at_exit)
+
+
+def _destroy_process_group_at_exit() -> None:
+    """The fallback: collect dead wrappers first, then end the group (the order avoids an abort)."""
     if dist.is_initialized():
+        gc.collect()
         dist.destroy_process_group()

@@ -59,6 +59,7 @@ class FSDPStrategy(DDPStrategy):
     """
 
     name = "fsdp"
+    should_keep_process_group = True  # its sharded state / engine holds the group after fit
 
     def __init__(
         self,

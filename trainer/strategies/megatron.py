@@ -110,6 +110,7 @@ class MegatronStrategy(DDPStrategy):
     """
 
     name = "megatron"
+    should_keep_process_group = True  # its sharded state / engine holds the group after fit
 
     def __init__(
         self,

@@ -18,7 +18,6 @@ argument checks.
 
 from __future__ import annotations
 
-import atexit
 import datetime as dt
 import math
 import os
@@ -31,8 +30,8 @@ import torch.distributed as dist
 
 from trainer.errors import ConfigurationError, StrategyError, describe
 from trainer.precision import Precision
-from trainer.state import DistributedType, PartialState
-from trainer.strategies.ddp import _OPS, DDPStrategy, _destroy_process_group
+from trainer.state import DistributedType
+from trainer.strategies.ddp import _OPS, DDPStrategy
 from trainer.strategies.environment import ClusterEnvironment
 from trainer.strategies.fsdp import FSDPStrategy
 from trainer.strategies.strategy import ReduceOp
@@ -250,8 +249,7 @@ def start_process_group(strategy: DDPStrategy) -> None:
         dist.init_process_group(
             backend, store=dist.HashStore(), rank=0, world_size=1, timeout=strategy.timeout
         )
-        atexit.register(_destroy_process_group)
-        PartialState._reset_state()
+        strategy._adopt_process_group()
     DDPStrategy.setup_environment(strategy)
 
 

@@ -177,8 +177,20 @@ class Strategy:
         """The user's module inside whatever wrapper the engine added."""
         return module
 
+    # Whether the prepared state (sharded modules, an engine) holds the process group after a
+    # run, so that saving or evaluating after ``fit`` still works: then the group is kept until
+    # `end_process_group` is called by ``Accelerator.end_training`` (or the process exits).
+    should_keep_process_group: bool = False
+
     def teardown(self) -> None:
-        """Release what `setup_environment` started."""
+        """Release what the run prepared (engine wrappers); the process group is left as it is."""
+
+    def end_process_group(self) -> None:
+        """End the process group this strategy started (after a barrier); a no-op otherwise.
+
+        Called by the Trainer when a stage ends cleanly (unless `should_keep_process_group`) and
+        by ``Accelerator.end_training``. A later stage or collective joins the group again.
+        """
 
     def __repr__(self) -> str:
         return (
