@@ -23,6 +23,7 @@ import torch
 
 from trainer.checkpoint.atomic import MANIFEST
 from trainer.checkpoint.legacy import load_weights_file
+from trainer.checkpoint.safe_unpickle import load_weights_only
 from trainer.errors import CheckpointError
 
 __all__ = ["is_accelerate_folder", "read_accelerate_folder"]
@@ -93,14 +94,8 @@ def _weights(file: Path) -> dict[str, torch.Tensor]:
 
 
 def _pickle(file: Path, safe_globals: list[Any] | None = None) -> Any:
-    try:
-        with torch.serialization.safe_globals(safe_globals or []):
-            return torch.load(file, map_location="cpu", weights_only=True)
-    except Exception as err:  # torch raises UnpicklingError, RuntimeError or others
-        raise CheckpointError(
-            f"refusing to load {file}: it cannot be read without running code "
-            f"({type(err).__name__}: {str(err).splitlines()[0][:200]})."
-        ) from err
+    """A ``torch.save`` file read with ``weights_only=True`` (never plain pickle)."""
+    return load_weights_only(file, source=file, safe_globals=safe_globals or ())
 
 
 def _custom_objects(folder: Path) -> list[Any]:

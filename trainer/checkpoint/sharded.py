@@ -6,6 +6,14 @@ rank 0 then moves that folder to ``<name>/dcp`` inside the atomic directory and 
 state and the manifest next to it. On load, every rank verifies and reads the JSON state, then
 DCP fills the state dicts the strategy built for this rank.
 
+Loading runs no code from the files, even when an attacker re-hashed the manifest. DCP keeps its
+``.metadata`` as a pickle and unpickles byte items (non-tensor values: learning rates, ...) with
+``torch.load(weights_only=False)``; `safe_storage_reader` replaces both reads. ``.metadata`` is
+read with an allow-list unpickler that admits only DCP's own metadata dataclasses, ``torch.Size``,
+dtypes and layouts, and ``pathlib`` paths; every shard path it names must stay inside the folder.
+Byte items are read with ``torch.load(weights_only=True)`` first. (We keep DCP's own file rather
+than writing a second, non-pickle metadata file, so checkpoints stay readable by plain DCP.)
+
 Not owned: how a strategy shards its tensors or builds its state dicts (the strategy), the
 directory format and atomic writes (``format.py``, ``atomic.py``). ``torch.distributed.checkpoint``
 is imported on first use only, so ``import trainer`` does not load it.
@@ -13,24 +21,31 @@ is imported on first use only, so ``import trainer`` does not load it.
 
 from __future__ import annotations
 
+import io
 import os
 import shutil
 import uuid
 from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 
 from trainer.checkpoint.atomic import atomic_directory, refusal_to_replace
 from trainer.checkpoint.format import read_checkpoint, write_checkpoint_files
-from trainer.errors import CheckpointError
+from trainer.checkpoint.paths import resolve_inside
+from trainer.checkpoint.safe_unpickle import load_weights_only, restricted_loads
+from trainer.errors import CheckpointError, describe
+
+if TYPE_CHECKING:
+    from torch.distributed.checkpoint import FileSystemReader
 
 __all__ = [
     "DCP_DIR",
     "ShardedStrategy",
     "has_sharded_state",
     "load_sharded_checkpoint",
+    "safe_storage_reader",
     "save_sharded_checkpoint",
     "save_staged_checkpoint",
 ]
@@ -171,7 +186,148 @@ def load_sharded_checkpoint(
         "model": strategy.module_state_dict(module, full=False),
         "optimizers": [strategy.optimizer_state_dict(opt) for opt in optimizers],
     }
-    dcp.load(target, checkpoint_id=str(directory / DCP_DIR))
+    read_dcp_metadata(directory / DCP_DIR / ".metadata")  # refused here, before DCP's fallbacks
+    try:
+        dcp.load(target, storage_reader=safe_storage_reader(directory / DCP_DIR))
+    except dcp.api.CheckpointException as err:  # a BaseException that wraps each rank's error
+        raise _unwrapped(err, directory) from None
     checkpoint["state_dict"] = target["model"]
     checkpoint["optimizer_states"] = target["optimizers"]
     return checkpoint
+
+
+def _unwrapped(error: BaseException, directory: Path) -> CheckpointError:
+    """Our own refusal from inside DCP's per-rank wrapper, or a CheckpointError that quotes it."""
+    failures = getattr(error, "failures", {}) or {}
+    for rank in sorted(failures):
+        exception = failures[rank][0]
+        if isinstance(exception, CheckpointError):
+            return exception
+    return CheckpointError(
+        f"{directory / DCP_DIR}: torch.distributed.checkpoint could not load the shards into "
+        f"this run's state: {str(error).strip().splitlines()[-1][:300]}. Resume with the same "
+        "model, optimizers and number of processes, or consolidate the checkpoint first."
+    )
+
+
+# ---- reading DCP's files without running code ----------------------------------------------
+_METADATA_CLASSES = {
+    "torch.distributed.checkpoint.metadata": (
+        "Metadata", "TensorStorageMetadata", "BytesStorageMetadata", "ChunkStorageMetadata",
+        "TensorProperties", "MetadataIndex", "StorageMeta", "_MEM_FORMAT_ENCODING",
+    ),
+    "torch.distributed.checkpoint.filesystem": ("_StorageInfo",),
+    "torch.serialization": ("_get_layout",),  # looks a layout up by name
+    "torch": ("Size",),
+    "pathlib": ("PosixPath", "PurePosixPath", "WindowsPath", "PureWindowsPath"),
+    "pathlib._local": ("PosixPath", "PurePosixPath", "WindowsPath", "PureWindowsPath"),  # 3.13
+    "collections": ("OrderedDict",),
+    "builtins": ("set", "frozenset"),
+}  # fmt: skip
+
+
+def _metadata_global(module: str, name: str) -> object | None:
+    """What ``.metadata`` may name: DCP's dataclasses, torch.Size, a dtype, a path; else None."""
+    import importlib
+
+    if module == "torch" and isinstance(getattr(torch, name, None), torch.dtype):
+        return getattr(torch, name)  # dtypes pickle as the global torch.<name>
+    if name not in _METADATA_CLASSES.get(module, ()):
+        return None
+    try:
+        return getattr(importlib.import_module(module), name)
+    except (ImportError, AttributeError):
+        return None
+
+
+def read_dcp_metadata(path: Path) -> Any:
+    """DCP's ``Metadata`` from the pickle at ``path``, unpickled with the allow-list above.
+
+    Raises:
+        CheckpointError: the file names any other global, is not DCP metadata, or names a shard
+            file outside its folder.
+    """
+    from torch.distributed.checkpoint.filesystem import _StorageInfo
+    from torch.distributed.checkpoint.metadata import Metadata
+
+    try:
+        data = path.read_bytes()
+    except OSError as err:
+        raise CheckpointError(f"cannot read DCP metadata {path}: {err}.") from err
+    metadata = restricted_loads(data, source=path, allow=_metadata_global)
+    if not isinstance(metadata, Metadata) or not isinstance(metadata.storage_data, dict):
+        raise CheckpointError(
+            f"{path}: expected DCP's Metadata with a storage_data dict, received "
+            f"{describe(metadata)}. The shards' folder is corrupt; use another checkpoint."
+        )
+    for info in metadata.storage_data.values():
+        if not isinstance(info, _StorageInfo):
+            raise CheckpointError(
+                f"{path}, field 'storage_data': expected _StorageInfo entries, received "
+                f"{describe(info)}. The shards' folder is corrupt; use another checkpoint."
+            )
+        resolve_inside(path.parent, info.relative_path, source=path, field="relative_path")
+    return metadata
+
+
+def safe_storage_reader(dcp_dir: str | os.PathLike[str]) -> FileSystemReader:
+    """A ``FileSystemReader`` for ``dcp_dir`` that runs no code from the files it reads.
+
+    Pass it to ``dcp.load(..., storage_reader=...)`` (or to any DCP loader that takes one) in
+    place of a plain ``FileSystemReader`` or ``checkpoint_id``.
+
+    Raises (from the load):
+        CheckpointError: ``.metadata`` or a byte item names a global outside its allow-list
+            (it could run code), or a shard path leaves the folder.
+    """
+    from torch.distributed.checkpoint import FileSystemReader
+
+    class _SafeFileSystemReader(FileSystemReader):
+        refusal: CheckpointError | None = None
+
+        def read_metadata(self, *args: Any, **kwargs: Any) -> Any:
+            path = Path(self._get_metadata_path(kwargs.get("rank")))
+            if self.refusal is not None and not path.exists():
+                raise self.refusal  # DCP swallows the first error and asks for a rank's file
+            try:
+                metadata = read_dcp_metadata(path)
+            except CheckpointError as err:
+                self.refusal = err
+                raise
+            if getattr(metadata, "storage_meta", None) is None:  # as FileSystemReader does
+                from torch.distributed.checkpoint.metadata import StorageMeta
+
+                metadata.storage_meta = StorageMeta()
+            metadata.storage_meta.load_id = self.load_id
+            return metadata
+
+        def read_data(self, plan: Any, planner: Any) -> Any:
+            return super().read_data(plan, _WeightsOnlyBytes(planner, self))
+
+    return _SafeFileSystemReader(dcp_dir)
+
+
+class _WeightsOnlyBytes:
+    """The planner, except that byte items are unpickled with ``weights_only=True`` first.
+
+    DCP's planners read byte items with ``torch.load(weights_only=False)``; this one hands them
+    a fresh ``torch.save`` of the value it read safely, so they never see the file's bytes.
+    """
+
+    def __init__(self, planner: Any, reader: FileSystemReader) -> None:
+        self._planner = planner
+        self._reader = reader
+
+    def load_bytes(self, read_item: Any, value: io.BytesIO) -> None:
+        info = self._reader.storage_data[read_item.storage_index]
+        source = (
+            f"{Path(self._reader.path) / info.relative_path} (item {read_item.dest_index.fqn!r})"
+        )
+        loaded = load_weights_only(value, source=source)
+        clean = io.BytesIO()
+        torch.save(loaded, clean)
+        clean.seek(0)
+        self._planner.load_bytes(read_item, clean)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._planner, name)
