@@ -2,25 +2,39 @@
 
 The Trainer writes the files (``trainer.save_checkpoint``, atomic, see ``trainer/checkpoint``);
 this callback decides when, names the directory from a template, keeps the ``save_top_k`` best by
-``monitor`` and deletes a checkpoint only after its replacement is complete. ``save_last``
-maintains a ``last`` symlink to the newest checkpoint, replaced atomically.
+``monitor`` and deletes a checkpoint only after its replacement is complete. ``save_last`` keeps a
+real checkpoint directory ``last`` (no symbolic link: it survives copies), swapped in atomically.
+The state it restores on resume is checked: only checkpoint folders inside ``dirpath`` are ever
+tracked, so only those are ever deleted. Confinement itself lives in ``trainer/checkpoint/paths``.
 """
 
 from __future__ import annotations
 
+import copy
+import ctypes
+import errno
 import math
 import os
 import re
 import shutil
+import sys
 import time
-import uuid
+import warnings
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
 
 from trainer.callbacks.callback import Callback
-from trainer.errors import ConfigurationError, describe
+from trainer.checkpoint.atomic import (
+    MANIFEST,
+    fsync_directory,
+    process_tag,
+    refusal_to_replace,
+    remove_stale_temporaries,
+)
+from trainer.checkpoint.paths import is_inside, resolve_inside
+from trainer.errors import CheckpointError, ConfigurationError, describe
 
 if TYPE_CHECKING:
     from trainer.module import TrainModule
@@ -29,6 +43,10 @@ if TYPE_CHECKING:
 __all__ = ["ModelCheckpoint", "OnExceptionCheckpoint"]
 
 _FIELD = re.compile(r"\{([^{}:]+)(:[^{}]*)?\}")
+LAST_NAME = "last"  # the real checkpoint directory save_last keeps (Lightning: last.ckpt)
+_BOOKKEEPING = ("best_k_models", "best_model_path", "best_model_score", "last_model_path")
+_BOOKKEEPING += ("_saved", "_last_saved_step")
+_LINK_TEXT_MAX = 4096  # a `last` file this small is a link flattened by a copy tool
 
 
 class ModelCheckpoint(Callback):
@@ -121,19 +139,64 @@ class ModelCheckpoint(Callback):
             "best_k_models": dict(self.best_k_models),
             "last_model_path": self.last_model_path,
             "saved": list(self._saved),
+            "last_saved_step": self._last_saved_step,
         }
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        if state_dict.get("dirpath") != self.dirpath:
-            return  # another directory: its files are not ours to rank or delete
-        self.best_model_path = state_dict.get("best_model_path", "")
-        score = state_dict.get("best_model_score")
-        self.best_model_score = None if score is None else torch.tensor(score)
+        """Restore the bookkeeping of a resumed run, trusting none of it.
+
+        Every path must lie inside the saved ``dirpath``; it is looked up by its name in this
+        callback's ``dirpath`` (so a copied or moved run keeps its ranking) through
+        `resolve_inside` (no ``..``, no symbolic link). Paths whose folder is gone are dropped;
+        a folder there that is not a checkpoint (no manifest) is dropped with a warning.
+
+        Raises:
+            CheckpointError: a field has the wrong type, or a path leaves ``dirpath`` or goes
+                through a symbolic link; the message names the field and the value.
+        """
+        state = _checked_state(state_dict, self.state_key)
+        saved_dirpath = state.get("dirpath") or self.dirpath
+        if self.dirpath is None or saved_dirpath is None:
+            return  # no folder to confine to: nothing of it is ours to rank or delete
+
+        def adopt(field: str, path: str) -> str:
+            return self._adopt(field, path, saved_dirpath)
+
         self.best_k_models = {
-            p: s for p, s in state_dict.get("best_k_models", {}).items() if os.path.isdir(p)
+            kept: score
+            for path, score in state.get("best_k_models", {}).items()
+            if (kept := adopt("best_k_models", path))
         }
-        self.last_model_path = state_dict.get("last_model_path", "")
-        self._saved = [p for p in state_dict.get("saved", []) if os.path.isdir(p)]
+        self._saved = [kept for path in state.get("saved", []) if (kept := adopt("saved", path))]
+        self.best_model_path = adopt("best_model_path", state.get("best_model_path", ""))
+        score = state.get("best_model_score")
+        self.best_model_score = None if score is None else torch.tensor(score)
+        self.last_model_path = adopt("last_model_path", state.get("last_model_path", ""))
+        self._last_saved_step = state.get("last_saved_step", -1)
+
+    def _adopt(self, field: str, path: str, saved_dirpath: str) -> str:
+        """``path`` (from a checkpoint) as a checkpoint folder in ``dirpath``, or "" (dropped)."""
+        if not path:
+            return ""
+        source = f"ModelCheckpoint state ({self.state_key})"
+        if not is_inside(saved_dirpath, path) or _same(saved_dirpath, path):
+            raise CheckpointError(
+                f"{source}, field {field!r}: the path {path!r} is outside the checkpoint folder "
+                f"{saved_dirpath!r}. Refusing to track it (rotation would delete it); the "
+                "checkpoint may have been tampered with. Resume from another checkpoint."
+            )
+        relative = os.path.relpath(os.path.abspath(path), os.path.abspath(saved_dirpath))
+        target = resolve_inside(self.dirpath, relative, source=source, field=field)
+        if not target.is_dir():
+            return ""  # deleted since (rotated out, removed by hand)
+        if not (target / MANIFEST).is_file():
+            warnings.warn(
+                f"{source}, field {field!r}: {str(target)!r} is not a checkpoint (no {MANIFEST}); "
+                "it is no longer tracked and will not be deleted.",
+                stacklevel=2,
+            )
+            return ""
+        return str(target)
 
     # ---- when ---------------------------------------------------------------------------------
     def setup(self, trainer: Trainer, module: TrainModule, stage: str) -> None:
@@ -182,37 +245,47 @@ class ModelCheckpoint(Callback):
 
     # ---- what ---------------------------------------------------------------------------------
     def save(self, trainer: Trainer) -> None:
-        """Save now (if not already at this step), rank by ``monitor``, prune, update ``last``."""
+        """Save now (if not already at this step), rank by ``monitor``, prune, update ``last``.
+
+        The bookkeeping is updated before writing, so each checkpoint's saved state already
+        counts it (as Lightning's does): a run resumed from it keeps exactly ``save_top_k``.
+        """
         step = trainer.global_step
         if step == self._last_saved_step:
             return
+        if trainer.is_global_zero:  # what a killed save left behind
+            remove_stale_temporaries(self.dirpath)
         metrics = trainer.callback_metrics
         score = self._score(metrics)
         path = os.path.join(self.dirpath, self.format_name(trainer.current_epoch, step, metrics))
-        written, dropped = "", []
-        if self._is_top_k(score):
-            trainer.save_checkpoint(path, weights_only=self.save_weights_only)
-            written = path
-            dropped = self._record(path, score)
-        if self.save_last:
-            if not written:
-                written = os.path.join(self.dirpath, f"last-{os.path.basename(path)}")
-                trainer.save_checkpoint(written, weights_only=self.save_weights_only)
-            if trainer.is_global_zero:
-                self._point_last_at(written)
-            else:
-                self.last_model_path = written
-        if trainer.is_global_zero:
-            for old in dropped:  # only now: the new checkpoint and the `last` link are in place
-                self._delete(old)
-            if written:
-                for (
-                    logger
-                ) in trainer.loggers:  # artifact upload (WandbLogger/MLFlowLogger log_model)
-                    logger.after_save_checkpoint(self)
+        before = {name: copy.copy(getattr(self, name)) for name in _BOOKKEEPING}
+        is_top_k = self._is_top_k(score)
+        dropped = self._record(path, score) if is_top_k else []
+        previous_last = self.last_model_path
         self._last_saved_step = step
-        if written and self.verbose and trainer.is_global_zero:
-            print(f"ModelCheckpoint: saved {written}")
+        if self.save_last:  # before both writes: the two copies hold the same state
+            self.last_model_path = os.path.join(self.dirpath, LAST_NAME)
+        try:
+            if is_top_k:
+                trainer.save_checkpoint(path, weights_only=self.save_weights_only)
+            if self.save_last:
+                self._save_last(trainer)
+        except BaseException:  # track nothing that is not on disk
+            for name, value in before.items():
+                setattr(self, name, value)
+            raise
+        if previous_last != self.last_model_path and os.path.basename(previous_last).startswith(
+            f"{LAST_NAME}-"
+        ):
+            dropped.append(previous_last)  # a `last-<name>` copy from an earlier version
+        if trainer.is_global_zero:
+            for old in dropped:  # only now: the new checkpoint and `last` are in place
+                self._delete(old)
+            if is_top_k or self.save_last:  # artifact upload (WandbLogger/MLFlowLogger log_model)
+                for logger in trainer.loggers:
+                    logger.after_save_checkpoint(self)
+        if self.verbose and trainer.is_global_zero and (is_top_k or self.save_last):
+            print(f"ModelCheckpoint: saved {path if is_top_k else self.last_model_path}")
 
     def _score(self, metrics: dict[str, torch.Tensor]) -> float | None:
         if self.monitor is None:
@@ -261,18 +334,45 @@ class ModelCheckpoint(Callback):
         return dropped
 
     def _delete(self, path: str) -> None:
-        if path != self.last_model_path and os.path.isdir(path):
-            shutil.rmtree(path, ignore_errors=True)
+        """Remove a checkpoint that left the top k: only a checkpoint folder inside dirpath."""
+        if path in (self.last_model_path, *self.best_k_models, *self._saved):
+            return
+        folder = Path(path)
+        if (
+            is_inside(self.dirpath, folder)
+            and not _same(self.dirpath, path)
+            and not folder.is_symlink()
+            and (folder / MANIFEST).is_file()
+        ):
+            shutil.rmtree(folder, ignore_errors=True)
 
-    def _point_last_at(self, target: str) -> None:
-        """Replace the ``last`` symlink atomically, then drop an older ``last-*`` directory."""
-        link = Path(self.dirpath) / "last"
-        temporary = Path(self.dirpath) / f".last.tmp-{uuid.uuid4().hex[:8]}"
-        os.symlink(os.path.basename(target), temporary)
-        os.replace(temporary, link)
-        previous, self.last_model_path = self.last_model_path, target
-        if previous and os.path.basename(previous).startswith("last-") and previous != target:
-            shutil.rmtree(previous, ignore_errors=True)
+    def _save_last(self, trainer: Trainer) -> None:
+        """Write the checkpoint again as ``dirpath/last``, swapped in with no moment without it.
+
+        Every process writes (a sharded save is collective) to a temporary name that process 0
+        chooses; process 0 then exchanges it with the existing ``last`` of any kind (an old
+        symbolic link, a folder, a small file) and removes what it replaced.
+        """
+        final = Path(self.dirpath) / LAST_NAME
+        name, refusal = trainer.strategy.broadcast(
+            (f".{LAST_NAME}.tmp-{process_tag()}", _refusal_for_last(final))
+            if trainer.is_global_zero
+            else None
+        )
+        if refusal is not None:
+            raise CheckpointError(refusal)
+        staged = final.parent / name
+        trainer.save_checkpoint(staged, weights_only=self.save_weights_only)
+        if trainer.is_global_zero:
+            try:
+                _swap_into_place(staged, final)
+            except OSError as err:
+                _remove(staged)
+                raise CheckpointError(
+                    f"ModelCheckpoint: replacing {str(final)!r} failed: {err}. The previous "
+                    "`last`, if any, is intact."
+                ) from err
+        trainer.strategy.barrier()
 
     def format_name(self, epoch: int, step: int, metrics: dict[str, Any]) -> str:
         """The directory name for ``epoch``, ``step`` and ``metrics`` from the template."""
@@ -323,3 +423,99 @@ def _seconds(value: Any) -> float | None:
     raise ConfigurationError(
         f"ModelCheckpoint(train_time_interval={describe(value)}): expected a timedelta or seconds."
     )
+
+
+def _same(a: str, b: str) -> bool:
+    return os.path.normpath(os.path.abspath(a)) == os.path.normpath(os.path.abspath(b))
+
+
+def _is_number(value: object) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+def _checked_state(state: object, key: str) -> dict[str, Any]:
+    """``state`` with each field's type checked (a checkpoint is untrusted input)."""
+
+    def refuse(field: str, value: object, expected: str) -> CheckpointError:
+        return CheckpointError(
+            f"ModelCheckpoint state ({key}), field {field!r}: expected {expected}, received "
+            f"{describe(value)}. The checkpoint is corrupt or was not written by this "
+            "ModelCheckpoint; resume from another checkpoint."
+        )
+
+    if not isinstance(state, dict):
+        raise refuse("<state>", state, "a dict")
+    checks: dict[str, tuple[Any, str]] = {
+        "dirpath": (lambda v: v is None or isinstance(v, str), "a str or None"),
+        "best_model_path": (lambda v: isinstance(v, str), "a str"),
+        "last_model_path": (lambda v: isinstance(v, str), "a str"),
+        "best_model_score": (lambda v: v is None or _is_number(v), "a number or None"),
+        "saved": (
+            lambda v: isinstance(v, list) and all(isinstance(p, str) for p in v),
+            "a list of str",
+        ),
+        "best_k_models": (
+            lambda v: (
+                isinstance(v, dict)
+                and all(isinstance(p, str) and _is_number(s) for p, s in v.items())
+            ),
+            "a dict of str paths to numbers",
+        ),
+        "last_saved_step": (lambda v: isinstance(v, int) and not isinstance(v, bool), "an int"),
+    }
+    for field, (is_valid, expected) in checks.items():
+        if field in state and not is_valid(state[field]):
+            raise refuse(field, state[field], expected)
+    return state
+
+
+def _refusal_for_last(final: Path) -> str | None:
+    """Why ``last`` may not be replaced, or None (a link, a small file, a checkpoint, nothing)."""
+    if final.is_symlink() or not final.exists():
+        return None
+    if final.is_file() and final.stat().st_size <= _LINK_TEXT_MAX:
+        return None
+    return refusal_to_replace(final)
+
+
+def _swap_into_place(staged: Path, final: Path) -> None:
+    """Make ``staged`` be ``final``: one atomic exchange where the OS has it, then clean up.
+
+    Without ``renameat2(RENAME_EXCHANGE)`` (not Linux, some network file systems) the old one is
+    renamed aside first: for a moment ``final`` is absent, and a crash right then leaves both
+    under temporary names (removed by the next save; resume picks the newest checkpoint).
+    """
+    if not os.path.lexists(final):
+        os.rename(staged, final)
+    elif _exchange(staged, final):
+        _remove(staged)  # now the old `last`
+    else:
+        retired = staged.with_name(staged.name.replace(".tmp-", ".old-", 1))
+        os.rename(final, retired)
+        os.rename(staged, final)
+        _remove(retired)
+    fsync_directory(final.parent)
+
+
+def _exchange(a: Path, b: Path) -> bool:
+    """Atomically exchange two paths (Linux renameat2); False where that is unsupported."""
+    if sys.platform != "linux":
+        return False
+    function = getattr(ctypes.CDLL(None, use_errno=True), "renameat2", None)  # glibc >= 2.28
+    if function is None:
+        return False
+    at_fdcwd, rename_exchange = -100, 2
+    if function(at_fdcwd, os.fsencode(a), at_fdcwd, os.fsencode(b), rename_exchange) == 0:
+        return True
+    code = ctypes.get_errno()
+    if code in (errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP, errno.ENOTSUP):
+        return False
+    raise OSError(code, os.strerror(code), str(b))
+
+
+def _remove(path: Path) -> None:
+    """Remove a temporary or replaced entry of any kind (folder, file, link)."""
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path, ignore_errors=True)
+    elif os.path.lexists(path):
+        os.unlink(path)
