@@ -572,11 +572,12 @@ class DeepSpeedStrategy(DDPStrategy):
         if engine is None:
             checkpoint["state_dict"] = load_engine_weights(directory, checkpoint.get(STATE_KEY))
             return checkpoint
-        tag = (checkpoint.get(STATE_KEY) or {}).get("tag", _TAG)
+        tag = _checked_tag(directory, checkpoint.get(STATE_KEY))
         try:
-            loaded, _ = engine.load_checkpoint(
-                str(directory / ENGINE_DIR), tag=tag, load_lr_scheduler_states=False
-            )
+            with _weights_only_engine_loads(engine):
+                loaded, _ = engine.load_checkpoint(
+                    str(directory / ENGINE_DIR), tag=tag, load_lr_scheduler_states=False
+                )
         except (RuntimeError, ValueError, KeyError, AssertionError, FileNotFoundError) as err:
             raise CheckpointError(
                 f"{directory}: DeepSpeed could not load it into this engine ({err}). Resume with "
@@ -781,20 +782,89 @@ def load_engine_weights(
     if info is None:
         info = json.loads((directory / "state.json").read_text(encoding="utf-8")).get(STATE_KEY)
     info = info or {}
-    tag, prefix = info.get("tag", _TAG), info.get("module_prefix", "")
+    tag, prefix = _checked_tag(directory, info), info.get("module_prefix", "")
     engine_dir = directory / ENGINE_DIR
     _import_deepspeed()
     try:
         if int(info.get("zero_stage", 1)) == 0:
             states = engine_dir / tag / "mp_rank_00_model_states.pt"
-            saved = torch.load(states, map_location="cpu", weights_only=True)["module"]
+            saved = _load_engine_file(states)["module"]
         else:
-            from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
+            from deepspeed.utils import zero_to_fp32
 
-            with contextlib.redirect_stdout(io.StringIO()):  # it prints a line per file
-                saved = get_fp32_state_dict_from_zero_checkpoint(str(engine_dir), tag=tag)
+            # zero_to_fp32 calls torch.load(weights_only=False) through its module's `torch`
+            # name; for this call that name is torch with a weights-only load.
+            with (
+                _patched(zero_to_fp32, "torch", _WeightsOnlyTorch()),
+                contextlib.redirect_stdout(io.StringIO()),  # it prints a line per file
+            ):
+                saved = zero_to_fp32.get_fp32_state_dict_from_zero_checkpoint(
+                    str(engine_dir), tag=tag
+                )
     except (OSError, RuntimeError, ValueError, KeyError) as err:
         raise CheckpointError(
             f"{engine_dir}: DeepSpeed's shards could not be read: {err}."
         ) from err
     return {k[len(prefix) :]: v for k, v in saved.items() if k.startswith(prefix)}
+
+
+# ---- reading DeepSpeed's files without running code ------------------------------------------
+def _engine_safe_globals() -> list[Any]:
+    """The classes DeepSpeed's optimizer files pickle besides tensors: data classes and enums."""
+    from deepspeed.runtime.fp16.loss_scaler import DynamicLossScaler, LossScaler
+    from deepspeed.runtime.zero.config import ZeroStageEnum
+    from deepspeed.utils.tensor_fragment import fragment_address
+
+    return [LossScaler, DynamicLossScaler, ZeroStageEnum, fragment_address]
+
+
+def _load_engine_file(file: str | os.PathLike[str], *, mmap: bool = False) -> Any:
+    """One of DeepSpeed's ``*.pt`` files, read with ``weights_only=True`` (never runs code)."""
+    from trainer.checkpoint.safe_unpickle import load_weights_only
+
+    return load_weights_only(file, source=file, safe_globals=_engine_safe_globals(), mmap=mmap)
+
+
+@contextlib.contextmanager
+def _weights_only_engine_loads(engine: Any) -> Iterator[None]:
+    """``engine.load_checkpoint`` reads every file through ``engine.checkpoint_engine.load``
+    (``torch.load(weights_only=False)``); for the duration, that is `_load_engine_file`."""
+    checkpoint_engine = engine.checkpoint_engine
+
+    def load(path: str, map_location: Any = None) -> Any:
+        return _load_engine_file(path)
+
+    checkpoint_engine.load = load  # an instance attribute shadows the class's method
+    try:
+        yield
+    finally:
+        del checkpoint_engine.load
+
+
+class _WeightsOnlyTorch:
+    """``torch`` for DeepSpeed's ``zero_to_fp32`` module: the same, but ``load`` is weights-only."""
+
+    def load(self, file: Any, map_location: Any = None, mmap: bool = False, **_: Any) -> Any:
+        return _load_engine_file(file, mmap=mmap)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(torch, name)
+
+
+@contextlib.contextmanager
+def _patched(owner: Any, name: str, value: Any) -> Iterator[None]:
+    original = getattr(owner, name)
+    setattr(owner, name, value)
+    try:
+        yield
+    finally:
+        setattr(owner, name, original)
+
+
+def _checked_tag(directory: Path, info: dict[str, Any] | None) -> str:
+    """The DeepSpeed tag from ``state.json``, refused unless it names a folder in ``deepspeed/``."""
+    from trainer.checkpoint.paths import resolve_inside
+
+    tag = (info or {}).get("tag", _TAG)
+    resolve_inside(directory / ENGINE_DIR, tag, source=directory / "state.json", field="tag")
+    return tag
