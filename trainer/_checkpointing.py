@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from trainer.checkpoint import find_latest_checkpoint, load_weights_file
-from trainer.errors import CheckpointError, ConfigurationError
+from trainer.errors import CheckpointError, ConfigurationError, describe
 from trainer.seed import get_rng_states
 
 if TYPE_CHECKING:
@@ -76,9 +76,20 @@ def resolve_ckpt_path(
 
     "last" with no checkpoint yet warns and returns None (a fresh start), so a job script can
     always pass it; "best" needs a ModelCheckpoint that has saved one.
+
+    Raises:
+        ConfigurationError: ``ckpt_path`` is not None, a str or an ``os.PathLike``; or "best"
+            with no best checkpoint known.
+        CheckpointError: the path does not exist.
     """
     if ckpt_path is None:
         return None
+    if not isinstance(ckpt_path, str | os.PathLike) or isinstance(os.fspath(ckpt_path), bytes):
+        raise ConfigurationError(
+            f"{stage}(ckpt_path=...): expected None, 'last', 'best' or a path (str or "
+            f"os.PathLike); received {describe(ckpt_path)}. Pass the checkpoint folder's path, "
+            "e.g. ckpt_path='checkpoints/epoch=2-step=300'."
+        )
     if ckpt_path == "last":
         latest = find_latest_checkpoint(checkpoint_dir(trainer))
         if latest is None:
@@ -162,7 +173,7 @@ def _restore_optimizers(trainer: Trainer, checkpoint: dict[str, Any]) -> None:
     for optimizer, state in zip(trainer.optimizers, states, strict=True):
         try:
             optimizer.load_state_dict(state)
-        except (ValueError, KeyError) as err:
+        except (ValueError, KeyError, TypeError, IndexError) as err:
             raise CheckpointError(
                 f"the checkpoint's optimizer state does not fit {type(optimizer.optimizer).__name__}: {err}"
             ) from err

@@ -9,12 +9,14 @@ a type it does not know is refused with the path to the value.
 from __future__ import annotations
 
 import base64
+import binascii
 import math
+from collections.abc import Mapping
 from typing import Any
 
 import torch
 
-from trainer.errors import CheckpointError
+from trainer.errors import CheckpointError, describe
 
 __all__ = ["decode", "encode"]
 
@@ -27,6 +29,7 @@ _TENSOR, _TUPLE, _DICT, _NDARRAY, _BYTES, _FLOAT = (
     "__float__",
 )
 _MARKERS = {_TENSOR, _TUPLE, _DICT, _NDARRAY, _BYTES, _FLOAT}
+_FIX = "The file is corrupt or was edited after saving; resume from another checkpoint or re-save."
 
 
 def encode(value: Any, sink: dict[str, torch.Tensor], path: str) -> Any:
@@ -68,31 +71,73 @@ def encode(value: Any, sink: dict[str, torch.Tensor], path: str) -> Any:
     )
 
 
-def decode(value: Any, tensors: dict[str, torch.Tensor]) -> Any:
-    """Rebuild what `encode` produced, taking tensors from ``tensors``."""
+def decode(
+    value: Any, tensors: Mapping[str, torch.Tensor], *, source: str = "state.json", path: str = ""
+) -> Any:
+    """Rebuild what `encode` produced, taking tensors from ``tensors``.
+
+    Raises:
+        CheckpointError: a marker holds a malformed value, or refers to a tensor no file holds;
+            the message names ``source`` and the dotted path of the value.
+    """
     if isinstance(value, list):
-        return [decode(v, tensors) for v in value]
+        return [decode(v, tensors, source=source, path=_join(path, i)) for i, v in enumerate(value)]
     if not isinstance(value, dict):
         return value
     if len(value) == 1:
         ((marker, inner),) = value.items()
-        if marker == _TENSOR:
-            if inner not in tensors:
+        if marker in _MARKERS:
+            try:
+                return _decode_marked(marker, inner, tensors, source, path)
+            except (TypeError, ValueError, binascii.Error) as err:
                 raise CheckpointError(
-                    f"state.json refers to tensor {inner!r}, which no tensor file holds."
-                )
-            return tensors[inner]
-        if marker == _TUPLE:
-            return tuple(decode(v, tensors) for v in inner)
-        if marker == _DICT:
-            return {_hashable(decode(k, tensors)): decode(v, tensors) for k, v in inner}
-        if marker == _NDARRAY:
-            return decode(inner, tensors).numpy()
-        if marker == _BYTES:
-            return base64.b64decode(inner)
-        if marker == _FLOAT:
-            return float(inner)
-    return {k: decode(v, tensors) for k, v in value.items()}
+                    f"{source}: field {path or '(top level)'!r} holds a malformed {marker} value "
+                    f"{describe(inner)} ({err}). {_FIX}"
+                ) from err
+    return {k: decode(v, tensors, source=source, path=_join(path, k)) for k, v in value.items()}
+
+
+def _decode_marked(
+    marker: str, inner: Any, tensors: Mapping[str, torch.Tensor], source: str, path: str
+) -> Any:
+    if marker == _TENSOR:
+        if not isinstance(inner, str) or inner not in tensors:
+            raise CheckpointError(
+                f"{source}: field {path or '(top level)'!r} refers to tensor {describe(inner)}, "
+                f"which no tensor file holds. {_FIX}"
+            )
+        return tensors[inner]
+    if marker == _FLOAT:
+        if inner not in ("inf", "-inf", "nan"):
+            raise ValueError("expected 'inf', '-inf' or 'nan'")
+        return float(inner)
+    if marker == _BYTES:
+        if not isinstance(inner, str):
+            raise TypeError("expected base64 text")
+        return base64.b64decode(inner, validate=True)
+    if not isinstance(inner, list) and marker != _NDARRAY:
+        raise TypeError("expected a list")
+    if marker == _TUPLE:
+        return tuple(
+            decode(v, tensors, source=source, path=_join(path, i)) for i, v in enumerate(inner)
+        )
+    if marker == _DICT:
+        if not all(isinstance(pair, list) and len(pair) == 2 for pair in inner):
+            raise ValueError("expected [key, value] pairs")
+        return {
+            _hashable(decode(k, tensors, source=source, path=_join(path, f"key{i}"))): decode(
+                v, tensors, source=source, path=_join(path, i)
+            )
+            for i, (k, v) in enumerate(inner)
+        }
+    array = decode(inner, tensors, source=source, path=path)
+    if not isinstance(array, torch.Tensor):
+        raise TypeError("expected a tensor reference")
+    return array.numpy()
+
+
+def _join(path: str, key: object) -> str:
+    return f"{path}.{key}" if path else str(key)
 
 
 def _hashable(key: Any) -> Any:

@@ -18,6 +18,7 @@ import json
 import os
 import re
 import warnings
+from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -26,10 +27,18 @@ import torch
 
 from trainer.checkpoint.atomic import MANIFEST, atomic_directory, is_temporary
 from trainer.checkpoint.codec import decode, encode
+from trainer.checkpoint.paths import refuse_links
+from trainer.checkpoint.schema import (
+    check_manifest,
+    check_model_index,
+    check_state,
+    check_tensor_aliases,
+)
 from trainer.checkpoint.tensor_files import (
     deduplicate,
     hash_file,
     read_safetensors,
+    read_safetensors_names,
     shard_tensors,
     write_safetensors,
 )
@@ -217,42 +226,63 @@ def _list_files(directory: Path) -> list[str]:
 
 
 def read_manifest(path: str | os.PathLike[str]) -> dict[str, Any]:
-    """The parsed, format-checked manifest of a checkpoint directory (files not yet verified)."""
+    """The parsed, checked manifest of a checkpoint directory (files not yet verified).
+
+    The folder may hold no symbolic link; every record is type- and range-checked
+    (`trainer.checkpoint.schema.check_manifest`) and every file name stays inside the folder.
+    """
     directory = Path(path)
     manifest_path = directory / MANIFEST
     if not directory.is_dir():
         raise CheckpointError(f"checkpoint {directory} does not exist or is not a directory.")
+    refuse_links(directory)
     if not manifest_path.is_file():
         raise CheckpointError(
             f"{directory} is not a trainer checkpoint: it has no {MANIFEST} (an unfinished or foreign directory)."
         )
-    try:
-        manifest = json.loads(manifest_path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
-        raise CheckpointError(f"{manifest_path} is unreadable or corrupt: {err}.") from err
+    manifest = _load_json(manifest_path)
     if not isinstance(manifest, dict) or manifest.get("format") != FORMAT_NAME:
         raise CheckpointError(
             f"{manifest_path} is not a trainer checkpoint manifest (format {manifest.get('format') if isinstance(manifest, dict) else None!r})."
         )
-    if manifest.get("format_version") != FORMAT_VERSION:
+    if manifest.get("format_version") != FORMAT_VERSION or isinstance(
+        manifest.get("format_version"), bool
+    ):
         raise CheckpointError(
             f"{manifest_path} has format version {manifest.get('format_version')!r}; this trainer reads version {FORMAT_VERSION}. Use the trainer version that wrote it."
         )
-    if not isinstance(manifest.get("files"), dict):
-        raise CheckpointError(f"{manifest_path} lists no files.")
+    check_manifest(manifest, directory=directory, source=manifest_path)
     return manifest
+
+
+def _load_json(path: Path) -> Any:
+    """A JSON file of a checkpoint; NaN and Infinity literals (never written) are refused."""
+    try:
+        return json.loads(path.read_text(encoding="utf-8"), parse_constant=_refuse_constant)
+    except (OSError, UnicodeDecodeError, ValueError, RecursionError) as err:
+        raise CheckpointError(f"{path} is unreadable or corrupt: {err}.") from err
+
+
+def _refuse_constant(name: str) -> Any:
+    raise ValueError(f"the literal {name} is not valid JSON")
 
 
 def verify_checkpoint(path: str | os.PathLike[str]) -> dict[str, Any]:
     """Check every file against the manifest (presence, no extras, size, sha256); return it.
 
+    Then the fields of ``state.json`` and of the model index are checked as a load would
+    (`trainer.checkpoint.schema`), reading only the tensor files' headers.
+
     Raises:
-        CheckpointError: naming the first file that is missing, unexpected, truncated or altered.
+        CheckpointError: naming the first file that is missing, unexpected, truncated or altered,
+            or the file, field and value that is invalid.
     """
     directory = Path(path)
     manifest = _check_listing(directory)
     with ThreadPoolExecutor(max_workers=4) as pool:
         _check_hashes(directory, manifest, _start_hashing(pool, directory, manifest))
+    _read_state(directory, manifest["files"], read_safetensors)  # RNG states are tried for real
+    _model_tensors(directory, manifest["files"], read_safetensors_names)
     return manifest
 
 
@@ -298,24 +328,71 @@ def is_checkpoint_dir(path: str | os.PathLike[str]) -> bool:
     return (Path(path) / MANIFEST).is_file()
 
 
+_Reader = Callable[[str], tuple[Mapping[str, torch.Tensor], dict[str, str]]]
+
+
 def load_model_weights(
-    directory: Path, files: dict[str, Any], device: str = "cpu"
+    directory: Path, files: Mapping[str, Any], device: str = "cpu"
 ) -> dict[str, torch.Tensor]:
-    """Model weights of a checkpoint or save_model directory, tied weights restored."""
+    """Model weights of a checkpoint or save_model directory, tied weights restored.
+
+    Only files listed in ``files`` (the manifest's records) are read; an index's shard names are
+    checked (`trainer.checkpoint.schema.check_model_index`) before any shard is opened.
+    """
+    return _model_tensors(directory, files, lambda name: read_safetensors(name, device))
+
+
+def _model_tensors(directory: Path, files: Mapping[str, Any], read: _Reader) -> dict[str, Any]:
+    """The model's tensors as ``read`` gives them (real, or stand-ins when only verifying)."""
     if MODEL_FILE in files:
-        tensors, metadata = read_safetensors(str(directory / MODEL_FILE), device)
-        aliases = json.loads(metadata.get("aliases", "{}"))
+        found, metadata = read(str(directory / MODEL_FILE))
+        tensors = dict(found)
+        source, field = directory / MODEL_FILE, "__metadata__.aliases"
+        try:
+            aliases = json.loads(metadata.get("aliases", "{}"))
+        except ValueError as err:
+            raise CheckpointError(f"{source}: field {field!r} is not JSON ({err}).") from err
     elif MODEL_INDEX in files:
-        index = json.loads((directory / MODEL_INDEX).read_text(encoding="utf-8"))
+        source, field = directory / MODEL_INDEX, "metadata.aliases"
+        index = _load_json(source)
         tensors = {}
-        for shard in sorted(set(index["weight_map"].values())):
-            tensors.update(read_safetensors(str(directory / shard), device)[0])
+        for shard in check_model_index(index, directory=directory, source=source, listed=files):
+            tensors.update(read(str(directory / shard))[0])
         aliases = index.get("metadata", {}).get("aliases", {})
     else:
         return {}
-    for alias, kept in aliases.items():
+    for alias, kept in check_tensor_aliases(aliases, tensors, source=source, field=field).items():
         tensors[alias] = tensors[kept]
     return tensors
+
+
+def _read_state(directory: Path, files: Mapping[str, Any], read: _Reader) -> tuple[dict, Any]:
+    """``state.json`` decoded and checked (`check_state`), and its still encoded optimizer part.
+
+    Optimizer tensors are stand-ins here (``read`` gives only their names), so a bad field is
+    refused before any large tensor is loaded.
+    """
+    source = directory / STATE_FILE
+    if STATE_FILE not in files:
+        raise CheckpointError(
+            f"{directory / MANIFEST}: field 'files' does not list {STATE_FILE}. A checkpoint "
+            "always has one; the manifest is corrupt or was edited. Use another checkpoint."
+        )
+    document = _load_json(source)
+    state_tensors = read(str(directory / STATE_TENSORS))[0] if STATE_TENSORS in files else {}
+    optimizer_doc = document.pop("optimizer_states", None) if isinstance(document, dict) else None
+    state = decode(document, state_tensors, source=str(source))
+    if optimizer_doc is not None:
+        names = (
+            read_safetensors_names(str(directory / OPTIMIZER_FILE))[0]
+            if OPTIMIZER_FILE in files
+            else {}
+        )
+        state["optimizer_states"] = decode(
+            optimizer_doc, names, source=str(source), path="optimizer_states"
+        )
+    check_state(state, source=source)
+    return state, optimizer_doc
 
 
 def read_checkpoint(
@@ -324,7 +401,12 @@ def read_checkpoint(
     """Verify (unless ``verify=False``) and load a checkpoint directory into one dict.
 
     The dict has ``"state_dict"`` (model weights), ``"optimizer_states"`` (if saved) and every
-    key of ``state.json``.
+    key of ``state.json``. The manifest is checked before any file is read, and ``state.json``
+    and the model index before any large tensor is loaded (`trainer.checkpoint.schema`).
+
+    Raises:
+        CheckpointError: a file is missing, unlisted, altered, or holds an invalid field (the
+            message names the file, the field and the value).
     """
     directory = Path(path)
     manifest = _check_listing(directory) if verify else read_manifest(directory)
@@ -333,27 +415,31 @@ def read_checkpoint(
         # Hash on worker threads while the tensors are read; nothing is returned unverified.
         futures = _start_hashing(pool, directory, manifest) if verify else {}
         try:
-            document = json.loads((directory / STATE_FILE).read_text(encoding="utf-8"))
-            state_tensors = (
-                read_safetensors(str(directory / STATE_TENSORS), device)[0]
-                if STATE_TENSORS in files
-                else {}
+            checkpoint, optimizer_doc = _read_state(
+                directory, files, lambda name: read_safetensors(name, device)
             )
+            _model_tensors(directory, files, read_safetensors_names)  # the index, before shards
             optimizer_tensors = (
                 read_safetensors(str(directory / OPTIMIZER_FILE), device)[0]
                 if OPTIMIZER_FILE in files
                 else {}
             )
             model = load_model_weights(directory, files, device)
+        except CheckpointError:  # an altered file is reported as such, before what it holds
+            _check_hashes(directory, manifest, futures)
+            raise
         except Exception as err:  # a damaged file: report the integrity failure when that is why
             _check_hashes(directory, manifest, futures)
             raise CheckpointError(f"checkpoint {directory} could not be read: {err}.") from err
         _check_hashes(directory, manifest, futures)
-    optimizer_doc = document.pop("optimizer_states", None)
-    checkpoint: dict[str, Any] = decode(document, state_tensors)
     checkpoint["state_dict"] = model
     if optimizer_doc is not None:
-        checkpoint["optimizer_states"] = decode(optimizer_doc, optimizer_tensors)
+        checkpoint["optimizer_states"] = decode(
+            optimizer_doc,
+            optimizer_tensors,
+            source=str(directory / STATE_FILE),
+            path="optimizer_states",
+        )
     return checkpoint
 
 
@@ -366,7 +452,7 @@ def find_latest_checkpoint(dirpath: str | os.PathLike[str]) -> Path | None:
     if not root.is_dir():
         return None
     candidates: list[tuple[int, str, Path]] = []
-    for entry in root.iterdir():
+    for entry in sorted(root.iterdir()):
         if not entry.is_dir() or entry.is_symlink() or is_temporary(entry.name):
             continue
         try:
@@ -384,7 +470,7 @@ def find_latest_checkpoint(dirpath: str | os.PathLike[str]) -> Path | None:
         try:
             verify_checkpoint(entry)
         except CheckpointError as err:
-            warnings.warn(f"skipping corrupt checkpoint {entry}: {err}", stacklevel=2)
+            warnings.warn(f"skipping corrupt or invalid checkpoint {entry}: {err}", stacklevel=2)
             continue
         return entry
     return None

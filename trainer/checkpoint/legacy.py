@@ -14,6 +14,7 @@ from typing import Any
 import torch
 
 from trainer.checkpoint.lightning import from_lightning, is_lightning_checkpoint
+from trainer.checkpoint.schema import check_state
 from trainer.checkpoint.tensor_files import read_safetensors
 from trainer.errors import CheckpointError
 
@@ -30,9 +31,12 @@ def load_weights_file(path: str | os.PathLike[str], device: str = "cpu") -> dict
     scheduler states, and gets a ``progress`` record from its loop state so that a run resumes
     where Lightning stopped (`trainer.checkpoint.lightning.from_lightning`).
 
+    The fields the Trainer reads back (``progress``, ``optimizer_states``, ...) are checked as
+    a checkpoint directory's ``state.json`` is (`trainer.checkpoint.schema.check_state`).
+
     Raises:
-        CheckpointError: unknown suffix, unreadable file, or a pickle with anything but tensors
-            and plain containers in it.
+        CheckpointError: unknown suffix, unreadable file, a pickle with anything but tensors
+            and plain containers in it, or an invalid field (named with its value).
     """
     file = Path(path)
     if not file.is_file():
@@ -53,9 +57,10 @@ def load_weights_file(path: str | os.PathLike[str], device: str = "cpu") -> dict
             f"refusing to load {file}: it is not a plain tensor checkpoint that can be read without running code ({type(err).__name__}: {str(err).splitlines()[0][:200]})."
         ) from err
     if isinstance(loaded, dict) and is_lightning_checkpoint(loaded):
-        return from_lightning(loaded)
-    if isinstance(loaded, dict) and "state_dict" in loaded:
-        return loaded
-    if isinstance(loaded, dict) and all(isinstance(v, torch.Tensor) for v in loaded.values()):
+        loaded = from_lightning(loaded, source=file)
+    elif isinstance(loaded, dict) and all(isinstance(v, torch.Tensor) for v in loaded.values()):
         return {"state_dict": loaded}
-    raise CheckpointError(f"{file} holds {type(loaded).__name__}, not a state dict.")
+    elif not isinstance(loaded, dict) or "state_dict" not in loaded:
+        raise CheckpointError(f"{file} holds {type(loaded).__name__}, not a state dict.")
+    check_state(loaded, source=file)
+    return loaded

@@ -18,7 +18,14 @@ from typing import Any
 
 import torch
 
-__all__ = ["FileRecord", "hash_file", "read_safetensors", "shard_tensors", "write_safetensors"]
+__all__ = [
+    "FileRecord",
+    "hash_file",
+    "read_safetensors",
+    "read_safetensors_names",
+    "shard_tensors",
+    "write_safetensors",
+]
 
 _DTYPES = {
     torch.float64: "F64", torch.float32: "F32", torch.float16: "F16", torch.bfloat16: "BF16",
@@ -124,6 +131,21 @@ def read_safetensors(
     with safe_open(path, framework="pt", device=device) as handle:
         metadata = handle.metadata() or {}
         return {name: handle.get_tensor(name) for name in handle.keys()}, metadata
+
+
+def read_safetensors_names(path: str) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
+    """The tensor names of a safetensors file, each mapped to an empty stand-in, and its metadata.
+
+    Only the header is read: enough to check what a checkpoint's JSON refers to before any
+    tensor is loaded.
+    """
+    from safetensors import safe_open
+
+    with safe_open(path, framework="pt", device="cpu") as handle:
+        return dict.fromkeys(handle.keys(), _STAND_IN), handle.metadata() or {}
+
+
+_STAND_IN = torch.empty(0)
 
 
 def deduplicate(tensors: dict[str, torch.Tensor]) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
