@@ -8,10 +8,12 @@ from __future__ import annotations
 
 import datetime as dt
 import math
+import os
 from typing import TYPE_CHECKING, Any
 
 import torch
 
+from trainer._warnings import warn_user
 from trainer.callbacks.callback import Callback
 from trainer.errors import ConfigurationError, describe
 from trainer.loggers.logger import Logger
@@ -19,7 +21,16 @@ from trainer.loggers.logger import Logger
 if TYPE_CHECKING:
     from trainer.module import TrainModule
 
-__all__ = ["check_positive_int", "parse_max_time", "resolve_device", "resolve_limit"]
+__all__ = [
+    "check_max_steps",
+    "check_positive_int",
+    "parse_max_time",
+    "resolve_device",
+    "resolve_limit",
+    "resolve_root_dir",
+    "warn_on_empty_epoch",
+    "warn_on_empty_loader",
+]
 
 
 def _fail(argument: str, value: Any, expected: str) -> ConfigurationError:
@@ -120,14 +131,42 @@ def check_fast_dev_run(value: bool | int) -> int:
     return value
 
 
+def check_max_steps(value: int | None) -> int:
+    """``max_steps``: an int >= 0, or -1 (None) for no step limit, as in Lightning."""
+    if value is None:
+        return -1
+    if isinstance(value, bool) or not isinstance(value, int) or value < -1:
+        raise ConfigurationError(
+            f"Trainer(max_steps={describe(value)}): expected an int >= 0, or -1 for no step "
+            "limit. Pass e.g. max_steps=1000, or leave it at -1 and bound the run with max_epochs."
+        )
+    return value
+
+
 def default_max_epochs(max_epochs: int | None, max_steps: int | None) -> int | None:
+    """``max_epochs`` checked; None becomes 1000 with no step limit (Lightning), else -1."""
+    if max_epochs is not None and (
+        isinstance(max_epochs, bool) or not isinstance(max_epochs, int) or max_epochs < -1
+    ):
+        raise ConfigurationError(
+            f"Trainer(max_epochs={describe(max_epochs)}): expected an int >= 0, -1 for no epoch "
+            "limit, or None (1000 epochs unless max_steps is set). Pass e.g. max_epochs=10."
+        )
     if max_epochs is None and max_steps in (None, -1):
         return 1000  # Lightning's default when nothing bounds the run
-    if max_epochs is not None and (not isinstance(max_epochs, int) or max_epochs < -1):
-        raise ConfigurationError(
-            f"Trainer(max_epochs={describe(max_epochs)}): expected an int >= 0, -1 or None."
-        )
     return max_epochs if max_epochs is not None else -1
+
+
+def resolve_root_dir(value: str | os.PathLike[str] | None) -> str:
+    """``default_root_dir`` as a str path; None (or "") is the current directory."""
+    if value is None or value == "":
+        return os.getcwd()
+    if not isinstance(value, str | os.PathLike) or isinstance(os.fspath(value), bytes):
+        raise ConfigurationError(
+            f"Trainer(default_root_dir={describe(value)}): expected a str or os.PathLike folder "
+            "path, or None for the current directory. Pass e.g. default_root_dir='runs/exp1'."
+        )
+    return os.fspath(value)
 
 
 def check_clip(value: float | None, algorithm: str) -> str:
@@ -250,6 +289,27 @@ def safe_len(loader: Any) -> float:
         return len(loader)
     except TypeError:
         return math.inf
+
+
+def warn_on_empty_loader(name: str, length: float) -> None:
+    """A loader of length 0 trains or evaluates nothing: say so (Lightning warns too)."""
+    if length != 0:
+        return
+    limit = f"limit_{'val' if name == 'validation' else name}_batches=0"
+    warn_user(
+        f"trainer: the {name} dataloader has 0 batches (len(dataloader) == 0), so this run will "
+        f"skip it. Check that its dataset is not empty and that batch_size with drop_last=True "
+        f"leaves at least one batch; to skip it on purpose pass {limit}."
+    )
+
+
+def warn_on_empty_epoch(epoch: int) -> None:
+    """An epoch without a batch would repeat forever when no epoch limit is set (Lightning hangs)."""
+    warn_user(
+        f"trainer: the train dataloader yielded no batches in epoch {epoch}, so fit stops here "
+        "(a next epoch would yield none either). Check that the dataset's __iter__ yields "
+        "samples, e.g. that each worker or process gets a share of the data."
+    )
 
 
 def check_module_for_fit(module: TrainModule) -> None:

@@ -35,6 +35,7 @@ from trainer._trainer_config import (
     build_loggers,
     check_clip,
     check_fast_dev_run,
+    check_max_steps,
     check_module_for_fit,
     check_positive_int,
     check_sanity_steps,
@@ -46,7 +47,10 @@ from trainer._trainer_config import (
     parse_max_time,
     resolve_device,
     resolve_limit,
+    resolve_root_dir,
     safe_len,
+    warn_on_empty_epoch,
+    warn_on_empty_loader,
 )
 from trainer.accelerator import Accelerator
 from trainer.callbacks.callback import Callback
@@ -142,11 +146,13 @@ class Trainer:
         compile: bool | dict[str, Any] = False,
         seed: int | None = None,
     ) -> None:
-        self.default_root_dir = os.fspath(default_root_dir or os.getcwd())
+        self.default_root_dir = resolve_root_dir(default_root_dir)
         self.fast_dev_run = check_fast_dev_run(fast_dev_run)
         dev_batches = self.fast_dev_run or None
-        self.max_epochs = 1 if dev_batches else default_max_epochs(max_epochs, max_steps)
-        self.max_steps = dev_batches or (max_steps if max_steps is not None else -1)
+        max_steps = check_max_steps(max_steps)
+        max_epochs = default_max_epochs(max_epochs, max_steps)
+        self.max_epochs = 1 if dev_batches else max_epochs
+        self.max_steps = dev_batches or max_steps
         self.max_time = parse_max_time(max_time)
         self._accumulate_grad_batches = check_positive_int(
             "accumulate_grad_batches", accumulate_grad_batches
@@ -611,6 +617,7 @@ class Trainer:
         # use_distributed_sampler=False: the user's sampler already shards (Lightning's meaning).
         prepared = self.accelerator.prepare_data_loader(loader, shard=self.use_distributed_sampler)
         length = safe_len(prepared)
+        warn_on_empty_loader(name, length)
         limit = resolve_limit(
             f"limit_{'val' if name == 'validation' else name}_batches",
             self.limit_batches[name],
@@ -711,7 +718,7 @@ class Trainer:
         return bool(flag.item())
 
     def _is_done(self) -> bool:
-        if self.should_stop:
+        if self.should_stop or self.num_training_batches == 0:  # Lightning: "No training batches"
             return True
         if self.max_steps != -1 and self.progress.global_step >= self.max_steps:
             return True
@@ -747,7 +754,8 @@ class Trainer:
         val_every = self._val_check_batches()
         is_multi_process = self.world_size > 1
         is_epoch_complete = True
-        for batch_idx, batch in enumerate(loader, start=self.progress.batch_idx):
+        first_batch_idx = self.progress.batch_idx
+        for batch_idx, batch in enumerate(loader, start=first_batch_idx):
             self.progress.batch_idx = batch_idx + 1
             if self._train_batch(batch, batch_idx) is _SKIP_EPOCH:
                 break
@@ -764,6 +772,9 @@ class Trainer:
             if self.should_stop or self._is_step_limit_reached():
                 is_epoch_complete = is_last
                 break
+        if first_batch_idx == 0 and self.progress.batch_idx == 0:  # nothing came: never would
+            warn_on_empty_epoch(self.progress.epoch)
+            self.should_stop = True
         is_validated = self.progress.last_val_step == self.progress.global_step  # e.g. on resume
         if (
             self._should_validate_epoch()

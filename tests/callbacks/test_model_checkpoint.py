@@ -322,3 +322,33 @@ def test_temporary_folders_of_dead_processes_are_removed_at_the_next_save(tmp_pa
     remaining = set(_names(folder))
     assert not remaining & set(stale)
     assert set(kept) <= remaining
+
+
+def test_a_last_copy_from_an_earlier_version_is_removed_once_the_new_last_is_in_place(tmp_path):
+    folder = tmp_path / "checkpoints"
+    old_copy = _checkpoint(folder / "last-epoch=0-step=2")  # earlier versions' non-top-k `last`
+    callback = ModelCheckpoint(dirpath=folder, monitor="score", save_top_k=1, save_last=True)
+    callback.load_state_dict(_state(folder, last_model_path=str(old_copy)))
+    assert callback.last_model_path == str(old_copy)
+    t = quiet_trainer(tmp_path, max_epochs=1, callbacks=[callback], enable_checkpointing=True)
+    t.fit(Scored(), make_loader(n=8), make_loader(n=8))
+    assert _names(folder) == ["epoch=0-step=2", "last"]
+
+
+def test_a_failed_write_leaves_the_bookkeeping_as_it_was(tmp_path):
+    callback = ModelCheckpoint(monitor="score", save_top_k=2, save_last=True)
+    t = quiet_trainer(tmp_path, max_epochs=2, callbacks=[callback], enable_checkpointing=True)
+    real_save = t.save_checkpoint
+
+    def fail_in_epoch_1(path, weights_only=False):
+        if t.current_epoch == 1:
+            raise trainer.CheckpointError("disk full")
+        real_save(path, weights_only=weights_only)
+
+    t.save_checkpoint = fail_in_epoch_1
+    with pytest.raises(trainer.CheckpointError, match="disk full"):
+        t.fit(Scored(), make_loader(n=8), make_loader(n=8))
+    folder = tmp_path / "checkpoints"
+    assert [Path(p).name for p in callback.best_k_models] == ["epoch=0-step=2"]
+    assert callback.best_model_path == str(folder / "epoch=0-step=2")
+    assert callback.last_model_path == str(folder / "last") and _step(folder / "last") == 2

@@ -114,7 +114,7 @@ def test_run_id_reopens_the_run_and_keeps_first_param_values(store: dict[str, st
 
 def test_checkpoint_state_starts_nothing_and_resumes_the_run(store: dict[str, str]) -> None:
     logger = make_logger(store, experiment_name="state")
-    assert logger.state_dict() == {"name": "state", "version": None}  # no run was created
+    assert logger.state_dict() == {"name": "state", "version": None, "step": None}  # no run yet
     assert logger._client is None
     logger.log_metrics({"loss": 1.0}, step=1)
     logger.save()

@@ -70,7 +70,7 @@ def test_id_is_known_before_the_run_starts_and_resume_continues_it(tmp_path: Pat
     first = WandbLogger(save_dir=tmp_path, offline=True, prefix="p")
     state = first.state_dict()  # what a checkpoint records, before any write
     assert "wandb" not in os.listdir(tmp_path)
-    assert state == {"name": "trainer_logs", "version": first.version}
+    assert state == {"name": "trainer_logs", "version": first.version, "step": None}
     for step in (0, 1, 2, 3):
         first.log_metrics({"loss": float(step)}, step)
     first.finalize("failed")

@@ -1,17 +1,28 @@
 """A logger that keeps each run in ``<save_dir>/<name>/version_<N>``: the shared folder logic.
 
 CSVLogger and TensorBoardLogger both number their runs this way; this class owns the naming
-(``name``, ``version``, ``save_dir``, ``root_dir``) and finding the next free version.
+(``name``, ``version``, ``save_dir``, ``root_dir``), finding the next free version, and checking
+a version restored from a checkpoint before it names a folder. ``save_dir`` is made absolute
+when the logger is built, so a later ``os.chdir`` (a notebook, a sweep's trial folders) does not
+move the run.
 """
 
 from __future__ import annotations
 
 import os
+from typing import Any
 
-from trainer.errors import ConfigurationError, describe
+from trainer.checkpoint.paths import resolve_inside
+from trainer.errors import CheckpointError, ConfigurationError, describe
 from trainer.loggers.logger import Logger
 
-__all__ = ["VERSION_PREFIX", "VersionedFolderLogger", "argument_error", "check_folder_arguments"]
+__all__ = [
+    "VERSION_PREFIX",
+    "VersionedFolderLogger",
+    "argument_error",
+    "check_folder_arguments",
+    "checked_restored_version",
+]
 
 VERSION_PREFIX = "version_"
 
@@ -40,13 +51,26 @@ class VersionedFolderLogger(Logger):
 
     @property
     def save_dir(self) -> str:
-        """The root folder of all experiments, as given."""
+        """The root folder of all experiments, made absolute when the logger was built."""
         return self._save_dir
 
     @property
     def root_dir(self) -> str:
         """``<save_dir>/<name>``: the folder holding this experiment's versions."""
         return os.path.join(self._save_dir, self._name) if self._name else self._save_dir
+
+    def _version_folder(self, version: int | str) -> str:
+        """``version_<N>`` for an int, the str itself otherwise."""
+        return version if isinstance(version, str) else f"{VERSION_PREFIX}{version}"
+
+    def _restore_version(self, state_dict: dict[str, Any], *, is_free: bool) -> None:
+        """Take the checkpoint's version (checked first) when ``is_free`` (none was given or used)."""
+        saved = state_dict.get("version")
+        if saved is None:
+            return
+        version = checked_restored_version(type(self).__name__, self.root_dir, saved)
+        if is_free:
+            self._version = version
 
     def _next_version(self) -> int:
         """One past the highest ``version_<N>`` folder in ``root_dir``, so no run is overwritten."""
@@ -94,3 +118,22 @@ def check_folder_arguments(
         )
     if not isinstance(prefix, str):
         raise argument_error(owner, "prefix", prefix, "a str", "Pass e.g. prefix='train'.")
+
+
+def checked_restored_version(owner: str, root_dir: str, version: Any) -> int | str:
+    """A version read from a checkpoint, refused unless its folder stays inside ``root_dir``.
+
+    Raises:
+        CheckpointError: naming the logger, the field ``version`` and the value received.
+    """
+    source = f"the checkpoint's {owner} state"
+    if isinstance(version, int) and not isinstance(version, bool):
+        if version < 0:
+            raise CheckpointError(
+                f"{source}, field 'version': expected an int >= 0 or a folder name, received "
+                f"{describe(version)}. The checkpoint is corrupt or was not written by trainer; "
+                "use another checkpoint, or pass the logger a version."
+            )
+        return version
+    resolve_inside(root_dir, version, source=source, field="version")  # raises if it escapes
+    return version

@@ -3,7 +3,10 @@
 This module owns the run folder layout (``<save_dir>/<name>/version_<N>``), picking the next
 free version number, buffering metric rows, writing ``metrics.csv`` atomically (a temporary file
 in the same folder, then ``os.replace``), merging hyperparameters into ``hparams.yaml``, and
-resuming an existing version without duplicated steps. It does not decide when metrics are
+resuming an existing version without duplicated steps: `CSVLogger.state_dict` (called when a
+checkpoint is saved) writes the buffered rows first, so a run killed after a checkpoint has
+every row up to it on disk, and the resumed run replaces the rows logged after it (or warns,
+naming the steps, when rows the checkpoint counted are missing from the file). It does not decide when metrics are
 logged or what they are called (the Trainer and callbacks do), nor which rank writes (the
 Trainer calls loggers on global rank zero only).
 """
@@ -17,12 +20,12 @@ import io
 import numbers
 import operator
 import os
+import warnings
 from collections.abc import Iterable, Iterator, Mapping
 from typing import Any, TextIO
 
-from trainer.errors import ConfigurationError, describe
+from trainer.errors import CheckpointError, ConfigurationError, describe
 from trainer.loggers._versioned import (
-    VERSION_PREFIX,
     VersionedFolderLogger,
     argument_error,
     check_folder_arguments,
@@ -45,9 +48,12 @@ class CSVLogger(VersionedFolderLogger):
     appears later widens the header and earlier rows get an empty cell.
 
     Rows are kept in memory and written by `log_metrics` once a step is
-    ``flush_logs_every_n_steps`` past the last write, and by `save` / `finalize`. Passing the ``version`` of an
-    earlier run resumes it: its rows are kept, except those at or after the first step logged
-    now, so a run resumed from a checkpoint has no duplicated steps.
+    ``flush_logs_every_n_steps`` past the last write, by `save` / `finalize`, and by
+    `state_dict` (each checkpoint): a process killed with ``kill -9`` loses only the rows
+    logged since the last of those, never a row its last checkpoint covers. Passing the
+    ``version`` of an earlier run resumes it: its rows are kept, except those at or after the
+    first step logged now (and, resuming from a checkpoint, those after the checkpoint's step),
+    so a run resumed from a checkpoint has no duplicated steps.
 
     Args:
         save_dir: root folder of all experiments.
@@ -84,7 +90,8 @@ class CSVLogger(VersionedFolderLogger):
         flush_logs_every_n_steps: int = 100,
     ) -> None:
         _check_arguments(save_dir, name, version, prefix, flush_logs_every_n_steps)
-        self._save_dir = os.fspath(save_dir)
+        # Absolute now: a later os.chdir must not move the run (see _versioned.py).
+        self._save_dir = os.path.abspath(os.fspath(save_dir))
         self._name = name or ""
         self._version: int | str | None = version
         self._is_version_given = version is not None
@@ -97,13 +104,13 @@ class CSVLogger(VersionedFolderLogger):
         self._flushed_step = -1  # last step written to metrics.csv
         self._last_step: int | None = None
         self._hparams: dict[str, Any] | None = None
+        # The last step logged when the checkpoint being resumed was saved (load_state_dict).
+        self._checkpoint_step: int | None = None
 
     @property
     def log_dir(self) -> str:
         """``<root_dir>/version_<N>`` (or ``<root_dir>/<version>`` for a str version)."""
-        version = self.version
-        folder = version if isinstance(version, str) else f"{VERSION_PREFIX}{version}"
-        return os.path.join(self.root_dir, folder)
+        return os.path.join(self.root_dir, self._version_folder(self.version))
 
     @property
     def experiment(self) -> CSVLogger:
@@ -194,21 +201,42 @@ class CSVLogger(VersionedFolderLogger):
         else:
             old_columns, old_rows = _read_metrics(path)
             if self._disk_columns is None:
-                # First write of this logger: a resumed run's rows from the first new step on
-                # are stale (they were logged after the checkpoint it resumes from).
-                first_step = int(self._pending[0][_STEP_KEY])
-                old_rows = [row for row in old_rows if not _is_at_or_after(row, first_step)]
+                old_rows = self._rows_to_keep(old_rows)
                 self._columns = _merge_columns(old_columns, self._columns)
             with _atomic_open(path) as file:
                 _write_rows(file, self._columns, [*old_rows, *self._pending], header=True)
         self._disk_columns = list(self._columns)
         self._pending.clear()
 
+    def state_dict(self) -> dict[str, Any]:
+        """Write the buffered rows, then return the run's identity and last logged ``step``.
+
+        Called when a checkpoint is saved, before it is written: every row the checkpoint
+        covers is in ``metrics.csv`` by the time the checkpoint exists.
+        """
+        self.save()
+        return {"name": self.name, "version": self.version, "step": self._last_step}
+
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        """Continue the saved run's ``version_N`` folder, unless a version was given."""
-        saved = state_dict.get("version")
-        if not self._is_version_given and saved is not None and not self._pending:
-            self._version = saved
+        """Continue the saved run's ``version_N`` folder, unless a version was given.
+
+        Raises:
+            CheckpointError: the saved version would put the folder outside ``<save_dir>/<name>``
+                (e.g. ``"../../x"``), or the saved step is not an int.
+        """
+        self._restore_version(state_dict, is_free=not self._is_version_given and not self._pending)
+        self._checkpoint_step = _checked_step(state_dict.get("step"))
+
+    def _rows_to_keep(self, rows: list[dict[str, str]]) -> list[dict[str, str]]:
+        """The stored rows a resumed run keeps: those before the first step logged now and, after
+        a checkpoint, up to its step (later rows were logged after it, and are logged again)."""
+        first_step = int(self._pending[0][_STEP_KEY])
+        if self._checkpoint_step is not None:
+            first_step = min(first_step, self._checkpoint_step + 1)
+        kept = [row for row in rows if not _is_at_or_after(row, first_step)]
+        if self._checkpoint_step is not None:
+            _warn_if_rows_lost(kept, self._checkpoint_step, self.log_dir)
+        return kept
 
     def finalize(self, status: str) -> None:
         """Write what is buffered and make it durable; ``status`` is not recorded."""
@@ -235,6 +263,33 @@ class CSVLogger(VersionedFolderLogger):
         log_dir = self.log_dir
         os.makedirs(log_dir, exist_ok=True)
         return log_dir
+
+
+def _checked_step(step: object) -> int | None:
+    """The ``step`` of a checkpoint's logger state: None (older checkpoints) or an int."""
+    if step is None or (isinstance(step, int) and not isinstance(step, bool)):
+        return step
+    raise CheckpointError(
+        f"the checkpoint's CSVLogger state, field 'step': expected an int or None, received "
+        f"{describe(step)}. The checkpoint is corrupt or was not written by trainer; use another."
+    )
+
+
+def _warn_if_rows_lost(kept: list[dict[str, str]], checkpoint_step: int, log_dir: str) -> None:
+    """Say which steps the checkpoint counted but metrics.csv lacks (buffered when it stopped)."""
+    steps = [int(float(row[_STEP_KEY])) for row in kept if (row.get(_STEP_KEY) or "").isdigit()]
+    if steps and max(steps) >= checkpoint_step:
+        return
+    ends = f"ends at step {max(steps)}" if steps else "has no rows"
+    first_lost = max(steps) + 1 if steps else 0
+    warnings.warn(
+        f"CSVLogger: {os.path.join(log_dir, _METRICS_FILE)} {ends}, but the checkpoint being "
+        f"resumed was saved after step {checkpoint_step} was logged: the rows logged for "
+        f"steps {first_lost} to {checkpoint_step} were lost (still in "
+        "memory when the process stopped) and are not logged again. Checkpoints written by "
+        "this version flush the rows first.",
+        stacklevel=4,
+    )
 
 
 def _check_arguments(

@@ -11,6 +11,14 @@ does), nor which rank writes (the Trainer calls loggers on global rank zero only
 MLflow 3 refuses its folder ("file store") backend unless ``MLFLOW_ALLOW_FILE_STORE=true``;
 for a folder or ``file:`` URI this logger sets that variable in the process environment (if
 unset), and leaves it alone for databases and servers.
+
+Durability: a relative folder, ``file:`` or ``sqlite:///`` URI is made absolute when the logger
+is built (a later ``os.chdir`` does not move the store); a local store is checked for write
+access before MLflow opens it (MLflow retries a read-only sqlite file for about 100 s);
+`MLFlowLogger.state_dict` (called when a checkpoint is saved) writes the queued metrics, so a
+run killed after a checkpoint holds every point up to it; a run reopened from a checkpoint
+warns about the points the interrupted run wrote after it (MLflow cannot delete them), and a
+run id read from a checkpoint is checked against MLflow's run id format.
 """
 
 from __future__ import annotations
@@ -21,6 +29,7 @@ import contextlib
 import operator
 import os
 import re
+import tempfile
 import time
 import urllib.parse
 import warnings
@@ -30,7 +39,7 @@ from pathlib import Path
 from typing import Any
 
 from trainer._imports import is_available, require
-from trainer.errors import ConfigurationError, describe
+from trainer.errors import CheckpointError, ConfigurationError, describe
 from trainer.loggers.logger import Logger, metric_as_float
 from trainer.loggers.tensorboard import _as_dict, _flatten_params
 from trainer.loggers.wandb import _checkpoints_to_log
@@ -42,6 +51,8 @@ _DATABASE_SCHEMES = ("sqlite", "postgresql", "mysql", "mssql")
 _MAX_METRICS_PER_BATCH = 1000  # MLflow's limit per log_batch request
 _MAX_PARAMS_PER_BATCH = 100
 _INVALID_NAME_CHARS = re.compile(r"[^\w/.\- :]")  # what MLflow accepts in metric/param names
+_RUN_ID = re.compile(r"[A-Za-z0-9][\w\-]{0,255}", re.ASCII)  # MLflow's own run id check
+_SQLITE_PATH = re.compile(r"(sqlite(?:\+\w+)?:///)([^?]*)(\?.*)?")  # prefix, path, query
 
 
 class MLFlowLogger(Logger):
@@ -51,8 +62,9 @@ class MLFlowLogger(Logger):
     creates a run in it (named ``run_name``, tagged with ``tags``), or reopens ``run_id``.
     Metrics are kept in memory and written with one ``log_batch`` call every
     ``flush_interval_s`` seconds (checked when metrics arrive), when 1,000 are waiting, in
-    `save` / `finalize`, and when the interpreter exits; a killed process loses at
-    most that interval. `finalize` sets the run's status: FINISHED on success, FAILED on failure,
+    `save` / `finalize`, `state_dict` (each checkpoint), and when the interpreter exits; a
+    killed process loses at most that interval, and never a point its last checkpoint
+    covers. `finalize` sets the run's status: FINISHED on success, FAILED on failure,
     KILLED when interrupted.
 
     Args:
@@ -61,7 +73,7 @@ class MLFlowLogger(Logger):
         tracking_uri: where runs are stored: a folder or ``file:`` URI (MLflow's file store),
             ``sqlite:///path/to/mlflow.db`` (or another database URL), or a server URL such as
             ``http://localhost:5000``. None: the ``MLFLOW_TRACKING_URI`` environment variable,
-            else the folder ``save_dir``.
+            else the folder ``save_dir``. Relative local paths are made absolute now.
         tags: tags of a new run.
         save_dir: the file store folder used when ``tracking_uri`` is None.
         log_model: False: no checkpoints are uploaded; True: the ModelCheckpoint's checkpoints
@@ -69,12 +81,14 @@ class MLFlowLogger(Logger):
             ``save_top_k=-1``; ``"all"``: each as it is saved. They go to the run's artifacts as
             ``checkpoints/<checkpoint folder name>/``.
         prefix: put before every metric name, joined with ``"-"``.
-        artifact_location: where a new experiment stores artifacts (MLflow's default when None).
+        artifact_location: where a new experiment stores artifacts (MLflow's default when None;
+            a relative folder is made absolute now).
         run_id: reopen this run instead of creating one.
         flush_interval_s: the longest time metrics wait in memory before they are written.
 
     Raises:
-        ConfigurationError: an argument has the wrong type or value.
+        ConfigurationError: an argument has the wrong type or value; at the first write, a
+            local store (folder or sqlite file) that cannot be written.
         MissingDependencyError: mlflow is not installed (``pip install 'trainer[mlflow]'``).
 
     Examples:
@@ -112,16 +126,19 @@ class MLFlowLogger(Logger):
                     "e.g. tracking_uri='sqlite:///mlflow.db' or save_dir='./mlruns'."
                 )
             tracking_uri = Path(save_dir).resolve().as_uri()
-        self._tracking_uri = tracking_uri
+        self._tracking_uri = _absolute_uri(tracking_uri)
         self._experiment_name = experiment_name
         self._run_name = run_name
         self._tags = {str(key): str(value) for key, value in (tags or {}).items()}
         self._log_model = log_model
         self._prefix = prefix
-        self._artifact_location = artifact_location
+        self._artifact_location = (
+            _absolute_uri(artifact_location) if artifact_location is not None else None
+        )
         self._run_id = run_id
         self._is_run_id_given = run_id is not None
         self._is_run_from_checkpoint = False
+        self._checkpoint_step: int | None = None  # last step logged when it was saved
         self._flush_interval_s = flush_interval_s
         self._client: Any = None
         self._experiment_id: str | None = None
@@ -186,6 +203,7 @@ class MLFlowLogger(Logger):
         if scheme in _DATABASE_SCHEMES:
             for module in ("sqlalchemy", "alembic"):
                 require(module, extra="mlflow", feature=f"MLFlowLogger({scheme} tracking_uri)")
+        _check_store_writable(self._tracking_uri)
         if _file_store_path(self._tracking_uri) is not None:
             os.environ.setdefault("MLFLOW_ALLOW_FILE_STORE", "true")
         from mlflow.tracking import MlflowClient
@@ -213,6 +231,8 @@ class MLFlowLogger(Logger):
             else:
                 self._experiment_id = run.info.experiment_id
                 client.update_run(self._run_id, status="RUNNING")
+                if self._is_run_from_checkpoint and self._checkpoint_step is not None:
+                    _warn_about_points_after(client, self._run_id, self._checkpoint_step)
                 return
         experiment = client.get_experiment_by_name(self._experiment_name)
         if experiment is None:
@@ -328,15 +348,39 @@ class MLFlowLogger(Logger):
 
     # ---- resuming ------------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
-        """The experiment name and run id (None before the run starts); starts nothing."""
-        return {"name": self._experiment_name, "version": self._run_id}
+        """Write the queued metrics, then return the experiment name, run id and last ``step``.
+
+        Called when a checkpoint is saved, before it is written: every point the checkpoint
+        covers is in the store by the time the checkpoint exists. Starts the run only when
+        metrics are queued (the run id is None before).
+        """
+        self.save()
+        return {"name": self._experiment_name, "version": self._run_id, "step": self._last_step}
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        """Reopen the saved run (unless a run id was given or a run already started)."""
-        saved = state_dict.get("version")
+        """Reopen the saved run (unless a run id was given or a run already started).
+
+        Raises:
+            CheckpointError: the saved run id is not an MLflow run id (a letter or digit, then
+                up to 255 letters, digits, ``_`` or ``-``), or the saved step is not an int.
+        """
+        saved, step = state_dict.get("version"), state_dict.get("step")
+        if saved is not None and (not isinstance(saved, str) or not _RUN_ID.fullmatch(saved)):
+            raise CheckpointError(
+                f"the checkpoint's MLFlowLogger state, field 'version': expected an MLflow run "
+                f"id (a letter or digit, then up to 255 letters, digits, '_' or '-'), received "
+                f"{describe(saved)}. The checkpoint is corrupt or was not written by trainer; "
+                "use another checkpoint, or pass MLFlowLogger(run_id=...)."
+            )
+        if step is not None and (isinstance(step, bool) or not isinstance(step, int)):
+            raise CheckpointError(
+                f"the checkpoint's MLFlowLogger state, field 'step': expected an int or None, "
+                f"received {describe(step)}. The checkpoint is corrupt; use another."
+            )
         if not self._is_run_id_given and saved is not None and self._client is None:
-            self._run_id = str(saved)
+            self._run_id = saved
             self._is_run_from_checkpoint = True
+            self._checkpoint_step = step
 
     # ---- helpers -------------------------------------------------------------------------------
     def _upload_checkpoints(self, checkpoint_callback: Any) -> None:
@@ -383,6 +427,97 @@ def _save_at_exit(reference: weakref.ReferenceType[MLFlowLogger]) -> None:
     logger = reference()
     if logger is not None and logger._pending:
         logger.save()
+
+
+def _warn_about_points_after(client: Any, run_id: str, checkpoint_step: int) -> None:
+    """Say which steps the reopened run holds past the checkpoint (MLflow cannot delete them)
+    and which it lacks before it (queued when the process stopped)."""
+    steps: set[int] = set()
+    for key in client.get_run(run_id).data.metrics:
+        steps.update(metric.step for metric in client.get_metric_history(run_id, key))
+    after = sorted(step for step in steps if step > checkpoint_step)
+    if after:
+        warnings.warn(
+            f"MLFlowLogger: run {run_id} already holds points logged after step "
+            f"{checkpoint_step}, the last step of the checkpoint being resumed (steps "
+            f"{after[0]} to {after[-1]}, {len(after)} steps, written before the process "
+            "stopped). MLflow cannot delete metric points: the steps logged again will hold "
+            "two values each (tell them apart by timestamp).",
+            stacklevel=5,
+        )
+    if checkpoint_step not in steps:
+        last = max((step for step in steps if step < checkpoint_step), default=None)
+        held = f"ends at step {last}" if last is not None else "holds no points"
+        warnings.warn(
+            f"MLFlowLogger: run {run_id} {held}, but the checkpoint being resumed was saved "
+            f"after step {checkpoint_step} was logged: the points logged up to step "
+            f"{checkpoint_step} after that were lost (still queued when the process stopped) "
+            "and are not logged again. Checkpoints written by this version write them first.",
+            stacklevel=5,
+        )
+
+
+def _absolute_uri(uri: str) -> str:
+    """``uri`` with a relative local path made absolute (plain folder, ``file:``, ``sqlite:///``).
+
+    MLflow resolves such paths against the working directory at each use, so a run built in one
+    folder would land in another after an ``os.chdir``.
+    """
+    sqlite = _SQLITE_PATH.fullmatch(uri)
+    if sqlite is not None:
+        prefix, path, query = sqlite.group(1), sqlite.group(2), sqlite.group(3) or ""
+        if path in ("", ":memory:") or os.path.isabs(path):
+            return uri
+        return f"{prefix}{os.path.abspath(path)}{query}"
+    parsed = urllib.parse.urlparse(uri)
+    path = _file_store_path(uri)
+    if path is None or os.path.isabs(path):
+        return uri
+    if parsed.scheme == "file":
+        return Path(os.path.abspath(path)).as_uri()
+    return os.path.abspath(path)
+
+
+def _local_store_path(uri: str) -> tuple[str, str] | None:
+    """``(folder to write in, what it is)`` of a local store: a file-store folder or the folder
+    of a sqlite file; None for servers, other databases and in-memory sqlite."""
+    sqlite = _SQLITE_PATH.fullmatch(uri)
+    if sqlite is not None:
+        path = sqlite.group(2)
+        if path in ("", ":memory:"):
+            return None
+        return os.path.dirname(os.path.abspath(path)), f"the sqlite database {path!r}"
+    folder = _file_store_path(uri)
+    return (folder, f"the file store {folder!r}") if folder is not None else None
+
+
+def _check_store_writable(uri: str) -> None:
+    """Create and remove a file in a local store's folder before MLflow opens it.
+
+    MLflow retries a sqlite database it cannot write for about 100 s before failing; as root,
+    permission bits say nothing (os.access is True), so only a real write tells.
+
+    Raises:
+        ConfigurationError: naming the tracking URI, the folder and the OS error.
+    """
+    local = _local_store_path(uri)
+    if local is None:
+        return
+    folder, what = local
+    try:
+        os.makedirs(folder, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=folder, prefix=".trainer-write-check-"):
+            pass
+        sqlite = _SQLITE_PATH.fullmatch(uri)
+        if sqlite is not None and os.path.exists(sqlite.group(2)):
+            os.close(os.open(sqlite.group(2), os.O_RDWR))
+    except OSError as err:
+        raise ConfigurationError(
+            f"MLFlowLogger(tracking_uri={uri!r}): cannot write {what} in the folder "
+            f"{folder!r} ({err.strerror or err}; errno {err.errno}). The disk is read-only or "
+            "the path is not a writable folder. Pass a tracking_uri on a writable disk, e.g. "
+            "tracking_uri='sqlite:////tmp/mlflow.db' or save_dir='./mlruns'."
+        ) from err
 
 
 def _file_store_path(uri: str) -> str | None:

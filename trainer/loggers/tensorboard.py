@@ -7,10 +7,15 @@ a version without duplicated steps. It does not decide when metrics are logged o
 called (the Trainer does), nor which rank writes (the Trainer calls loggers on global rank zero
 only).
 
-Resuming: after `TensorBoardLogger.load_state_dict` (a fit resumed from a checkpoint), the
-first step logged is written with a ``SessionLog.START`` event. TensorBoard then drops every
-older event of that folder at or after that step: the points the interrupted run logged after
-its checkpoint disappear instead of showing twice.
+Resuming: `TensorBoardLogger.state_dict` (called when a checkpoint is saved) flushes the event
+file, so every point up to a checkpoint is on disk when the checkpoint is. After
+`TensorBoardLogger.load_state_dict` (a fit resumed from a checkpoint), the first step logged is
+written with a ``SessionLog.START`` event at that step, or at the step after the checkpoint's
+when that is earlier. TensorBoard then drops every older event of that folder at or after that
+step: the points the interrupted run logged after its checkpoint disappear instead of showing
+twice. ``save_dir`` is made absolute when the logger is built (a later ``os.chdir`` does not
+move the run), and a version read from a checkpoint must name a folder inside
+``<save_dir>/<name>``.
 """
 
 from __future__ import annotations
@@ -25,9 +30,8 @@ from collections.abc import Mapping
 from typing import Any
 
 from trainer._imports import is_available, require
-from trainer.errors import ConfigurationError, describe
+from trainer.errors import CheckpointError, ConfigurationError, describe
 from trainer.loggers._versioned import (
-    VERSION_PREFIX,
     VersionedFolderLogger,
     argument_error,
     check_folder_arguments,
@@ -94,7 +98,8 @@ class TensorBoardLogger(VersionedFolderLogger):
     ) -> None:
         _check_arguments(save_dir, name, version, prefix, sub_dir)
         _check_installed()
-        self._save_dir = os.fspath(save_dir)
+        # Absolute now: a later os.chdir must not move the run (see _versioned.py).
+        self._save_dir = os.path.abspath(os.fspath(save_dir))
         self._name = name or ""
         self._version: int | str | None = version
         self._is_version_given = version is not None
@@ -111,14 +116,13 @@ class TensorBoardLogger(VersionedFolderLogger):
         # the older events from that step on; hyperparameters wait until then (see module doc).
         self._is_resuming = False
         self._has_pending_hparams = False
+        self._checkpoint_step: int | None = None  # last step logged when it was saved
 
     # ---- where ---------------------------------------------------------------------------------
     @property
     def log_dir(self) -> str:
         """``<root_dir>/version_<N>[/<sub_dir>]``: where the event files go."""
-        version = self.version
-        folder = version if isinstance(version, str) else f"{VERSION_PREFIX}{version}"
-        log_dir = os.path.join(self.root_dir, folder)
+        log_dir = os.path.join(self.root_dir, self._version_folder(self.version))
         return os.path.join(log_dir, self._sub_dir) if self._sub_dir else log_dir
 
     @property
@@ -134,6 +138,8 @@ class TensorBoardLogger(VersionedFolderLogger):
             from torch.utils.tensorboard import SummaryWriter
 
             os.makedirs(self.log_dir, exist_ok=True)
+            if self._is_resuming:
+                _wait_for_a_later_file_name(self.log_dir)
             self._experiment = SummaryWriter(log_dir=self.log_dir, **self._writer_kwargs)
         return self._experiment
 
@@ -157,7 +163,10 @@ class TensorBoardLogger(VersionedFolderLogger):
             for key, value in metrics.items()
         }
         if self._is_resuming:
-            self._start_session(step)
+            start = step
+            if self._checkpoint_step is not None:
+                start = min(step, self._checkpoint_step + 1)
+            self._start_session(start)
         self._write_scalars(values, step)
         self._last_step = step
 
@@ -243,14 +252,36 @@ class TensorBoardLogger(VersionedFolderLogger):
             self._experiment = None
 
     # ---- resuming ------------------------------------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        """Flush the event file, then return the run's identity and last logged ``step``.
+
+        Called when a checkpoint is saved, before it is written: every point the checkpoint
+        covers is on disk by the time the checkpoint exists.
+        """
+        if self._experiment is not None:
+            self._experiment.flush()
+        return {"name": self.name, "version": self.version, "step": self._last_step}
+
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """Continue the saved run's version folder (unless a version was given) without duplicates.
 
-        The first step logged afterwards supersedes the folder's older events at or after it.
+        The first step logged afterwards (or the step after the checkpoint's, when earlier)
+        supersedes the folder's older events at or after it.
+
+        Raises:
+            CheckpointError: the saved version would put the folder outside ``<save_dir>/<name>``,
+                or the saved step is not an int.
         """
-        saved = state_dict.get("version")
-        if not self._is_version_given and saved is not None and self._experiment is None:
-            self._version = saved
+        is_free = not self._is_version_given and self._experiment is None
+        self._restore_version(state_dict, is_free=is_free)
+        step = state_dict.get("step")
+        if step is not None and (isinstance(step, bool) or not isinstance(step, int)):
+            raise CheckpointError(
+                f"the checkpoint's TensorBoardLogger state, field 'step': expected an int or "
+                f"None, received {describe(step)}. The checkpoint is corrupt or was not written "
+                "by trainer; use another."
+            )
+        self._checkpoint_step = step
         self._is_resuming = True
 
     def _start_session(self, step: int) -> None:
@@ -295,6 +326,28 @@ class TensorBoardLogger(VersionedFolderLogger):
             f"TensorBoardLogger.log_metrics expected step to be an int, received "
             f"{describe(step)}. Pass the global step, e.g. step=trainer.global_step."
         )
+
+
+def _wait_for_a_later_file_name(log_dir: str) -> None:
+    """Sleep (under a second) until a new event file's name sorts after the folder's others.
+
+    TensorBoard reads a folder's files in name order, and a name starts with the second the
+    file was opened in (then host and pid): a run resumed in the second the interrupted run
+    opened its file could sort first, and its ``SessionLog.START`` would then not supersede
+    the interrupted run's later points.
+    """
+    seconds = [
+        int(parts[3])
+        for parts in (name.split(".") for name in os.listdir(log_dir))
+        if _is_event_file_name(parts)
+    ]
+    if seconds:
+        time.sleep(min(1.0, max(0.0, max(seconds) + 1 - time.time())))
+
+
+def _is_event_file_name(parts: list[str]) -> bool:
+    """``events.out.tfevents.<seconds>.<host>...`` split on dots."""
+    return len(parts) > 4 and parts[:3] == ["events", "out", "tfevents"] and parts[3].isdigit()
 
 
 def _check_installed() -> None:

@@ -10,14 +10,20 @@ Trainer calls loggers on global rank zero only).
 wandb's own ``_step`` counts ``log`` calls; this logger never passes ``step=`` to
 ``wandb.log``, so a resumed run can log a ``trainer/global_step`` lower than the last one the
 interrupted run reached without wandb's "step must only increase" warning and dropped rows.
+
+``save_dir`` is made absolute when the logger is built: wandb's service process would resolve a
+relative one against its own working directory. A run id read from a checkpoint is checked
+before wandb puts it in a folder name.
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import glob
 import operator
 import os
+import re
 import secrets
 import string
 import warnings
@@ -25,7 +31,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from trainer._imports import is_available, require
-from trainer.errors import ConfigurationError, describe
+from trainer.errors import CheckpointError, ConfigurationError, describe
 from trainer.loggers.csv_logs import _to_yaml_safe
 from trainer.loggers.logger import Logger
 
@@ -34,6 +40,8 @@ __all__ = ["WandbLogger"]
 STEP_METRIC = "trainer/global_step"
 _EXIT_CODES = {"success": 0, "failed": 1, "interrupted": 130}  # 130: killed by SIGINT
 _ID_ALPHABET = string.ascii_lowercase + string.digits
+_WANDB_FILE_HEADER_LEN = 7  # ":W&B", magic, version: an offline file with no record yet
+_RUN_ID = re.compile(r"[A-Za-z0-9_-][A-Za-z0-9_.-]{0,127}")  # what a checkpoint may restore
 
 
 class WandbLogger(Logger):
@@ -101,7 +109,9 @@ class WandbLogger(Logger):
         run_id = version if version is not None else id
         _check_arguments(save_dir, dir, run_id, log_model, prefix)
         _check_installed()
-        self._save_dir = os.fspath(dir if dir is not None else save_dir)
+        # Absolute now: wandb's service process resolves a relative dir against its own working
+        # directory, so after an os.chdir a run's .wandb file would be written nowhere.
+        self._save_dir = os.path.abspath(os.fspath(dir if dir is not None else save_dir))
         self._run_name = name
         self._project = project or os.environ.get("WANDB_PROJECT") or "trainer_logs"
         self._id = run_id
@@ -237,10 +247,35 @@ class WandbLogger(Logger):
 
     # ---- resuming ------------------------------------------------------------------------------
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        """Continue the saved run id (unless an id was given or the run already started)."""
+        """Continue the saved run id (unless an id was given or the run already started).
+
+        Raises:
+            CheckpointError: the saved id is not 1-128 characters of letters, digits, ``_``,
+                ``-`` and ``.`` (not starting with ``.``): wandb puts it in folder names.
+        """
         saved = state_dict.get("version")
-        if not self._is_id_given and saved is not None and self._experiment is None:
-            self._id = str(saved)
+        if saved is None:
+            return
+        if not isinstance(saved, str) or _RUN_ID.fullmatch(saved) is None:
+            raise CheckpointError(
+                f"the checkpoint's WandbLogger state, field 'version': expected a wandb run id "
+                f"(1-128 letters, digits, '_', '-' or '.', not starting with '.'), received "
+                f"{describe(saved)}. The checkpoint is corrupt or was not written by trainer; "
+                "use another checkpoint, or pass WandbLogger(id=...)."
+            )
+        if not self._is_id_given and self._experiment is None:
+            self._id = saved
+            step = state_dict.get("step")
+            if isinstance(step, int) and not isinstance(step, bool) and self._is_offline():
+                _warn_if_offline_file_is_empty(self._save_dir, saved, step)
+
+    def state_dict(self) -> dict[str, Any]:
+        """The project, the run id and the last ``step`` logged (what a checkpoint records)."""
+        return {"name": self.name, "version": self.version, "step": self._last_step}
+
+    def _is_offline(self) -> bool:
+        mode = self._init_kwargs.get("mode") or os.environ.get("WANDB_MODE")
+        return self._offline or mode in ("offline", "dryrun")
 
     # ---- helpers -------------------------------------------------------------------------------
     def _upload_checkpoints(self, checkpoint_callback: Any) -> None:
@@ -280,6 +315,28 @@ class WandbLogger(Logger):
             f"WandbLogger.log_metrics expected step to be an int, received {describe(step)}. "
             f"Pass the global step, e.g. step=trainer.global_step."
         )
+
+
+def _warn_if_offline_file_is_empty(save_dir: str, run_id: str, step: int) -> None:
+    """Say so when the interrupted offline run's ``.wandb`` file holds nothing but its header.
+
+    wandb's service writes that file in 32 KiB blocks and stops with a process killed by
+    SIGKILL, so a short run killed that way loses every row, up to the checkpoint included.
+    """
+    pattern = os.path.join(glob.escape(save_dir), "wandb", f"offline-run-*-{run_id}*")
+    files = glob.glob(os.path.join(pattern, f"run-{run_id}.wandb"))
+    if not files:
+        return
+    newest = max(files, key=os.path.getmtime)
+    if os.path.getsize(newest) > _WANDB_FILE_HEADER_LEN:
+        return
+    warnings.warn(
+        f"WandbLogger: the interrupted offline run {run_id} left {newest} without any record "
+        f"(wandb writes it in blocks, and its service stops with a killed process): the rows "
+        f"it logged up to step {step}, the checkpoint's, are lost. The resumed run continues "
+        "from the checkpoint in a new offline folder with the same id.",
+        stacklevel=3,
+    )
 
 
 def _checkpoints_to_log(

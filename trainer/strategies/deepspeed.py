@@ -17,7 +17,6 @@ checkpoint format (``trainer.checkpoint``).
 
 from __future__ import annotations
 
-import atexit
 import contextlib
 import datetime as dt
 import io
@@ -33,8 +32,8 @@ import torch.distributed as dist
 
 from trainer.errors import CheckpointError, ConfigurationError, StrategyError, describe
 from trainer.precision import Precision
-from trainer.state import DistributedType, PartialState
-from trainer.strategies.ddp import DDPStrategy, _destroy_process_group
+from trainer.state import DistributedType
+from trainer.strategies.ddp import DDPStrategy
 from trainer.strategies.environment import ClusterEnvironment
 
 __all__ = ["ENGINE_DIR", "DeepSpeedModel", "DeepSpeedStrategy", "load_engine_weights"]
@@ -140,6 +139,7 @@ class DeepSpeedStrategy(DDPStrategy):
     """
 
     name = "deepspeed"
+    should_keep_process_group = True  # its sharded state / engine holds the group after fit
 
     def __init__(
         self,
@@ -313,8 +313,7 @@ class DeepSpeedStrategy(DDPStrategy):
         dist.init_process_group(
             backend, store=dist.HashStore(), rank=0, world_size=1, timeout=self.timeout
         )
-        atexit.register(_destroy_process_group)
-        PartialState._reset_state()
+        self._adopt_process_group()
 
     def process_dataloader(self, dataloader: Any) -> Any:
         """Note the train loader's batch size (``train_micro_batch_size_per_gpu``); unchanged."""

@@ -1,0 +1,166 @@
+"""Fault matrix, part 3: a tampered checkpoint is refused before anything is restored (#13, #21).
+
+One real checkpoint (a short fit, stopped mid-epoch) is damaged in each way a copy, a disk or an
+attacker can damage it. The "consistent" cases re-hash the manifest afterwards, as anyone who
+can write the folder can, so only the content checks can refuse them. Every case must raise
+``CheckpointError`` from ``fit(ckpt_path=...)`` before training starts, leave the module's
+parameters untouched, and run no code (a pickle payload would create a marker file).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import pickle
+import shutil
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+import torch
+
+from tests.checkpoint.resume_job import Net, data
+from tests.conftest import quiet_trainer
+from trainer.checkpoint.format import MANIFEST
+from trainer.errors import CheckpointError
+
+
+class _Payload:
+    """Unpickling this runs ``os.system``: it touches the marker file."""
+
+    def __init__(self, marker: Path) -> None:
+        self.marker = marker
+
+    def __reduce__(self):
+        return (os.system, (f"touch {self.marker}",))
+
+
+def rehash(folder: Path) -> None:
+    """Recompute every file record in the manifest (and list files added to the folder)."""
+    manifest = json.loads((folder / MANIFEST).read_text())
+    names = sorted(p.name for p in folder.iterdir() if p.name != MANIFEST)
+    manifest["files"] = {
+        name: {
+            "size": (folder / name).stat().st_size,
+            "sha256": hashlib.sha256((folder / name).read_bytes()).hexdigest(),
+        }
+        for name in names
+    }
+    (folder / MANIFEST).write_text(json.dumps(manifest))
+
+
+def flip_byte(folder: Path, marker: Path) -> None:
+    path = folder / "model.safetensors"
+    data_bytes = bytearray(path.read_bytes())
+    data_bytes[-5] ^= 0xFF
+    path.write_bytes(bytes(data_bytes))
+
+
+def truncate(folder: Path, marker: Path) -> None:
+    path = folder / "optimizer.safetensors"
+    path.write_bytes(path.read_bytes()[:-16])
+
+
+def remove_file(folder: Path, marker: Path) -> None:
+    (folder / "state.json").unlink()
+
+
+def add_file(folder: Path, marker: Path) -> None:
+    (folder / "notes.txt").write_text("added after the save")
+
+
+def pickle_in_place_of_weights(folder: Path, marker: Path) -> None:
+    (folder / "model.safetensors").write_bytes(pickle.dumps(_Payload(marker)))
+    rehash(folder)
+
+
+def extra_pickle_file(folder: Path, marker: Path) -> None:
+    (folder / "optimizer.bin").write_bytes(pickle.dumps(_Payload(marker)))
+    rehash(folder)
+
+
+def symlink_to_outside(folder: Path, marker: Path) -> None:
+    outside = folder.parent / f"outside-{folder.name}.safetensors"
+    shutil.move(folder / "model.safetensors", outside)
+    (folder / "model.safetensors").symlink_to(outside)
+    rehash(folder)
+
+
+def edit_state(change: Callable[[dict], None]) -> Callable[[Path, Path], None]:
+    def tamper(folder: Path, marker: Path) -> None:
+        state = json.loads((folder / "state.json").read_text())
+        change(state)
+        (folder / "state.json").write_text(json.dumps(state))
+        rehash(folder)
+
+    return tamper
+
+
+def _set(path: str, value: object) -> Callable[[dict], None]:
+    *parents, last = path.split(".")
+
+    def change(state: dict) -> None:
+        node = state
+        for key in parents:
+            node = node[key]
+        node[last] = value
+
+    return change
+
+
+def _delete(path: str) -> Callable[[dict], None]:
+    *parents, last = path.split(".")
+
+    def change(state: dict) -> None:
+        node = state
+        for key in parents:
+            node = node[key]
+        del node[last]
+
+    return change
+
+
+TAMPERINGS = {
+    "byte flipped": flip_byte,
+    "truncated": truncate,
+    "file missing": remove_file,
+    "file added": add_file,
+    "pickle payload as weights (re-hashed)": pickle_in_place_of_weights,
+    "pickle payload as extra file (re-hashed)": extra_pickle_file,
+    "symbolic link to a file outside (re-hashed)": symlink_to_outside,
+    "string epoch (re-hashed)": edit_state(_set("progress.epoch", "1")),
+    "missing global_step (re-hashed)": edit_state(_delete("progress.global_step")),
+    "progress is a list (re-hashed)": edit_state(_set("progress", [0, 3, 3])),
+    "negative batch_idx (re-hashed)": edit_state(_set("progress.batch_idx", -3)),
+    "huge global_step (re-hashed)": edit_state(_set("progress.global_step", 10**30)),
+}
+
+
+@pytest.fixture(scope="module")
+def saved(tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("tampered")
+    torch.manual_seed(0)
+    run = quiet_trainer(root, max_epochs=2, max_steps=3)
+    run.fit(Net(), data())
+    run.save_checkpoint(root / "ck")
+    return root / "ck"
+
+
+@pytest.mark.parametrize("case", list(TAMPERINGS))
+def test_tampered_checkpoint_is_refused_before_anything_is_restored(tmp_path, saved, case):
+    folder = tmp_path / "ck"
+    shutil.copytree(saved, folder)
+    marker = tmp_path / "payload-ran"
+    TAMPERINGS[case](folder, marker)
+    torch.manual_seed(1)
+    module = Net()
+    before = {k: v.clone() for k, v in module.state_dict().items()}
+    run = quiet_trainer(tmp_path / "run", max_epochs=2)
+    with pytest.raises(CheckpointError) as error:
+        run.fit(module, data(), ckpt_path=str(folder))
+    assert str(folder) in str(error.value) or folder.name in str(error.value), str(error.value)
+    assert not marker.exists(), "a pickle payload ran"
+    assert run.global_step == 0
+    for name, tensor in module.state_dict().items():
+        assert torch.equal(tensor, before[name]), f"{name} was restored from a refused checkpoint"
