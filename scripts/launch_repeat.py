@@ -1,6 +1,7 @@
 """Run ``trainer launch --num_processes 2`` of a tiny DDP fit many times back to back.
 
-Counts the runs that did not end with status 0 or that printed an abort ("terminate called",
+Counts the runs that did not end with status 0, did not write both ranks' result files, or printed
+an abort ("terminate called",
 "Aborted", SIGABRT) — the exit failures of issue #13. Usage:
 
     python scripts/launch_repeat.py --runs 50
@@ -29,7 +30,7 @@ ABORT_MARKS = ("terminate called", "Aborted", "SIGABRT", "Signal 6")
 def run_once(out: Path) -> tuple[int, str, float]:
     """One launch; returns (exit status, combined output, wall seconds)."""
     env = dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1")
-    command = [sys.executable, "-m", "trainer.cli.main", "launch", "--num_processes", "2"]
+    command = [sys.executable, "-m", "trainer.cli", "launch", "--num_processes", "2"]
     start = time.perf_counter()
     result = subprocess.run(
         [*command, str(TARGET), str(out)],
@@ -55,11 +56,12 @@ def main() -> int:
         status, output, seconds = run_once(out)
         times.append(seconds)
         is_abort = any(mark in output for mark in ABORT_MARKS)
-        if status != 0 or is_abort:
+        is_missing = sorted(p.name for p in out.glob("rank*.json")) != ["rank0.json", "rank1.json"]
+        if status != 0 or is_abort or is_missing:
             (out / "output.log").write_text(output, encoding="utf-8")
             aborted += is_abort
             other += not is_abort
-            kind = "aborted" if is_abort else f"exit {status}"
+            kind = "aborted" if is_abort else f"exit {status}, rank files missing: {is_missing}"
             print(f"run {index}: {kind} (log: {out / 'output.log'})", flush=True)
     clean = args.runs - aborted - other
     print(

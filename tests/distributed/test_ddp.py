@@ -139,6 +139,9 @@ def test_process_group_ends_inside_teardown_and_later_stages_join_again(tmp_path
         facts = json.loads((tmp_path / f"rank{rank}.json").read_text())
         assert facts["open_before_fit"] is True  # the Trainer joins when it is built
         assert facts["open_after_fit"] is False
+        # Freed, not just forgotten: a group kept alive (torch.distributed.nn.functional's default
+        # arguments held the first one) left gloo threads that aborted the process at exit.
+        assert facts["gloo_threads_after_fit"] == []
         assert facts["steps"] == 4
         assert facts["validate"][0]["val/loss"] > 0
         assert facts["open_after_validate"] is False
@@ -146,4 +149,5 @@ def test_process_group_ends_inside_teardown_and_later_stages_join_again(tmp_path
         assert facts["open_after_second_fit"] is False
         assert facts["accelerator_sum"] == [2.0]
         assert facts["open_after_end_training"] is False
+        assert facts["gloo_threads_at_end"] == []
     assert (tmp_path / "after_fit" / "manifest.json").is_file()

@@ -10,6 +10,10 @@ stage ends cleanly, ``Accelerator.end_training`` calls it. Ending it at interpre
 with engine objects still alive, can abort the process ("terminate called without an active
 exception"): gloo's worker threads then free tensors after Python has gone. An exit hook remains
 only as the fallback for a run that failed or never called ``end_training``.
+
+Ending the group only frees it if nothing else holds it: `hold_no_group_in_default_arguments`
+runs before every group this package starts, because ``torch.distributed.nn.functional`` (which
+DDP imports lazily) would otherwise bind the first group into default arguments for ever.
 """
 
 from __future__ import annotations
@@ -35,7 +39,7 @@ from trainer.state import DistributedType, PartialState
 from trainer.strategies.environment import ClusterEnvironment, detect_environment
 from trainer.strategies.strategy import ReduceOp, Strategy
 
-__all__ = ["DDPStrategy"]
+__all__ = ["DDPStrategy", "hold_no_group_in_default_arguments"]
 
 _JOIN_COUNT = itertools.count()
 
@@ -156,6 +160,7 @@ class DDPStrategy(Strategy):
         )
         if self.accelerator_type == "cuda":
             torch.cuda.set_device(self.root_device)
+        hold_no_group_in_default_arguments()
         store, rank, world_size = next(
             dist.rendezvous(
                 "env://",
@@ -272,6 +277,20 @@ class DDPStrategy(Strategy):
 
     def __repr__(self) -> str:
         return f"DDPStrategy(device={self.root_device}, world_size={self.world_size}, precision={self.precision.name!r})"
+
+
+def hold_no_group_in_default_arguments() -> None:
+    """Import ``torch.distributed.nn.functional`` while no process group exists; call before
+    ``init_process_group``.
+
+    Its functions declare ``group=group.WORLD`` as a default argument, evaluated on import. DDP
+    imports it lazily, after the group exists, so the first group stayed referenced for ever:
+    ``destroy_process_group`` could not free it, its gloo worker threads lived on, and one that
+    released a finished collective's tensors during interpreter shutdown aborted the process
+    ("terminate called without an active exception", issue #13). Imported first, the defaults
+    are None (the current group at call time).
+    """
+    import torch.distributed.nn.functional  # noqa: F401
 
 
 @functools.cache

@@ -33,7 +33,7 @@ import torch.distributed as dist
 from trainer.errors import CheckpointError, ConfigurationError, StrategyError, describe
 from trainer.precision import Precision
 from trainer.state import DistributedType
-from trainer.strategies.ddp import DDPStrategy
+from trainer.strategies.ddp import DDPStrategy, hold_no_group_in_default_arguments
 from trainer.strategies.environment import ClusterEnvironment
 
 __all__ = ["ENGINE_DIR", "DeepSpeedModel", "DeepSpeedStrategy", "load_engine_weights"]
@@ -310,6 +310,7 @@ class DeepSpeedStrategy(DDPStrategy):
         os.environ.setdefault("LOCAL_RANK", "0")  # DeepSpeed's engine reads it
         if self.accelerator_type == "cuda":
             torch.cuda.set_device(self.root_device)
+        hold_no_group_in_default_arguments()
         dist.init_process_group(
             backend, store=dist.HashStore(), rank=0, world_size=1, timeout=self.timeout
         )

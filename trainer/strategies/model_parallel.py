@@ -31,7 +31,7 @@ import torch.distributed as dist
 from trainer.errors import ConfigurationError, StrategyError, describe
 from trainer.precision import Precision
 from trainer.state import DistributedType
-from trainer.strategies.ddp import _OPS, DDPStrategy
+from trainer.strategies.ddp import _OPS, DDPStrategy, hold_no_group_in_default_arguments
 from trainer.strategies.environment import ClusterEnvironment
 from trainer.strategies.fsdp import FSDPStrategy
 from trainer.strategies.strategy import ReduceOp
@@ -246,6 +246,7 @@ def start_process_group(strategy: DDPStrategy) -> None:
         )
         if strategy.root_device.type == "cuda":
             torch.cuda.set_device(strategy.root_device)
+        hold_no_group_in_default_arguments()
         dist.init_process_group(
             backend, store=dist.HashStore(), rank=0, world_size=1, timeout=strategy.timeout
         )
