@@ -1,7 +1,7 @@
 """Generate docs/hook_order.md from the hook data in `trainer/hooks.py`.
 
 The page is never edited by hand: the order the Trainer follows, the hook-order test and this page
-all come from ``trainer.hooks`` (FIT_ORDER, EVAL_ORDER, CALLBACK_HOOKS, OPTIMIZER_HOOKS,
+all come from ``trainer.hooks`` (FIT_ORDER, EVAL_ORDER, CALLBACK_HOOKS, STEP_HOOKS,
 fit_sequence), so they cannot disagree.
 
 Usage:
@@ -19,9 +19,11 @@ from pathlib import Path
 from trainer.callbacks import Callback
 from trainer.hooks import (
     CALLBACK_HOOKS,
+    CALLBACK_ONLY_HOOKS,
     EVAL_ORDER,
     FIT_ORDER,
-    OPTIMIZER_HOOKS,
+    STEP_HOOKS,
+    ZERO_GRAD_HOOKS,
     Block,
     fit_sequence,
 )
@@ -53,10 +55,14 @@ def _hook_arguments(name: str) -> str:
 
 def _describe(name: str) -> str:
     """One list item: the name, and what kind of call it is."""
-    if name in OPTIMIZER_HOOKS:
+    if name in ZERO_GRAD_HOOKS:
+        return f"`{name}` — only on the first batch of each accumulation window, then zero_grad"
+    if name in STEP_HOOKS:
         return f"`{name}` — only on the batch that steps the optimizer"
     if name not in CALLBACK_HOOKS:
         return f"`{name}` — TrainModule only"
+    if name in CALLBACK_ONLY_HOOKS:
+        return f"`{name}` — callbacks only"
     return f"`{name}`"
 
 
@@ -81,7 +87,8 @@ def _render_example() -> list[str]:
         "## Example: one short fit",
         "",
         f"`fit_sequence({arguments})` — one epoch of 2 training batches with",
-        "`accumulate_grad_batches=2` (so the optimizer steps once, on the second batch), a sanity",
+        "`accumulate_grad_batches=2` (gradients cleared on the first batch, the optimizer stepped",
+        "on the second), a sanity",
         "check of 1 validation batch and a validation epoch of 1 batch. This is the exact sequence",
         "the hook-order test pins against a real `Trainer.fit`:",
         "",
@@ -118,20 +125,37 @@ def render() -> str:
         "",
         "# Hook order",
         "",
-        "For every hook the TrainModule's method runs first, then each callback's, in the order of",
-        "`trainer.callbacks` (where the Trainer puts the callbacks it adds is on the",
-        "[Callbacks](callbacks.md#callbacks-the-trainer-adds) page). `setup` and `teardown` receive",
-        'the stage: `"fit"`, `"validate"`, `"test"` or `"predict"`. Names marked *TrainModule',
-        "only* are methods of the module, not callback hooks.",
+        "The order is Lightning 2.6's, checked against Lightning itself by `tests/parity/`. For",
+        "every hook each callback's method runs first, in the order of `trainer.callbacks` (where",
+        "the Trainer puts the callbacks it adds is on the",
+        "[Callbacks](callbacks.md#callbacks-the-trainer-adds) page), then the TrainModule's, with",
+        "three exceptions:",
+        "",
+        "- `on_train_epoch_end`: the monitoring callbacks (`ModelCheckpoint`, `EarlyStopping`) run",
+        "  after the module's hook, so a metric the module logs there is visible to them;",
+        "- `on_load_checkpoint`: the module first, then the callbacks;",
+        "- *callback only*: the module does not receive `on_sanity_check_start`,",
+        "  `on_sanity_check_end` or `on_exception` (Lightning's LightningModule has no such hooks;",
+        "  a module that defines one gets a warning).",
+        "",
+        '`setup` and `teardown` receive the stage: `"fit"`, `"validate"`, `"test"` or',
+        '`"predict"`. Names marked *TrainModule only* are methods of the module, not callback hooks.',
+        "",
+        "Gradients: `on_before_zero_grad(optimizer)` and the clearing of the gradients run after",
+        "`training_step` on the first batch of each accumulation window, before backward; the",
+        "gradients stay on the parameters after the optimizer step until then, so",
+        "`on_train_batch_end` sees the (clipped) gradients of the step. When `training_step`",
+        "returns None the batch has no backward, and on a stepping batch the optimizer does not",
+        "step, but `on_before_optimizer_step` runs and `global_step` counts it (as in Lightning).",
         "",
         "Checkpoints add two hooks outside the lists below: `on_load_checkpoint(checkpoint)` runs",
         "when a `ckpt_path` is given, once the optimizers (for `fit`) and dataloaders are set up and",
-        "before `on_fit_start`; `on_save_checkpoint(checkpoint)` runs each time a checkpoint is",
-        "saved.",
+        "before `on_fit_start` (Lightning calls it before `configure_optimizers`);",
+        "`on_save_checkpoint(checkpoint)` runs each time a checkpoint is saved.",
         "",
-        "If a hook or a step raises, the Trainer calls `on_exception(exception)` and then",
-        "`teardown(stage)`, and re-raises the same exception: `on_train_end` and `on_fit_end` do",
-        "not run.",
+        "If a hook or a step raises, the Trainer calls the callbacks' `on_exception(exception)` and",
+        "re-raises the same exception: `on_train_end`, `on_fit_end` and the `teardown` hooks do not",
+        "run (as in Lightning); loggers are finalized and the process group ends all the same.",
         "",
         "## fit",
         "",

@@ -1,4 +1,5 @@
-"""Pins the hook order of DESIGN §3 for fit (with and without accumulation), validate, test, predict."""
+"""Pins the hook order of DESIGN §3 (Lightning 2.6's) for fit, with and without accumulation,
+validate, test and predict; tests/parity/test_hook_order.py checks it against Lightning itself."""
 
 from __future__ import annotations
 
@@ -6,7 +7,14 @@ import pytest
 
 from tests.conftest import LinearModule, make_loader, quiet_trainer
 from trainer.callbacks import Callback
-from trainer.hooks import CALLBACK_HOOKS, FIT_ORDER, Block, eval_sequence, fit_sequence
+from trainer.hooks import (
+    CALLBACK_HOOKS,
+    CALLBACK_ONLY_HOOKS,
+    FIT_ORDER,
+    Block,
+    eval_sequence,
+    fit_sequence,
+)
 
 _RECORDED_STEPS = (
     "training_step",
@@ -57,7 +65,8 @@ def _recorder(name: str, tag: str):
 
 
 for _name in CALLBACK_HOOKS:
-    setattr(RecordingModule, _name, _recorder(_name, ""))
+    if _name not in CALLBACK_ONLY_HOOKS:
+        setattr(RecordingModule, _name, _recorder(_name, ""))
 
 
 class RecordingCallback(Callback):
@@ -76,13 +85,15 @@ for _name in CALLBACK_HOOKS:
     )
 
 
-def _module_then_callbacks(sequence: list[str]) -> list[str]:
-    """Expand a module-level sequence: each hook (not steps) runs on module, then cb1, then cb2."""
+def _callbacks_then_module(sequence: list[str]) -> list[str]:
+    """Expand a hook sequence: each hook runs on cb1, then cb2, then the module (Lightning 2.6);
+    steps and configure_* run on the module only, sanity-check hooks on the callbacks only."""
     out = []
     for name in sequence:
-        out.append(name)
         if name not in _RECORDED_STEPS:
             out += [f"cb1:{name}", f"cb2:{name}"]
+        if name not in CALLBACK_ONLY_HOOKS:
+            out.append(name)
     return out
 
 
@@ -104,15 +115,17 @@ def _run_fit(tmp_path, *, accumulate: int, sanity: int) -> list[str]:
 def test_fit_order_matches_published_sequence(tmp_path):
     calls = _run_fit(tmp_path, accumulate=1, sanity=1)
     expected = fit_sequence(epochs=2, train_batches=3, val_batches=2, sanity_batches=1)
-    assert calls == _module_then_callbacks(expected)
+    assert calls == _callbacks_then_module(expected)
 
 
 def test_fit_order_with_accumulation_steps_only_on_stepping_batches(tmp_path):
     calls = _run_fit(tmp_path, accumulate=2, sanity=0)
     expected = fit_sequence(epochs=2, train_batches=3, val_batches=2, accumulate_grad_batches=2)
-    assert calls == _module_then_callbacks(expected)
-    # 3 batches with accumulation 2: batch 1 and the last batch (3) step -> 2 optimizer steps per epoch.
+    assert calls == _callbacks_then_module(expected)
+    # 3 batches with accumulation 2: batch 1 and the last batch (3) step -> 2 optimizer steps per
+    # epoch; gradients are cleared on the first batch of each window (batches 0 and 2).
     assert calls.count("on_before_optimizer_step") == 4
+    assert calls.count("on_before_zero_grad") == 4
     assert calls.count("training_step") == 6
 
 
@@ -126,8 +139,8 @@ def test_fit_order_literal_for_one_batch():
         "on_validation_epoch_end", "on_validation_end",
         "on_sanity_check_end", "on_train_start",
         "on_train_epoch_start",
-        "on_train_batch_start", "training_step", "on_before_backward", "on_after_backward",
-        "on_before_optimizer_step", "on_before_zero_grad", "on_train_batch_end",
+        "on_train_batch_start", "training_step", "on_before_zero_grad", "on_before_backward",
+        "on_after_backward", "on_before_optimizer_step", "on_train_batch_end",
         "on_validation_start", "on_validation_epoch_start",
         "on_validation_batch_start", "validation_step", "on_validation_batch_end",
         "on_validation_epoch_end", "on_validation_end",
@@ -145,7 +158,7 @@ def test_eval_stage_order(tmp_path, stage):
     getattr(trainer, stage)(module, make_loader(n=8, batch_size=4))
     step_stage = {"validate": "validation", "test": "test", "predict": "predict"}[stage]
     expected = ["setup", "configure_model", *eval_sequence(step_stage, 2), "teardown"]
-    assert calls == _module_then_callbacks(expected)
+    assert calls == _callbacks_then_module(expected)
 
 
 def test_exception_calls_on_exception_then_teardown_and_reraises_unchanged(tmp_path):
@@ -160,8 +173,8 @@ def test_exception_calls_on_exception_then_teardown_and_reraises_unchanged(tmp_p
     trainer = quiet_trainer(tmp_path, max_epochs=1, callbacks=[RecordingCallback(calls, "cb1:")])
     with pytest.raises(KeyError, match="user bug"):
         trainer.fit(Boom(calls), make_loader(n=12, batch_size=4))
-    tail = calls[calls.index("on_exception") :]
-    assert tail == ["on_exception", "cb1:on_exception", "teardown", "cb1:teardown"]
+    tail = calls[calls.index("cb1:on_exception") :]
+    assert tail == ["cb1:on_exception"]  # Lightning 2.6: no teardown hooks after an exception
     assert "on_train_end" not in calls and "on_fit_end" not in calls
     assert trainer.state.status == "failed"
 
@@ -190,3 +203,57 @@ def test_fit_order_data_mentions_every_callback_hook_of_fit():
     fit_hooks = {h for h in CALLBACK_HOOKS if not h.startswith(("on_test", "on_predict"))}
     fit_hooks -= {"on_save_checkpoint", "on_load_checkpoint", "on_exception"}
     assert fit_hooks <= names
+
+
+def test_hooks_assigned_on_instances_are_called(tmp_path):
+    """As in Lightning: ``module.on_train_start = fn`` and ``callback.on_fit_end = fn`` run."""
+    calls: list[str] = []
+    module = LinearModule()
+    module.on_train_start = lambda: calls.append("module:on_train_start")
+    callback = Callback()
+    callback.on_fit_end = lambda trainer, module: calls.append("callback:on_fit_end")
+    quiet_trainer(tmp_path, max_epochs=1, callbacks=[callback]).fit(module, make_loader(n=4))
+    assert calls == ["module:on_train_start", "callback:on_fit_end"]
+
+
+def test_gradients_stay_after_the_step_until_the_next_window_clears_them(tmp_path):
+    seen: list[tuple[str, int, bool]] = []
+
+    class Probe(Callback):
+        def on_before_zero_grad(self, trainer, module, optimizer):
+            seen.append(("zero_grad", trainer.global_step, module.net.weight.grad is not None))
+
+        def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx):
+            seen.append(("batch_end", trainer.global_step, module.net.weight.grad is not None))
+
+    trainer = quiet_trainer(tmp_path, max_epochs=1, callbacks=[Probe()], accumulate_grad_batches=2)
+    trainer.fit(LinearModule(), make_loader(n=16, batch_size=4))
+    assert seen == [
+        ("zero_grad", 0, False),  # nothing to clear before the first backward
+        ("batch_end", 0, True),
+        ("batch_end", 1, True),  # stepped, gradients kept
+        ("zero_grad", 1, True),  # cleared here, at the next window's first batch
+        ("batch_end", 1, True),
+        ("batch_end", 2, True),
+    ]
+
+
+def test_module_callback_only_hooks_warn_and_are_not_called(tmp_path):
+    calls: list[str] = []
+
+    class WithCallbackHooks(LinearModule):
+        def on_exception(self, exception):
+            calls.append("on_exception")
+
+        def on_sanity_check_start(self):
+            calls.append("on_sanity_check_start")
+
+    class Boom(WithCallbackHooks):
+        def training_step(self, batch, batch_idx):
+            raise KeyError("user bug")
+
+    trainer = quiet_trainer(tmp_path, max_epochs=1)
+    with pytest.warns(UserWarning, match="on_exception is a Callback hook"):
+        with pytest.raises(KeyError):
+            trainer.fit(Boom(), make_loader(n=4), make_loader(n=4))
+    assert calls == []

@@ -88,7 +88,8 @@ class _GradProbe(Callback):
         self.norms: list[float] = []
         self.max_abs: list[float] = []
 
-    def on_before_zero_grad(self, trainer, module, optimizer):
+    def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx):
+        # Gradients stay on the parameters after the step (Lightning's order): the clipped ones.
         grads = [p.grad for p in module.parameters()]
         self.norms.append(torch.linalg.vector_norm(torch.cat([g.flatten() for g in grads])).item())
         self.max_abs.append(max(g.abs().max().item() for g in grads))

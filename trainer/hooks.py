@@ -1,9 +1,15 @@
-"""The hook names and their order, published as data.
+"""The hook names and their order, published as data: Lightning 2.6's order.
 
 The Trainer's dispatcher checks every name it calls against `CALLBACK_HOOKS`; the hook-order
 test and the documentation page are both generated from `FIT_ORDER` and `fit_sequence`
 so the three can never disagree. This module owns names and order only; the calls live in
 `trainer/trainer.py`.
+
+Who runs first, as in Lightning 2.6 (checked against it by ``tests/parity/``): for each hook the
+callbacks run in list order, then the module (`CALLBACKS_FIRST`); `on_load_checkpoint` runs on
+the module first; in `on_train_epoch_end` the monitoring callbacks (``ModelCheckpoint``,
+``EarlyStopping``) run after the module, so what it logs there is visible to them. The module
+does not receive the hooks in `CALLBACK_ONLY_HOOKS`.
 """
 
 from __future__ import annotations
@@ -12,9 +18,13 @@ from dataclasses import dataclass
 
 __all__ = [
     "CALLBACK_HOOKS",
+    "CALLBACK_ONLY_HOOKS",
     "EVAL_STAGES",
     "FIT_ORDER",
+    "MONITORING_CALLBACKS",
     "OPTIMIZER_HOOKS",
+    "STEP_HOOKS",
+    "ZERO_GRAD_HOOKS",
     "Block",
     "eval_sequence",
     "fit_sequence",
@@ -34,7 +44,7 @@ def _eval_hooks(stage: str) -> tuple[str, ...]:
     )
 
 
-# Hooks that both the TrainModule and every Callback receive (module first, then callbacks).
+# Every hook a Callback receives (the TrainModule too, except CALLBACK_ONLY_HOOKS).
 CALLBACK_HOOKS: tuple[str, ...] = (
     "setup",
     "teardown",
@@ -58,8 +68,22 @@ CALLBACK_HOOKS: tuple[str, ...] = (
     "on_exception",
 )
 
-# With gradient accumulation these run only on the batch that steps the optimizer.
-OPTIMIZER_HOOKS: tuple[str, ...] = ("on_before_optimizer_step", "on_before_zero_grad")
+# Hooks Lightning's LightningModule does not have: only callbacks receive them.
+CALLBACK_ONLY_HOOKS: tuple[str, ...] = (
+    "on_sanity_check_start",
+    "on_sanity_check_end",
+    "on_exception",
+)
+
+# Callback classes that run after the module in on_train_epoch_end (they read its metrics).
+MONITORING_CALLBACKS: tuple[str, ...] = ("ModelCheckpoint", "EarlyStopping")
+
+# Runs after training_step on the first batch of each accumulation window, then zero_grad.
+ZERO_GRAD_HOOKS: tuple[str, ...] = ("on_before_zero_grad",)
+# Runs after backward on the batch that steps the optimizer (the window's last), then the step.
+STEP_HOOKS: tuple[str, ...] = ("on_before_optimizer_step",)
+# With gradient accumulation these run once per window, not on every batch.
+OPTIMIZER_HOOKS: tuple[str, ...] = (*ZERO_GRAD_HOOKS, *STEP_HOOKS)
 
 
 @dataclass(frozen=True)
@@ -89,10 +113,10 @@ TRAIN_BATCH = Block(
     (
         "on_train_batch_start",
         "training_step",
+        "on_before_zero_grad",
         "on_before_backward",
         "on_after_backward",
         "on_before_optimizer_step",
-        "on_before_zero_grad",
         "on_train_batch_end",
     ),
 )
@@ -144,7 +168,8 @@ def fit_sequence(
     """The flat hook sequence of ``fit`` with validation at every epoch end.
 
     Example: ``fit_sequence(epochs=1, train_batches=2, val_batches=1, accumulate_grad_batches=2)``
-    lists the optimizer hooks once, on the second batch.
+    lists ``on_before_zero_grad`` on the first batch and ``on_before_optimizer_step`` on the
+    second. Each name is one hook; who receives it (callbacks, then the module) is not listed.
     """
     seq = ["setup", "configure_model", "configure_optimizers", "on_fit_start"]
     if sanity_batches:
@@ -154,11 +179,14 @@ def fit_sequence(
     for _ in range(epochs):
         seq.append("on_train_epoch_start")
         for batch_idx in range(train_batches):
+            is_window_start = batch_idx % accumulate_grad_batches == 0
             is_stepping = (batch_idx + 1) % accumulate_grad_batches == 0 or (
                 batch_idx + 1 == train_batches
             )
             for hook in TRAIN_BATCH.hooks:
-                if hook in OPTIMIZER_HOOKS and not is_stepping:
+                if (hook in ZERO_GRAD_HOOKS and not is_window_start) or (
+                    hook in STEP_HOOKS and not is_stepping
+                ):
                     continue
                 seq.append(hook)  # type: ignore[arg-type]  # TRAIN_BATCH holds names only
         if val_batches:

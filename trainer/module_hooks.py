@@ -1,6 +1,8 @@
 """The hooks a TrainModule receives: the Callback hooks without their ``trainer, module`` arguments.
 
-Each is a no-op; the Trainer calls the module's hook first, then every callback's.
+Each is a no-op. The Trainer calls every callback's hook first, then the module's (Lightning
+2.6's order; see `trainer.hooks`). As in Lightning, the module does not receive
+``on_sanity_check_start`` / ``on_sanity_check_end`` / ``on_exception``: those are Callback hooks.
 """
 
 from __future__ import annotations
@@ -11,7 +13,12 @@ import torch
 
 from trainer._warnings import warn_user
 
-__all__ = ["LIGHTNING_HOOKS_NOT_CALLED", "ModuleHooks", "warn_on_lightning_hooks"]
+__all__ = [
+    "CALLBACK_ONLY_HOOKS_ON_MODULE",
+    "LIGHTNING_HOOKS_NOT_CALLED",
+    "ModuleHooks",
+    "warn_on_lightning_hooks",
+]
 
 # Lightning module hooks this Trainer never calls, and what to do instead. A ported module that
 # overrides one would otherwise train differently without a word.
@@ -28,6 +35,14 @@ LIGHTNING_HOOKS_NOT_CALLED: dict[str, str] = {
 }
 
 
+# Callback hooks a module may define by mistake; neither Lightning nor this Trainer calls them on it.
+CALLBACK_ONLY_HOOKS_ON_MODULE: dict[str, str] = {
+    "on_sanity_check_start": "move it to a Callback",
+    "on_sanity_check_end": "move it to a Callback",
+    "on_exception": "move it to a Callback (Callback.on_exception(trainer, module, exception))",
+}
+
+
 class ModuleHooks:
     """No-op hooks for `trainer.TrainModule` to override."""
 
@@ -35,8 +50,6 @@ class ModuleHooks:
     def teardown(self, stage: str) -> None: ...
     def on_fit_start(self) -> None: ...
     def on_fit_end(self) -> None: ...
-    def on_sanity_check_start(self) -> None: ...
-    def on_sanity_check_end(self) -> None: ...
     def on_train_start(self) -> None: ...
     def on_train_end(self) -> None: ...
     def on_train_epoch_start(self) -> None: ...
@@ -67,7 +80,6 @@ class ModuleHooks:
     def on_predict_batch_end(self, outputs: Any, batch: Any, batch_idx: int) -> None: ...
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None: ...
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None: ...
-    def on_exception(self, exception: BaseException) -> None: ...
 
 
 def warn_on_lightning_hooks(module: Any) -> None:
@@ -77,4 +89,10 @@ def warn_on_lightning_hooks(module: Any) -> None:
             warn_user(
                 f"{type(module).__name__}.{name} is a Lightning hook that this Trainer does not "
                 f"call, so it has no effect: {instead}."
+            )
+    for name, instead in CALLBACK_ONLY_HOOKS_ON_MODULE.items():
+        if callable(getattr(type(module), name, None)):
+            warn_user(
+                f"{type(module).__name__}.{name} is a Callback hook: the module does not receive "
+                f"it (as in Lightning), so it has no effect: {instead}."
             )

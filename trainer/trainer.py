@@ -56,7 +56,7 @@ from trainer.accelerator import Accelerator
 from trainer.callbacks.callback import Callback
 from trainer.configs import DataLoaderConfiguration
 from trainer.errors import AnomalyError, ConfigurationError, HookResultError, describe
-from trainer.hooks import CALLBACK_HOOKS
+from trainer.hooks import CALLBACK_HOOKS, CALLBACK_ONLY_HOOKS, MONITORING_CALLBACKS
 from trainer.launcher import relaunch_with_torchrun
 from trainer.loggers.logger import Logger
 from trainer.module import DataModule, TrainModule
@@ -207,6 +207,8 @@ class Trainer:
             store.key_check = self._check_same_metric_keys
         self._logged_metrics: dict[str, Any] = {}
         self._hooks: dict[str, list[Callable[..., Any]]] = {}
+        self._module_hook_functions: dict[str, Callable[..., Any]] = {}
+        self._epoch_end_monitors: list[Callable[..., Any]] = []
         self._loaders: dict[str, Any] = {}
         self._start_time = 0.0
         self._previous_deterministic = torch.are_deterministic_algorithms_enabled()
@@ -641,9 +643,10 @@ class Trainer:
 
     def _teardown(self, stage: str, status: str, *, is_clean_exit: bool = False) -> None:
         self.state.status = status
-        self._call_hook("teardown", stage)
-        if self.datamodule is not None:
-            self.datamodule.teardown(stage)
+        if status == "finished":  # after an exception only on_exception runs (Lightning 2.6)
+            if self.datamodule is not None:
+                self.datamodule.teardown(stage)
+            self._call_hook("teardown", stage)
         if self.is_global_zero:
             for logger in self.loggers:
                 if stage == "fit":
@@ -792,6 +795,8 @@ class Trainer:
         self._call_hook("on_train_epoch_end")
         store.default_on_step, store.default_on_epoch = True, False
         epoch_metrics = store.finalize_epoch()
+        for monitor in self._epoch_end_monitors:  # ModelCheckpoint, EarlyStopping: see the above
+            monitor()
         self._send_to_loggers(store.epoch_items(for_logger=True) if epoch_metrics else {})
         if is_complete:
             if self.module.automatic_optimization:  # manual optimization steps its own
@@ -822,10 +827,14 @@ class Trainer:
                 with self.accelerator.autocast():
                     output = self._training_step(batch, batch_idx)
                 loss = self._loss_of(output, batch_idx)
+                # Lightning's order: gradients are cleared after the step of the window's first
+                # batch, not after the optimizer step, so hooks and callbacks still see them.
+                if batch_idx % self._accumulate_grad_batches == 0:
+                    self._zero_grad()
                 if loss is not None:
                     self._backward(loss)
-                    if self.accelerator.sync_gradients:
-                        self._optimizer_step()
+                if self.accelerator.sync_gradients:
+                    self._optimizer_step(is_skipped=loss is None)
         if not self._hooks["on_train_batch_end"]:  # hot path: build nothing nobody reads
             return output
         outputs = {"loss": output.detach()} if isinstance(output, torch.Tensor) else output
@@ -849,23 +858,33 @@ class Trainer:
             self._check_finite(loss, "training_step (manual_backward)")
         self._backward(loss, **kwargs)
 
-    def _optimizer_step(self) -> None:
-        """Unscale, hooks, clip, step, zero; count the step and step 'step' schedulers."""
+    def _zero_grad(self) -> None:
+        """``on_before_zero_grad``, then clear the gradients (first batch of each window)."""
         optimizer = self.optimizers[0]
-        hooks = self._hooks
-        if hooks["on_before_optimizer_step"]:
-            self.accelerator.unscale_gradients()  # hooks see true gradients (clipping unscales too)
-            self._call_hook("on_before_optimizer_step", optimizer)
-        if self.gradient_clip_val is not None:
-            parameters = self.module.parameters()
-            if self.gradient_clip_algorithm == "norm":
-                self.accelerator.clip_grad_norm_(parameters, self.gradient_clip_val)
-            else:
-                self.accelerator.clip_grad_value_(parameters, self.gradient_clip_val)
-        optimizer.step()
-        if hooks["on_before_zero_grad"]:
+        if self._hooks["on_before_zero_grad"]:
             self._call_hook("on_before_zero_grad", optimizer)
-        optimizer.zero_grad()
+        # The wrapped optimizer's own zero_grad: the prepared one's is a no-op inside a window.
+        optimizer.optimizer.zero_grad()
+
+    def _optimizer_step(self, *, is_skipped: bool = False) -> None:
+        """Unscale, hook, clip, step; count the step and step 'step' schedulers.
+
+        ``is_skipped`` (training_step returned None): as in Lightning, the hook runs and the
+        step is counted, but the optimizer does not step.
+        """
+        optimizer = self.optimizers[0]
+        if self._hooks["on_before_optimizer_step"]:
+            if not is_skipped:
+                self.accelerator.unscale_gradients()  # hooks see true gradients
+            self._call_hook("on_before_optimizer_step", optimizer)
+        if not is_skipped:
+            if self.gradient_clip_val is not None:
+                parameters = self.module.parameters()
+                if self.gradient_clip_algorithm == "norm":
+                    self.accelerator.clip_grad_norm_(parameters, self.gradient_clip_val)
+                else:
+                    self.accelerator.clip_grad_value_(parameters, self.gradient_clip_val)
+            optimizer.step()
         self.progress.global_step += 1
         if self.lr_scheduler_configs and not self.accelerator.optimizer_step_was_skipped:
             self._step_schedulers("step")
@@ -1053,20 +1072,39 @@ class Trainer:
 
     # ---- hooks -------------------------------------------------------------------------------
     def _build_hook_table(self, module: TrainModule) -> dict[str, list[Callable[..., Any]]]:
-        """For each hook, the overridden implementations to call: the module's, then callbacks'."""
+        """For each hook, the implementations to call, in Lightning 2.6's order (`trainer.hooks`).
+
+        Callbacks in list order, then the module; ``on_load_checkpoint`` module first; in
+        ``on_train_epoch_end`` the monitoring callbacks after the module. Only overridden hooks
+        (on the class, or assigned on the instance) are listed, so empty lists cost nothing.
+        """
         table: dict[str, list[Callable[..., Any]]] = {}
+        self._module_hook_functions = {}
         for name in CALLBACK_HOOKS:
-            functions: list[Callable[..., Any]] = []
-            if getattr(type(module), name, None) is not getattr(ModuleHooks, name):
-                functions.append(getattr(module, name))
+            own: list[Callable[..., Any]] = []
+            if name not in CALLBACK_ONLY_HOOKS and _is_overridden(module, name, ModuleHooks):
+                own.append(getattr(module, name))
+                self._module_hook_functions[name] = own[0]
+            before: list[Callable[..., Any]] = []
+            after: list[Callable[..., Any]] = []
             for callback in self.callbacks:
-                if getattr(type(callback), name, None) is not getattr(Callback, name):
-                    functions.append(partial(getattr(callback, name), self, module))
-            table[name] = functions
+                if not _is_overridden(callback, name, Callback):
+                    continue
+                function = partial(getattr(callback, name), self, module)
+                is_monitor = name == "on_train_epoch_end" and any(
+                    is_instance_named(callback, monitor) for monitor in MONITORING_CALLBACKS
+                )
+                (after if is_monitor else before).append(function)
+            if name == "on_load_checkpoint":
+                table[name] = [*own, *before]
+            else:
+                table[name] = [*before, *own]
+            if name == "on_train_epoch_end":
+                self._epoch_end_monitors = after  # called once the module's metrics are in
         return table
 
     def _call_hook(self, name: str, *args: Any) -> Any:
-        """Run hook ``name`` on the module, then on each callback in list order.
+        """Run hook ``name`` on the callbacks and the module, in the order of `_build_hook_table`.
 
         Returns the module's result (``on_train_batch_start`` may return -1 to end the epoch).
         """
@@ -1075,12 +1113,18 @@ class Trainer:
             raise ConfigurationError(
                 f"internal: {name!r} is not a hook; see trainer.hooks.CALLBACK_HOOKS"
             )
+        module_function = self._module_hook_functions.get(name)
         result = None
         for function in functions:
             returned = function(*args)
-            if result is None:
+            if function is module_function:
                 result = returned
         return result
+
+
+def _is_overridden(obj: object, name: str, base: type) -> bool:
+    """Whether ``obj`` implements hook ``name``: on its class, or assigned on the instance."""
+    return name in vars(obj) or getattr(type(obj), name, None) is not getattr(base, name)
 
 
 _SKIP_EPOCH = object()

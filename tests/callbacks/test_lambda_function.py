@@ -48,7 +48,7 @@ def test_only_the_given_hooks_are_overridden():
     assert repr(other) == "LambdaCallback(on_train_batch_end=...)"
 
 
-def test_runs_after_the_module_and_in_list_order(tmp_path):
+def test_runs_before_the_module_and_in_list_order(tmp_path):
     order: list[str] = []
 
     class Module(LinearModule):
@@ -60,7 +60,7 @@ def test_runs_after_the_module_and_in_list_order(tmp_path):
     quiet_trainer(tmp_path, max_epochs=1, callbacks=[first, second]).fit(
         Module(), make_loader(4, 4)
     )
-    assert order == ["module", "first", "second"]
+    assert order == ["first", "second", "module"]  # Lightning 2.6: callbacks, then the module
 
 
 def test_unknown_hook_lists_the_valid_ones():

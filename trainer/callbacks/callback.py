@@ -1,7 +1,8 @@
 """The Callback base class: every hook the Trainer calls, as a no-op.
 
 A callback observes the Trainer through its public attributes and these hooks only. The Trainer
-calls the TrainModule's hook first, then each callback's, in list order (DESIGN §3).
+calls each callback's hook in list order, then the TrainModule's (Lightning 2.6's order, DESIGN §3;
+the exceptions are listed in `trainer.hooks`).
 """
 
 from __future__ import annotations
