@@ -230,6 +230,30 @@ def test_log_dict_and_logger_false_and_prog_bar(tmp_path):
     assert {"a", "b"} <= set(t.progress_bar_metrics)
 
 
+def test_same_key_twice_in_one_hook_with_the_same_options_accumulates(tmp_path):
+    class Twice(ValueLogger):
+        def validation_step(self, batch, batch_idx):
+            self.log("val/value", batch[0].mean())
+            self.log("val/value", batch[0].mean() + 1.0, on_epoch=True)  # same options resolved
+
+    result = quiet_trainer(tmp_path).validate(Twice(), _data([1.0, 2.0, 3.0, 4.0, 10.0], 2))
+    assert result == [{"val/value": pytest.approx(4.5)}]  # both values in the weighted mean
+
+
+def test_same_key_twice_in_one_hook_with_another_prog_bar_names_the_fix(tmp_path):
+    class Twice(ValueLogger):
+        def validation_step(self, batch, batch_idx):
+            self.log("val/value", batch[0].mean(), prog_bar=True)
+            self.log("val/value", batch[0].mean(), reduce_fx=torch.mean)  # same reduce_fx
+
+    with pytest.raises(trainer.ConfigurationError) as caught:
+        quiet_trainer(tmp_path).validate(Twice(), _data([1.0, 2.0], 2))
+    message = str(caught.value)
+    assert "self.log('val/value', ...)" in message and "validation_step" in message, message
+    assert "prog_bar=True then prog_bar=False" in message and "reduce_fx" not in message, message
+    assert "pass the same options" in message and "under another name" in message, message
+
+
 def test_save_hyperparameters_all_named_and_ignored():
     class Net(trainer.TrainModule):
         def __init__(self, lr: float = 0.1, hidden: int = 32, encoder=None, **extra):

@@ -4,13 +4,18 @@ One `MetricStore` per stage (fit's training, validation, test). A step value rep
 previous one; an epoch value accumulates with its reduction (batch-size-weighted mean by default)
 as tensor arithmetic, so logging never forces a host-device sync per step. torchmetrics ``Metric``
 values are computed, synced and reset at epoch end.
+
+Within one hook a name keeps the options it was first logged with (``on_step``, ``on_epoch``,
+``reduce_fx``, ``prog_bar``, ``logger``, ``sync_dist``): logging it again with other options is a
+`ConfigurationError`, as Lightning's ``MisconfigurationException``. A call is checked when it
+differs from the name's previous call; repeating it costs one tuple comparison.
 """
 
 from __future__ import annotations
 
 import sys
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 
@@ -35,16 +40,32 @@ def _is_metric(value: Any) -> bool:
     return tm is not None and isinstance(value, tm.Metric)
 
 
+class _Options(NamedTuple):
+    """The options of one ``self.log`` call, defaults resolved (what must agree within a hook)."""
+
+    on_step: bool
+    on_epoch: bool
+    reduce_fx: str
+    prog_bar: bool
+    logger: bool
+    sync_dist: bool
+
+
+_Hook = tuple[str, bool, bool]  # (hook name, default on_step, default on_epoch)
+
+
 class _Entry:
     """One logged name: its options and its step value / epoch accumulator."""
 
     __slots__ = (
         "batch_weighted",
         "is_metric",
+        "last_call",
         "logger",
         "metric",
         "on_epoch",
         "on_step",
+        "options_by_hook",
         "prog_bar",
         "reduce_fx",
         "step_value",
@@ -53,26 +74,21 @@ class _Entry:
         "weight",
     )
 
-    def __init__(
-        self,
-        on_step: bool,
-        on_epoch: bool,
-        prog_bar: bool,
-        logger: bool,
-        reduce_fx: str,
-        sync_dist: bool,
-    ) -> None:
-        self.on_step = on_step
-        self.on_epoch = on_epoch
-        self.prog_bar = prog_bar
-        self.logger = logger
-        self.reduce_fx = reduce_fx
-        self.sync_dist = sync_dist
+    def __init__(self, options: _Options) -> None:
+        self.on_step = options.on_step
+        self.on_epoch = options.on_epoch
+        self.prog_bar = options.prog_bar
+        self.logger = options.logger
+        self.reduce_fx = options.reduce_fx
+        self.sync_dist = options.sync_dist
         self.step_value: Any = None
         self.total: Any = None
         self.weight: Any = 0
         self.metric: Any = None
         self.is_metric = False
+        # the options of the first call in each hook, keyed by `MetricStore.hook`
+        self.options_by_hook: dict[_Hook, _Options] = {}
+        self.last_call: tuple[Any, ...] = ()  # options as given, + hook: equal means checked
 
 
 class MetricStore:
@@ -84,14 +100,38 @@ class MetricStore:
 
     def __init__(self, reducer: Callable[[torch.Tensor, str], torch.Tensor] | None = None) -> None:
         self.entries: dict[str, _Entry] = {}
-        self.default_on_step = True
-        self.default_on_epoch = False
-        self.hook_name = "training_step"
+        self.hook: _Hook = ("training_step", True, False)
         self.current_batch: Any = None
         self._batch_size_cache: tuple[int, int] | None = None  # (id(batch), size)
         self.epoch_values: dict[str, Any] = {}
         self.reducer = reducer
         self.key_check: Callable[[list[str]], None] | None = None
+
+    # The Trainer sets these three before the hooks it runs; they are kept as one tuple, `hook`,
+    # so that a log call compares one object to tell that nothing changed since its last check.
+    @property
+    def hook_name(self) -> str:
+        return self.hook[0]
+
+    @hook_name.setter
+    def hook_name(self, name: str) -> None:
+        self.hook = (name, self.hook[1], self.hook[2])
+
+    @property
+    def default_on_step(self) -> bool:
+        return self.hook[1]
+
+    @default_on_step.setter
+    def default_on_step(self, on_step: bool) -> None:
+        self.hook = (self.hook[0], on_step, self.hook[2])
+
+    @property
+    def default_on_epoch(self) -> bool:
+        return self.hook[2]
+
+    @default_on_epoch.setter
+    def default_on_epoch(self, on_epoch: bool) -> None:
+        self.hook = (self.hook[0], self.hook[1], on_epoch)
 
     # ---- writing ------------------------------------------------------------------------
     def log(
@@ -108,10 +148,9 @@ class MetricStore:
         batch_size: int | None,
     ) -> None:
         entry = self.entries.get(name)
-        if entry is None:
-            entry = self._new_entry(
-                name, value, on_step, on_epoch, prog_bar, logger, reduce_fx, sync_dist
-            )
+        call = (on_step, on_epoch, reduce_fx, prog_bar, logger, sync_dist, self.hook)
+        if entry is None or call != entry.last_call:  # the hot path compares identical objects
+            entry = self._check_call(name, call, value)
         if entry.is_metric:
             entry.metric = value
             if entry.on_step:
@@ -134,38 +173,33 @@ class MetricStore:
         if entry.on_epoch:
             self._accumulate(entry, value, batch_size)
 
-    def _new_entry(
-        self,
-        name: str,
-        value: Any,
-        on_step: bool | None,
-        on_epoch: bool | None,
-        prog_bar: bool,
-        logger: bool,
-        reduce_fx: Any,
-        sync_dist: bool,
-    ) -> _Entry:
-        fx = _REDUCE_ALIASES.get(reduce_fx, reduce_fx)
-        if fx not in _REDUCE_FX:
-            raise ConfigurationError(
-                f"self.log({name!r}, reduce_fx={describe(reduce_fx)}) in {self.hook_name}: "
-                f"expected one of {_REDUCE_FX} (or torch.mean/sum/max/min)."
-            )
-        entry = _Entry(
-            self.default_on_step if on_step is None else on_step,
-            self.default_on_epoch if on_epoch is None else on_epoch,
+    def _check_call(self, name: str, call: tuple[Any, ...], value: Any) -> _Entry:
+        """The entry for ``name``, its options as given in ``call`` resolved and checked against
+        the first call with this name in the same hook (Lightning's rule)."""
+        on_step, on_epoch, reduce_fx, prog_bar, logger, sync_dist, hook = call
+        hook_name, default_on_step, default_on_epoch = hook
+        options = _Options(
+            default_on_step if on_step is None else on_step,
+            default_on_epoch if on_epoch is None else on_epoch,
+            _reduce_name(name, reduce_fx, hook_name),
             prog_bar,
             logger,
-            fx,
             sync_dist,
         )
-        entry.is_metric = _is_metric(value)
-        if not entry.on_step and not entry.on_epoch:
+        if not options.on_step and not options.on_epoch:
             raise ConfigurationError(
-                f"self.log({name!r}) in {self.hook_name}: on_step=False and on_epoch=False "
+                f"self.log({name!r}) in {hook_name}: on_step=False and on_epoch=False "
                 "would record nothing. Set one of them to True."
             )
-        self.entries[name] = entry
+        entry = self.entries.get(name)
+        if entry is None:
+            entry = _Entry(options)
+            entry.is_metric = _is_metric(value)
+            self.entries[name] = entry
+        first = entry.options_by_hook.setdefault(hook, options)
+        if first != options:
+            raise ConfigurationError(_conflict_message(name, hook_name, first, options))
+        entry.last_call = call
         return entry
 
     def _accumulate(self, entry: _Entry, value: Any, batch_size: int | None) -> None:
@@ -273,6 +307,34 @@ class MetricStore:
         self.epoch_values.clear()
         for entry in self.entries.values():
             entry.total, entry.weight, entry.step_value = None, 0, None
+
+
+def _reduce_name(name: str, reduce_fx: Any, hook: str) -> str:
+    """``reduce_fx`` as one of `_REDUCE_FX` (``torch.mean`` -> "mean")."""
+    try:
+        fx = _REDUCE_ALIASES.get(reduce_fx, reduce_fx)
+    except TypeError:  # unhashable
+        fx = reduce_fx
+    if not isinstance(fx, str) or fx not in _REDUCE_FX:
+        raise ConfigurationError(
+            f"self.log({name!r}, reduce_fx={describe(reduce_fx)}) in {hook}: "
+            f"expected one of {_REDUCE_FX} (or torch.mean/sum/max/min)."
+        )
+    return fx
+
+
+def _conflict_message(name: str, hook: str, first: _Options, again: _Options) -> str:
+    changed = ", ".join(
+        f"{field}={before!r} then {field}={after!r}"
+        for field, before, after in zip(_Options._fields, first, again, strict=True)
+        if before != after
+    )
+    return (
+        f"self.log({name!r}, ...) was called twice in {hook} with different options: {changed}. "
+        f"Within one hook a name keeps one set of options (as in Lightning): pass the same "
+        f"options to every self.log({name!r}, ...) in {hook}, or log the other value under "
+        "another name."
+    )
 
 
 def _batch_size_of(batch: Any) -> int:

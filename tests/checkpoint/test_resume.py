@@ -212,14 +212,21 @@ def test_model_checkpoint_top_k_best_and_validate_with_best(tmp_path):
     )
     t = quiet_trainer(tmp_path, max_epochs=5, callbacks=[callback], enable_checkpointing=True)
     t.fit(Scored(), make_loader(n=8), make_loader(n=8))
+    from trainer.checkpoint import read_checkpoint
+
+    # The 2 best scores (0.0 at epoch 3, 1.0 at epoch 1) are kept; the newest save (epoch 4, score
+    # 5.0, not in the top 2) lives on only as `last`: a real checkpoint folder, not a symlink.
     names = sorted(p.name for p in (tmp_path / "checkpoints").iterdir())
-    assert names == ["epoch=1-score=1.0", "epoch=3-score=0.0", "last", "last-epoch=4-score=5.0"]
+    assert names == ["epoch=1-score=1.0", "epoch=3-score=0.0", "last"]
     assert (
         callback.best_model_path.endswith("epoch=3-score=0.0")
         and float(callback.best_model_score) == 0.0
     )
-    assert os.readlink(tmp_path / "checkpoints" / "last") == "last-epoch=4-score=5.0"
-    from trainer.checkpoint import read_checkpoint
+    last = tmp_path / "checkpoints" / "last"
+    assert last.is_dir() and not last.is_symlink() and Path(callback.last_model_path) == last
+    last_checkpoint = read_checkpoint(last)
+    assert last_checkpoint["epoch"] == 4 and last_checkpoint["global_step"] == t.global_step
+    assert torch.equal(last_checkpoint["state_dict"]["net.weight"], t.module.net.weight)
 
     best_weights = read_checkpoint(callback.best_model_path)["state_dict"]
     assert not torch.equal(t.module.net.weight, best_weights["net.weight"])  # trained past the best
@@ -364,20 +371,30 @@ def test_every_n_epochs_and_save_weights_only(tmp_path):
     assert set(weights_only["state_dict"]) == {"net.weight", "net.bias"}
 
 
-def test_train_time_interval_saves_on_time(tmp_path):
+def test_train_time_interval_saves_on_time(tmp_path, monkeypatch):
     import datetime as dt
-    import time
+    import types
+
+    from trainer.callbacks import model_checkpoint
+
+    # ModelCheckpoint's clock advances 30 ms per training step and not otherwise, so the saves
+    # do not depend on how loaded the machine is (with a real sleep, a slow save made every step
+    # due).
+    clock = types.SimpleNamespace(now=0.0)
+    monkeypatch.setattr(
+        model_checkpoint, "time", types.SimpleNamespace(monotonic=lambda: clock.now)
+    )
 
     class Slow(LinearModule):
         def training_step(self, batch, batch_idx):
-            time.sleep(0.03)
+            clock.now += 0.03
             return super().training_step(batch, batch_idx)
 
     callback = ModelCheckpoint(train_time_interval=dt.timedelta(seconds=0.05), save_top_k=-1)
     t = quiet_trainer(tmp_path, max_epochs=1, callbacks=[callback], enable_checkpointing=True)
-    t.fit(Slow(), make_loader(n=32))  # 8 steps of >= 30 ms: a save every second or third step
-    saved = sorted((tmp_path / "checkpoints").iterdir())
-    assert 2 <= len(saved) <= 5
+    t.fit(Slow(), make_loader(n=32))  # 8 steps of 30 ms: 60 ms >= 50 ms at every second step
+    saved = sorted(p.name for p in (tmp_path / "checkpoints").iterdir())
+    assert saved == ["epoch=0-step=2", "epoch=0-step=4", "epoch=0-step=6", "epoch=0-step=8"]
 
 
 def test_sigusr1_saves_and_exits_zero_like_sigterm(tmp_path, capsys):

@@ -138,6 +138,9 @@ _BAD_STATE = [
     (("optimizer_states",), {"0": 1}, "{'0': 1} (type dict)"),
     (("optimizer_states", 0, "param_groups"), "x", "'x' (type str)"),
     (("optimizer_states", 0, "param_groups", 0, "params", 0), -5, "-5 (type int)"),
+    (("optimizer_states", 0, "param_groups", 0, "params", 0), 1.0, "1.0 (type float)"),
+    (("optimizer_states", 0, "param_groups", 0, "params", 0), None, "None (type NoneType)"),
+    (("optimizer_states", 0, "param_groups", 0, "params", 0), [0], "[0] (type list)"),
     (("lr_schedulers", 0, "last_epoch"), "3", "'3' (type str)"),
     (("lr_schedulers", 0, "base_lrs", 0), {"__float__": "nan"}, "nan (type float)"),
     (("loops", "train_loader", "seed"), "x", "'x' (type str)"),
@@ -167,6 +170,47 @@ def test_a_bad_state_field_is_refused_before_anything_is_restored(
     _assert_refused_before_restoring(folder, tmp_path / "run", "state.json", field, received)
     with pytest.raises(CheckpointError, match="state.json"):
         verify_checkpoint(folder)  # `trainer checkpoint verify` says so too
+
+
+def _named_optimizer_state(optimizer_state: dict[str, Any]) -> dict[str, Any]:
+    """``optimizer_state`` keyed by parameter name, as FSDP's full (gathered) state dict keys it."""
+    names = [f"module.net.{i}.weight" for i in range(len(optimizer_state["state"]))]
+    return {
+        "state": dict(zip(names, optimizer_state["state"].values(), strict=True)),
+        "param_groups": [
+            {**group, "params": [names[index] for index in group["params"]]}
+            for group in optimizer_state["param_groups"]
+        ],
+    }
+
+
+def test_an_optimizer_state_keyed_by_parameter_name_is_accepted(saved, tmp_path):
+    checkpoint = read_checkpoint(saved)
+    named = _named_optimizer_state(checkpoint["optimizer_states"][0])
+    folder = write_checkpoint(tmp_path / "named", {**checkpoint, "optimizer_states": [named]})
+    read_back = read_checkpoint(folder)["optimizer_states"][0]
+    assert read_back["param_groups"][0]["params"] == named["param_groups"][0]["params"]
+    assert list(read_back["state"]) == list(named["state"])
+
+
+@pytest.mark.parametrize(
+    ("key", "received"),
+    [(-1, "-1 (type int)"), (1.5, "1.5 (type float)"), (True, "True (type bool)"), (None, "None")],
+)
+def test_an_optimizer_state_key_that_is_neither_index_nor_name_is_refused(
+    saved, tmp_path, key, received
+):
+    checkpoint = read_checkpoint(saved)
+    optimizer_state = checkpoint["optimizer_states"][0]
+    first, *rest = optimizer_state["state"].items()
+    bad = {**optimizer_state, "state": {key: first[1], **dict(rest)}}
+    folder = write_checkpoint(tmp_path / "bad", {**checkpoint, "optimizer_states": [bad]})
+    with pytest.raises(CheckpointError) as caught:
+        read_checkpoint(folder)
+    message = str(caught.value)
+    assert f"field 'optimizer_states.0.state.{key}'" in message, message
+    assert "a parameter index" in message and "or a parameter name" in message, message
+    assert received in message, message
 
 
 _BAD_MANIFEST = [

@@ -148,7 +148,8 @@ def test_resume_drops_the_points_logged_after_the_checkpoint(tmp_path: Path) -> 
         if step == 4:
             checkpoint_state = crashed.state_dict()  # a checkpoint at step 4, then a crash at 9
     crashed.save()
-    assert checkpoint_state == {"name": "trainer_logs", "version": 0}
+    # the folder's identity, and the last step the checkpoint covers (flushed with it)
+    assert checkpoint_state == {"name": "trainer_logs", "version": 0, "step": 4}
     _next_second()
 
     resumed = TensorBoardLogger(tmp_path)

@@ -112,14 +112,20 @@ def _list_of(item: Spec) -> Spec:
     return check
 
 
-def _mapping_of(item: Spec, *, is_str_keyed: bool = True) -> Spec:
+def _str_key(key: Any, source: str, field: str) -> None:
+    if not isinstance(key, str):
+        _refuse(source, field, key, "a str key")
+
+
+def _mapping_of(item: Spec, *, key: Spec = _str_key) -> Spec:
+    """A dict whose keys pass ``key`` (str by default) and whose values pass ``item``."""
+
     def check(value: Any, source: str, field: str) -> None:
         if not isinstance(value, Mapping):
             _refuse(source, field, value, "a dict")
-        for key, element in value.items():
-            if is_str_keyed and not isinstance(key, str):
-                _refuse(source, _join(field, key), key, "a str key")
-            item(element, source, _join(field, key))
+        for name, element in value.items():
+            key(name, source, _join(field, name))
+            item(element, source, _join(field, name))
 
     return check
 
@@ -194,6 +200,21 @@ def _sha256(value: Any, source: str, field: str) -> None:
         _refuse(source, field, value, "a sha256 (64 lowercase hex digits)")
 
 
+def _parameter_key(value: Any, source: str, field: str) -> None:
+    """How an optimizer state dict names a parameter: by index (``Optimizer.state_dict()``) or
+    by fully-qualified name (FSDP's full, gathered optimizer state dict)."""
+    if isinstance(value, str):
+        return
+    is_int = isinstance(value, int) and not isinstance(value, bool)
+    if not is_int or not 0 <= value <= MAX_COUNT:
+        _refuse(
+            source,
+            field,
+            value,
+            f"a parameter index (an int from 0 to {MAX_COUNT}) or a parameter name (a str)",
+        )
+
+
 _COUNT = _integer()
 _STRING = _instance(str, "a str")
 _BOOLEAN = _instance(bool, "a bool")
@@ -203,8 +224,8 @@ _PROGRESS = _record(
 )
 _OPTIMIZER = _record(
     required={
-        "state": _mapping_of(_anything, is_str_keyed=False),
-        "param_groups": _list_of(_record(required={"params": _list_of(_COUNT)})),
+        "state": _mapping_of(_anything, key=_parameter_key),
+        "param_groups": _list_of(_record(required={"params": _list_of(_parameter_key)})),
     }
 )
 _SCHEDULER = _record(
