@@ -4,7 +4,10 @@ One traced run lists the filesystem operations of the save at step 8 (files open
 fsyncs, renames, deletions of rotated checkpoints and of the replaced ``last``). The job is then
 SIGKILLed at evenly spaced points of that list and once right after the save. After each kill:
 every folder left in the checkpoint directory verifies, or is a temporary one that resume
-ignores; and ``fit(ckpt_path="last")`` ends with exactly the uninterrupted run's weights.
+ignores (a rotated checkpoint is renamed to a temporary name before its files are deleted, so a
+kill inside that deletion leaves no half checkpoint under a real name); ``fit(ckpt_path="last")``
+ends with exactly the uninterrupted run's weights, and its saves remove the killed run's
+temporary folders.
 """
 
 from __future__ import annotations
@@ -86,6 +89,8 @@ def test_kill_during_save_leaves_valid_or_temporary_folders_and_resumes_exactly(
 
     resumed = run_job(tmp_path, "resume")
     assert resumed.returncode == 0, (where, resumed.stderr[-3000:])
+    leftovers = [entry.name for entry in checkpoints.iterdir() if is_temporary(entry.name)]
+    assert not leftovers, f"the resumed run's saves did not remove {leftovers} (kill {where})"
     final = load_file(str(tmp_path / "final-resume.safetensors"))
     assert final.keys() == weights.keys()
     for name, tensor in weights.items():

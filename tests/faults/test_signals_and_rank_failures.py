@@ -50,6 +50,8 @@ def uninterrupted(tmp_path_factory) -> dict[int, dict[str, torch.Tensor]]:
         result = run_job(root, "full", processes)
         assert result.returncode == 0, result.stderr[-3000:]
         weights[processes] = load_file(str(root / "final-full.safetensors"))
+        for name, tensor in weights[processes].items():  # NaN would never compare equal
+            assert torch.isfinite(tensor).all(), f"{name} diverged on {processes} process(es)"
     return weights
 
 

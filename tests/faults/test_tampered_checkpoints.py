@@ -39,7 +39,11 @@ class _Payload:
 def rehash(folder: Path) -> None:
     """Recompute every file record in the manifest (and list files added to the folder)."""
     manifest = json.loads((folder / MANIFEST).read_text())
-    names = sorted(p.name for p in folder.iterdir() if p.name != MANIFEST)
+    names = sorted(
+        p.relative_to(folder).as_posix()
+        for p in folder.rglob("*")
+        if p.name != MANIFEST and not p.is_dir()
+    )
     manifest["files"] = {
         name: {
             "size": (folder / name).stat().st_size,
@@ -77,6 +81,12 @@ def pickle_in_place_of_weights(folder: Path, marker: Path) -> None:
 
 def extra_pickle_file(folder: Path, marker: Path) -> None:
     (folder / "optimizer.bin").write_bytes(pickle.dumps(_Payload(marker)))
+    rehash(folder)
+
+
+def extra_pickle_in_a_folder(folder: Path, marker: Path) -> None:
+    (folder / "extra").mkdir()
+    (folder / "extra" / "payload.pkl").write_bytes(pickle.dumps(_Payload(marker)))
     rehash(folder)
 
 
@@ -128,12 +138,21 @@ TAMPERINGS = {
     "file added": add_file,
     "pickle payload as weights (re-hashed)": pickle_in_place_of_weights,
     "pickle payload as extra file (re-hashed)": extra_pickle_file,
+    "pickle payload in an extra folder (re-hashed)": extra_pickle_in_a_folder,
     "symbolic link to a file outside (re-hashed)": symlink_to_outside,
     "string epoch (re-hashed)": edit_state(_set("progress.epoch", "1")),
     "missing global_step (re-hashed)": edit_state(_delete("progress.global_step")),
     "progress is a list (re-hashed)": edit_state(_set("progress", [0, 3, 3])),
     "negative batch_idx (re-hashed)": edit_state(_set("progress.batch_idx", -3)),
     "huge global_step (re-hashed)": edit_state(_set("progress.global_step", 10**30)),
+}
+
+
+# The file a refusal must name, where the case is about one file the format does not define.
+NAMED = {
+    "file added": "notes.txt",
+    "pickle payload as extra file (re-hashed)": "optimizer.bin",
+    "pickle payload in an extra folder (re-hashed)": "extra/payload.pkl",
 }
 
 
@@ -160,7 +179,20 @@ def test_tampered_checkpoint_is_refused_before_anything_is_restored(tmp_path, sa
     with pytest.raises(CheckpointError) as error:
         run.fit(module, data(), ckpt_path=str(folder))
     assert str(folder) in str(error.value) or folder.name in str(error.value), str(error.value)
+    assert NAMED.get(case, "") in str(error.value), str(error.value)
     assert not marker.exists(), "a pickle payload ran"
     assert run.global_step == 0
     for name, tensor in module.state_dict().items():
         assert torch.equal(tensor, before[name]), f"{name} was restored from a refused checkpoint"
+
+
+def test_the_engines_shard_folders_are_files_of_the_format():
+    """A sharded save writes its engine's files under a folder the verifier accepts."""
+    from trainer.checkpoint.format import ENGINE_DIRS, is_format_file
+    from trainer.checkpoint.sharded import DCP_DIR
+    from trainer.strategies.deepspeed import ENGINE_DIR
+
+    assert {DCP_DIR, ENGINE_DIR} <= set(ENGINE_DIRS)
+    assert is_format_file(f"{DCP_DIR}/__0_0.distcp") and is_format_file(f"{DCP_DIR}/.metadata")
+    assert is_format_file(f"{ENGINE_DIR}/global_step3/mp_rank_00_model_states.pt")
+    assert not is_format_file("optimizer.bin") and not is_format_file(f"{DCP_DIR}/../x.pkl")

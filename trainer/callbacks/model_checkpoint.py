@@ -11,13 +11,10 @@ tracked, so only those are ever deleted. Confinement itself lives in ``trainer/c
 from __future__ import annotations
 
 import copy
-import ctypes
-import errno
 import math
 import os
 import re
 import shutil
-import sys
 import time
 import warnings
 from pathlib import Path
@@ -28,10 +25,11 @@ import torch
 from trainer.callbacks.callback import Callback
 from trainer.checkpoint.atomic import (
     MANIFEST,
-    fsync_directory,
+    discard_directory,
     process_tag,
     refusal_to_replace,
     remove_stale_temporaries,
+    replace_directory,
 )
 from trainer.checkpoint.paths import is_inside, resolve_inside
 from trainer.errors import CheckpointError, ConfigurationError, describe
@@ -344,7 +342,8 @@ class ModelCheckpoint(Callback):
             and not folder.is_symlink()
             and (folder / MANIFEST).is_file()
         ):
-            shutil.rmtree(folder, ignore_errors=True)
+            # Renamed to a temporary name first: a crash mid-removal leaves no half checkpoint.
+            discard_directory(folder)
 
     def _save_last(self, trainer: Trainer) -> None:
         """Write the checkpoint again as ``dirpath/last``, swapped in with no moment without it.
@@ -365,7 +364,7 @@ class ModelCheckpoint(Callback):
         trainer.save_checkpoint(staged, weights_only=self.save_weights_only)
         if trainer.is_global_zero:
             try:
-                _swap_into_place(staged, final)
+                replace_directory(staged, final)  # one atomic exchange where the OS has it
             except OSError as err:
                 _remove(staged)
                 raise CheckpointError(
@@ -476,41 +475,6 @@ def _refusal_for_last(final: Path) -> str | None:
     if final.is_file() and final.stat().st_size <= _LINK_TEXT_MAX:
         return None
     return refusal_to_replace(final)
-
-
-def _swap_into_place(staged: Path, final: Path) -> None:
-    """Make ``staged`` be ``final``: one atomic exchange where the OS has it, then clean up.
-
-    Without ``renameat2(RENAME_EXCHANGE)`` (not Linux, some network file systems) the old one is
-    renamed aside first: for a moment ``final`` is absent, and a crash right then leaves both
-    under temporary names (removed by the next save; resume picks the newest checkpoint).
-    """
-    if not os.path.lexists(final):
-        os.rename(staged, final)
-    elif _exchange(staged, final):
-        _remove(staged)  # now the old `last`
-    else:
-        retired = staged.with_name(staged.name.replace(".tmp-", ".old-", 1))
-        os.rename(final, retired)
-        os.rename(staged, final)
-        _remove(retired)
-    fsync_directory(final.parent)
-
-
-def _exchange(a: Path, b: Path) -> bool:
-    """Atomically exchange two paths (Linux renameat2); False where that is unsupported."""
-    if sys.platform != "linux":
-        return False
-    function = getattr(ctypes.CDLL(None, use_errno=True), "renameat2", None)  # glibc >= 2.28
-    if function is None:
-        return False
-    at_fdcwd, rename_exchange = -100, 2
-    if function(at_fdcwd, os.fsencode(a), at_fdcwd, os.fsencode(b), rename_exchange) == 0:
-        return True
-    code = ctypes.get_errno()
-    if code in (errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP, errno.ENOTSUP):
-        return False
-    raise OSError(code, os.strerror(code), str(b))
 
 
 def _remove(path: Path) -> None:

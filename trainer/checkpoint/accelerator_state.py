@@ -11,13 +11,13 @@ from __future__ import annotations
 
 import os
 import re
-import shutil
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
 
 from trainer.checkpoint.accelerate_folder import is_accelerate_folder, read_accelerate_folder
+from trainer.checkpoint.atomic import discard_directory
 from trainer.checkpoint.format import (
     MODEL_FILE,
     MODEL_INDEX,
@@ -90,7 +90,7 @@ def save_accelerator_state(
         if config.total_limit is not None and accelerator.is_main_process:
             existing = _numbered(output.parent)
             for _, old in existing[: max(0, len(existing) - config.total_limit)]:
-                shutil.rmtree(old, ignore_errors=True)
+                discard_directory(old)  # renamed aside first: a kill never leaves half of one
     return output
 
 

@@ -1,18 +1,24 @@
 """Atomic directories and files: build under a temporary sibling, fsync, rename into place.
 
 A crash at any moment leaves either the previous content under the real name or the new one,
-never a mixture: readers see a checkpoint only once it is complete. Temporary siblings are named
-``.<name>.tmp-<pid>-<host>-<id>`` (``.old-`` once retired); `remove_stale_temporaries` removes
-those a killed process left behind. Deciding what to keep (top-k, ``last``) is not done here.
+never a mixture: readers see a checkpoint only once it is complete. The same holds when a
+checkpoint is deleted (`discard_directory`): it is renamed to a temporary name before its files
+are removed, so a crash in the middle never leaves a half-deleted folder under the real name.
+Temporary siblings are named ``.<name>.tmp-<pid>-<host>-<id>`` (``.old-`` once retired);
+`remove_stale_temporaries` removes those a killed process left behind. Deciding what to keep
+(top-k, ``last``) is not done here.
 """
 
 from __future__ import annotations
 
 import contextlib
+import ctypes
+import errno
 import os
 import re
 import shutil
 import socket
+import sys
 import time
 import uuid
 from collections.abc import Iterator
@@ -25,11 +31,14 @@ __all__ = [
     "atomic_directory",
     "atomic_write_text",
     "check_replaceable",
+    "discard_directory",
+    "exchange_paths",
     "fsync_directory",
     "is_temporary",
     "process_tag",
     "refusal_to_replace",
     "remove_stale_temporaries",
+    "replace_directory",
 ]
 
 _TMP_MARK = ".tmp-"
@@ -67,9 +76,19 @@ def _is_alive(pid: int) -> bool:
     return True
 
 
+def _owner(name: str) -> re.Match[str] | None:
+    """The owner part of a temporary name: the one after its last mark.
+
+    A name can hold two marks (``..last.tmp-<tag>.tmp-<tag>``: `last` is staged under a temporary
+    name, then written through `atomic_directory`); the host must not swallow the first one.
+    """
+    start = max(name.rfind(_TMP_MARK), name.rfind(_OLD_MARK))
+    return _OWNER.fullmatch(name, max(start, 0))
+
+
 def _is_abandoned(entry: os.DirEntry[str], now: float) -> bool:
     """Whether a temporary sibling's writer is gone: a dead process of this host, or old."""
-    match = _OWNER.search(entry.name)
+    match = _owner(entry.name)
     if match is not None and match.group(2) == _host():
         return not _is_alive(int(match.group(1)))
     # Another host's (its pids mean nothing here) or an unnamed owner: only when long untouched.
@@ -124,9 +143,9 @@ def fsync_directory(path: str | os.PathLike[str]) -> None:
 def atomic_directory(final: str | os.PathLike[str]) -> Iterator[Path]:
     """Yield a temporary directory that becomes ``final`` when the block ends without error.
 
-    An existing ``final`` is replaced when it is empty or a checkpoint (it has a manifest): it
-    is renamed aside, the new one renamed in, then the old one removed. On error the temporary
-    directory is removed and ``final`` is untouched.
+    An existing ``final`` is replaced when it is empty or a checkpoint (it has a manifest), by
+    `replace_directory`: one atomic exchange where the OS has it, and the old one removed after.
+    On error the temporary directory is removed and ``final`` is untouched.
 
     Raises:
         CheckpointError: ``final`` holds something else (a file, another tool's folder), or the
@@ -135,8 +154,7 @@ def atomic_directory(final: str | os.PathLike[str]) -> Iterator[Path]:
     final = Path(final)
     check_replaceable(final)
     parent = final.parent
-    tag = process_tag()
-    temporary = parent / f".{final.name}{_TMP_MARK}{tag}"
+    temporary = parent / f".{final.name}{_TMP_MARK}{process_tag()}"
     try:
         parent.mkdir(parents=True, exist_ok=True)
         temporary.mkdir()
@@ -147,12 +165,7 @@ def atomic_directory(final: str | os.PathLike[str]) -> Iterator[Path]:
     try:
         yield temporary
         fsync_directory(temporary)
-        retired = None
-        if final.exists():
-            retired = parent / f".{final.name}{_OLD_MARK}{tag}"
-            os.rename(final, retired)
-        os.rename(temporary, final)
-        fsync_directory(parent)
+        replace_directory(temporary, final)
     except OSError as err:
         shutil.rmtree(temporary, ignore_errors=True)
         raise CheckpointError(
@@ -161,8 +174,90 @@ def atomic_directory(final: str | os.PathLike[str]) -> Iterator[Path]:
     except BaseException:
         shutil.rmtree(temporary, ignore_errors=True)
         raise
-    if retired is not None:
-        shutil.rmtree(retired, ignore_errors=True)
+
+
+def replace_directory(staged: Path, final: Path) -> None:
+    """Make the complete directory ``staged`` (a temporary sibling) be ``final``, then drop the old.
+
+    Where the OS has ``renameat2(RENAME_EXCHANGE)`` (Linux) the two names are exchanged in one
+    step: ``final`` is never absent and never partial. Elsewhere (not Linux, some network file
+    systems) the old one is renamed aside first (``.<name>.old-...``): for a moment ``final`` is
+    absent, and a crash right then leaves both under temporary names (resume picks the newest
+    checkpoint; the next save removes them). The replaced entry (a checkpoint folder, a link or a
+    small file) is removed last, from its temporary name.
+
+    Raises:
+        OSError: a rename failed; ``final`` then still holds what it held before.
+    """
+    if not os.path.lexists(final):
+        os.rename(staged, final)
+        fsync_directory(final.parent)
+        return
+    if exchange_paths(staged, final):
+        fsync_directory(final.parent)
+        _remove_entry(staged)  # now the old one
+        return
+    if _TMP_MARK in staged.name:
+        retired = staged.with_name(staged.name.replace(_TMP_MARK, _OLD_MARK, 1))
+    else:
+        retired = final.with_name(f".{final.name}{_OLD_MARK}{process_tag()}")
+    os.rename(final, retired)
+    try:
+        os.rename(staged, final)
+    except OSError:
+        with contextlib.suppress(OSError):
+            os.rename(retired, final)  # put the previous one back
+        raise
+    fsync_directory(final.parent)
+    _remove_entry(retired)
+
+
+def discard_directory(path: str | os.PathLike[str]) -> None:
+    """Delete a checkpoint directory without ever leaving part of it under its name.
+
+    It is first renamed to a temporary sibling (``.<name>.old-<pid>-<host>-<id>``, one atomic
+    step, made durable), and only then are its files removed. A crash in between leaves a
+    temporary folder that resume ignores and `remove_stale_temporaries` removes. A path that is
+    already gone is ignored.
+    """
+    path = Path(path)
+    retired = path.with_name(f".{path.name}{_OLD_MARK}{process_tag()}")
+    try:
+        os.rename(path, retired)
+    except OSError:
+        return  # gone already (another process rotated it), or not ours to move
+    with contextlib.suppress(OSError):
+        fsync_directory(path.parent)
+    _remove_entry(retired)
+
+
+def exchange_paths(a: str | os.PathLike[str], b: str | os.PathLike[str]) -> bool:
+    """Atomically exchange two paths (Linux renameat2); False where that is unsupported.
+
+    Raises:
+        OSError: the call is supported but failed (a path is missing, permissions, ...).
+    """
+    if sys.platform != "linux":
+        return False
+    function = getattr(ctypes.CDLL(None, use_errno=True), "renameat2", None)  # glibc >= 2.28
+    if function is None:
+        return False
+    at_fdcwd, rename_exchange = -100, 2
+    if function(at_fdcwd, os.fsencode(a), at_fdcwd, os.fsencode(b), rename_exchange) == 0:
+        return True
+    code = ctypes.get_errno()
+    if code in (errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP, errno.ENOTSUP):
+        return False
+    raise OSError(code, os.strerror(code), os.fspath(b))
+
+
+def _remove_entry(path: Path) -> None:
+    """Remove a temporary or replaced entry of any kind (folder, file, link); errors ignored."""
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path, ignore_errors=True)
+    elif os.path.lexists(path):
+        with contextlib.suppress(OSError):
+            os.unlink(path)
 
 
 def refusal_to_replace(final: Path) -> str | None:

@@ -9,6 +9,12 @@
 
 The manifest is written last; a directory without a valid manifest is not a checkpoint. Loading
 verifies every file against the manifest before reading any tensor, and never unpickles.
+
+The manifest lists exactly the files of this format (`is_format_file`): the names above at the
+top level, and, for a sharded save, the engine's own files under one of `ENGINE_DIRS` (``dcp/``
+for ``torch.distributed.checkpoint``, ``deepspeed/``), which only that engine's no-code reader
+opens. A manifest that lists any other file (a ``.bin``, a ``.pkl``, another folder) is refused,
+even when its hashes match: re-hashing is no way to smuggle a file into a checkpoint.
 """
 
 from __future__ import annotations
@@ -45,10 +51,12 @@ from trainer.checkpoint.tensor_files import (
 from trainer.errors import CheckpointError
 
 __all__ = [
+    "ENGINE_DIRS",
     "FORMAT_NAME",
     "FORMAT_VERSION",
     "find_latest_checkpoint",
     "is_checkpoint_dir",
+    "is_format_file",
     "load_model_weights",
     "parse_size",
     "read_checkpoint",
@@ -66,6 +74,11 @@ OPTIMIZER_FILE = "optimizer.safetensors"
 STATE_FILE = "state.json"
 STATE_TENSORS = "state.safetensors"
 _SHARD_RE = re.compile(r"model-(\d{5})-of-(\d{5})\.safetensors")
+_TOP_LEVEL_FILES = frozenset({MODEL_FILE, MODEL_INDEX, OPTIMIZER_FILE, STATE_FILE, STATE_TENSORS})
+# Sub-folders that hold a sharded engine's own files, written next to ours by
+# `trainer.checkpoint.sharded.save_staged_checkpoint`: DCP shards (``sharded.DCP_DIR``) and
+# DeepSpeed's (``trainer.strategies.deepspeed.ENGINE_DIR``). A new engine adds its folder here.
+ENGINE_DIRS = ("dcp", "deepspeed")
 _SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGT]?i?B)?\s*$", re.IGNORECASE)
 _UNITS = {
     "B": 1,
@@ -180,8 +193,17 @@ def write_checkpoint_files(
     if optimizer_states is not None:
         document["optimizer_states"] = encode(optimizer_states, optimizer_tensors, "optimizer")
     document.update(encode(rest, state_tensors, "state"))
+    present = _list_files(directory)
+    for name in present:
+        if not is_format_file(name):
+            raise CheckpointError(
+                f"cannot write checkpoint {directory}: it already holds {name}, which is not a "
+                f"file of the checkpoint format (a sharded engine's files go under one of "
+                f"{', '.join(f'{d}/' for d in ENGINE_DIRS)}; see trainer.checkpoint.format."
+                "ENGINE_DIRS). A manifest listing it would be refused on load."
+            )
     records: dict[str, dict[str, Any]] = {
-        name: hash_file(str(directory / name)) for name in _list_files(directory)
+        name: hash_file(str(directory / name)) for name in present
     }
     # The tensor files are written concurrently: each hashes on its own thread, so a model
     # and its optimizer state use both cores.
@@ -225,11 +247,32 @@ def _list_files(directory: Path) -> list[str]:
     return sorted(found)
 
 
+def is_format_file(name: str) -> bool:
+    """Whether ``name`` (relative, "/"-separated, as a manifest lists it) is a file of the format.
+
+    At the top level: ``model.safetensors``, ``model-0000i-of-0000N.safetensors``,
+    ``model.safetensors.index.json``, ``optimizer.safetensors``, ``state.json`` and
+    ``state.safetensors``. Below it: any file inside one of `ENGINE_DIRS` (a sharded engine's
+    shards, which only that engine's no-code reader opens). Nothing else.
+
+    Example:
+        >>> is_format_file("model-00001-of-00003.safetensors"), is_format_file("optimizer.bin")
+        (True, False)
+    """
+    parts = name.split("/")
+    if any(part in ("", ".", "..") or "\\" in part for part in parts):
+        return False  # only plain names: "dcp/../optimizer.bin" is not inside dcp/
+    if len(parts) > 1:
+        return parts[0] in ENGINE_DIRS
+    return name in _TOP_LEVEL_FILES or _SHARD_RE.fullmatch(name) is not None
+
+
 def read_manifest(path: str | os.PathLike[str]) -> dict[str, Any]:
     """The parsed, checked manifest of a checkpoint directory (files not yet verified).
 
     The folder may hold no symbolic link; every record is type- and range-checked
-    (`trainer.checkpoint.schema.check_manifest`) and every file name stays inside the folder.
+    (`trainer.checkpoint.schema.check_manifest`), every file name stays inside the folder, and
+    every listed file is one the format defines (`is_format_file`).
     """
     directory = Path(path)
     manifest_path = directory / MANIFEST
@@ -252,6 +295,15 @@ def read_manifest(path: str | os.PathLike[str]) -> dict[str, Any]:
             f"{manifest_path} has format version {manifest.get('format_version')!r}; this trainer reads version {FORMAT_VERSION}. Use the trainer version that wrote it."
         )
     check_manifest(manifest, directory=directory, source=manifest_path)
+    for name in sorted(manifest["files"]):
+        if not is_format_file(name):
+            raise CheckpointError(
+                f"checkpoint {directory}: {MANIFEST} lists {name}, which is not a file of the "
+                "checkpoint format (safetensors and JSON files with fixed names, and a sharded "
+                f"engine's files under {' or '.join(f'{d}/' for d in ENGINE_DIRS)}). Refusing "
+                "the checkpoint: it was altered after saving. Remove the file and its manifest "
+                "entry, or use another checkpoint."
+            )
     return manifest
 
 
@@ -268,7 +320,8 @@ def _refuse_constant(name: str) -> Any:
 
 
 def verify_checkpoint(path: str | os.PathLike[str]) -> dict[str, Any]:
-    """Check every file against the manifest (presence, no extras, size, sha256); return it.
+    """Check every file against the manifest (format files only, presence, no extras, size,
+    sha256); return it.
 
     Then the fields of ``state.json`` and of the model index are checked as a load would
     (`trainer.checkpoint.schema`), reading only the tensor files' headers.
