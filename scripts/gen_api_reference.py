@@ -29,6 +29,7 @@ PUBLIC_PACKAGES = (
     "trainer.strategies",
     "trainer.precision",
     "trainer.checkpoint",
+    "trainer.profilers",
 )
 
 
@@ -87,6 +88,12 @@ PAGES = (
         "Loggers",
         "Everything in `trainer.loggers` ([guide](../loggers.md)).",
         ("trainer.loggers",),
+    ),
+    Page(
+        "profilers.md",
+        "Profilers",
+        "Everything in `trainer.profilers` ([guide](../profilers.md)).",
+        ("trainer.profilers",),
     ),
     Page(
         "checkpoint.md",

@@ -20,13 +20,19 @@ from trainer.loggers.logger import Logger
 
 if TYPE_CHECKING:
     from trainer.module import TrainModule
+    from trainer.precision import Precision
+    from trainer.strategies.environment import ClusterEnvironment
 
 __all__ = [
+    "apply_benchmark",
+    "check_barebones_profiler",
     "check_max_steps",
     "check_positive_int",
+    "check_sync_batchnorm",
     "parse_max_time",
     "resolve_device",
     "resolve_limit",
+    "resolve_plugins",
     "resolve_root_dir",
     "warn_on_empty_epoch",
     "warn_on_empty_loader",
@@ -323,4 +329,81 @@ def check_module_for_fit(module: TrainModule) -> None:
         raise ConfigurationError(
             f"{name} has no configure_optimizers. Implement it, e.g. "
             "`return torch.optim.AdamW(self.parameters(), lr=1e-3)`."
+        )
+
+
+def resolve_plugins(plugins: Any) -> tuple[Precision | None, ClusterEnvironment | None]:
+    """``Trainer(plugins=...)``: a precision plugin and/or a cluster environment (Lightning's).
+
+    Raises:
+        ConfigurationError: for anything else, or two plugins of one kind.
+    """
+    from trainer.precision import Precision
+    from trainer.strategies.environment import ClusterEnvironment
+
+    items = (
+        [] if plugins is None else list(plugins) if isinstance(plugins, list | tuple) else [plugins]
+    )
+    found: dict[type, Any] = {}
+    for item in items:
+        kind = next((k for k in (Precision, ClusterEnvironment) if isinstance(item, k)), None)
+        if kind is None:
+            raise ConfigurationError(
+                f"Trainer(plugins=[..., {describe(item)}, ...]): expected a trainer.precision "
+                "Precision instance or a trainer.strategies.environment.ClusterEnvironment "
+                "instance. Pass precision names with Trainer(precision=...) instead."
+            )
+        if kind in found:
+            raise ConfigurationError(
+                f"Trainer(plugins=...): two {kind.__name__} plugins ({describe(found[kind])} and "
+                f"{describe(item)}). Pass one."
+            )
+        found[kind] = item
+    return found.get(Precision), found.get(ClusterEnvironment)
+
+
+def apply_benchmark(benchmark: bool | None, deterministic: bool) -> None:
+    """Set ``torch.backends.cudnn.benchmark`` as Lightning does (None: keep, False if deterministic)."""
+    if benchmark is None and deterministic:
+        benchmark = False
+    if benchmark is not None:
+        if not isinstance(benchmark, bool):
+            raise ConfigurationError(
+                f"Trainer(benchmark={describe(benchmark)}): expected True, False or None."
+            )
+        torch.backends.cudnn.benchmark = benchmark
+
+
+def check_sync_batchnorm(sync_batchnorm: bool, accelerator: Any, devices: Any) -> bool:
+    """Whether BatchNorm layers become SyncBatchNorm: several processes on an accelerator only.
+
+    Checked before any process group is joined, from the launcher's environment and ``devices``.
+
+    Raises:
+        ConfigurationError: ``sync_batchnorm=True`` with several processes on CPU, where torch's
+            SyncBatchNorm does not run.
+    """
+    if not isinstance(sync_batchnorm, bool):
+        raise _fail("sync_batchnorm", sync_batchnorm, "True or False")
+    from trainer.strategies import detect_environment
+
+    processes = max(detect_environment().world_size, device_count(devices))
+    if not sync_batchnorm or processes <= 1:
+        return False
+    is_cpu = accelerator == "cpu" or (accelerator == "auto" and not torch.cuda.is_available())
+    if is_cpu:
+        raise ConfigurationError(
+            f"Trainer(sync_batchnorm=True) with {processes} processes on CPU: torch's "
+            "SyncBatchNorm runs on CUDA (and other accelerators) only. Pass sync_batchnorm=False "
+            "on CPU, or train on GPUs."
+        )
+    return True
+
+
+def check_barebones_profiler(profiler: Any) -> None:
+    """``barebones=True`` turns profiling off: a profiler passed with it is a contradiction."""
+    if profiler is not None:
+        raise ConfigurationError(
+            f"Trainer(barebones=True, profiler={describe(profiler)}): barebones mode turns "
+            "profiling off, as in Lightning. Drop barebones=True to profile, or drop profiler."
         )

@@ -21,6 +21,7 @@ from typing import Any
 import torch
 from torch.utils.data import DataLoader
 
+from trainer import _profiling
 from trainer._checkpointing import (
     dump_checkpoint,
     load_checkpoint,
@@ -31,14 +32,17 @@ from trainer._optim_config import SchedulerConfig, parse_optimizer_config, step_
 from trainer._preemption import catch_preemption_signals, save_and_exit
 from trainer._results import MetricStore, to_float
 from trainer._trainer_config import (
+    apply_benchmark,
     build_callbacks,
     build_loggers,
+    check_barebones_profiler,
     check_clip,
     check_fast_dev_run,
     check_max_steps,
     check_module_for_fit,
     check_positive_int,
     check_sanity_steps,
+    check_sync_batchnorm,
     check_val_interval,
     default_max_epochs,
     device_count,
@@ -47,6 +51,7 @@ from trainer._trainer_config import (
     parse_max_time,
     resolve_device,
     resolve_limit,
+    resolve_plugins,
     resolve_root_dir,
     safe_len,
     warn_on_empty_epoch,
@@ -62,6 +67,7 @@ from trainer.loggers.logger import Logger
 from trainer.module import DataModule, TrainModule
 from trainer.module_hooks import ModuleHooks, warn_on_lightning_hooks
 from trainer.precision import Precision, resolve_precision
+from trainer.profilers import Profiler, resolve_profiler
 from trainer.seed import get_rng_states, set_rng_states
 from trainer.strategies import Strategy, detect_environment, resolve_strategy
 
@@ -145,7 +151,17 @@ class Trainer:
         use_distributed_sampler: bool = True,
         compile: bool | dict[str, Any] = False,
         seed: int | None = None,
+        profiler: str | Profiler | None = None,
+        sync_batchnorm: bool = False,
+        benchmark: bool | None = None,
+        barebones: bool = False,
+        plugins: Any = None,
     ) -> None:
+        if barebones:  # Lightning's: everything that costs speed is off
+            logger, enable_progress_bar, enable_model_summary = False, False, False
+            enable_checkpointing = False
+            check_barebones_profiler(profiler)
+        self.barebones = barebones
         self.default_root_dir = resolve_root_dir(default_root_dir)
         self.fast_dev_run = check_fast_dev_run(fast_dev_run)
         dev_batches = self.fast_dev_run or None
@@ -181,7 +197,15 @@ class Trainer:
         self.compile = compile
         self.seed = seed
         self.num_nodes = check_positive_int("num_nodes", num_nodes)
-        self.accelerator = self._build_accelerator(strategy, accelerator, devices, precision)
+        precision_plugin, environment = resolve_plugins(plugins)
+        self.sync_batchnorm = check_sync_batchnorm(sync_batchnorm, accelerator, devices)
+        self.accelerator = self._build_accelerator(
+            strategy, accelerator, devices, precision_plugin or precision
+        )
+        if environment is not None and hasattr(self.strategy, "environment"):
+            self.strategy.environment = environment
+        apply_benchmark(benchmark, deterministic)
+        self.profiler = resolve_profiler(profiler)
         self.loggers = [] if dev_batches else build_loggers(logger, self.default_root_dir)
         self.enable_checkpointing = enable_checkpointing and not dev_batches
         self.callbacks = build_callbacks(
@@ -314,27 +338,28 @@ class Trainer:
 
     @property
     def callback_metrics(self) -> dict[str, torch.Tensor]:
-        """Latest value of every logged metric (step and epoch), as tensors, for callbacks."""
+        """Latest value of every logged metric, as tensors, for callbacks (Lightning's keys:
+        ``name``, ``name_step`` and ``name_epoch``; validation and test epoch values only)."""
         merged: dict[str, Any] = dict(self._restored_metrics)
-        for store in self._stores.values():
-            merged.update(store.callback_items())
-        return {
-            k: v if isinstance(v, torch.Tensor) else torch.tensor(float(v))
-            for k, v in merged.items()
-        }
+        for stage, store in self._stores.items():
+            merged.update(store.callback_items(is_training=stage == "train"))
+        return _as_tensors(merged)
 
     @property
     def logged_metrics(self) -> dict[str, torch.Tensor]:
-        """The values last sent to the loggers."""
-        return dict(self._logged_metrics)
+        """Latest value of every metric logged with ``logger=True`` in this run, as tensors
+        (as Lightning: whether or not ``log_every_n_steps`` has sent it to a logger yet)."""
+        merged: dict[str, Any] = {}
+        for store in self._stores.values():
+            merged.update(store.logged_items())
+        return _as_tensors(merged)
 
     @property
     def progress_bar_metrics(self) -> dict[str, float]:
         """Metrics logged with ``prog_bar=True``, as floats (reading them syncs the device)."""
         items: dict[str, Any] = {}
         for store in self._stores.values():
-            items.update(store.epoch_items(for_bar=True))
-            items.update(store.step_items(for_bar=True))
+            items.update(store.bar_items())
         return {k: to_float(v) for k, v in items.items()}
 
     @property
@@ -509,6 +534,7 @@ class Trainer:
     def _setup(self, stage: str, loaders: dict[str, Any], ckpt_path: Any = None) -> None:
         """Seed, set up data, hooks, model, optimizers, dataloaders; restore ``ckpt_path``."""
         self._start_time = time.monotonic()
+        _profiling.start(self, stage)
         module = self.module
         if self.seed is not None:
             from trainer.seed import seed_everything
@@ -545,6 +571,7 @@ class Trainer:
         path = resolve_ckpt_path(self, ckpt_path, stage)
         if path is not None:
             restore_checkpoint(self, load_checkpoint(self, path), full=stage == "fit")
+        _profiling.expect_steps(self, stage)
         if stage == "fit":
             self._log_hyperparams()
             self._call_hook("on_fit_start")
@@ -557,6 +584,8 @@ class Trainer:
             else _StepRouter(module)
         )
         self._router = router
+        if self.sync_batchnorm:  # in place: BatchNorm children become SyncBatchNorm
+            torch.nn.SyncBatchNorm.convert_sync_batchnorm(module)
         prepared = self.accelerator.prepare(router)
         self._wrapped_model = prepared
         if type(prepared) is _StepRouter:  # untouched by the engine: call the steps directly
@@ -565,6 +594,12 @@ class Trainer:
         else:
             self._run_step = prepared
             self._training_step = partial(prepared, "training_step")
+        if _profiling.is_profiling(self.profiler):
+            self._run_step = _profiling.profiled_steps(self.profiler, self._run_step)
+            if self._training_step is not None:
+                self._training_step = _profiling.profiled(
+                    self.profiler, "training_step", self._training_step
+                )
 
     def _configure_optimizers(self, module: TrainModule) -> None:
         returned = module.configure_optimizers()
@@ -667,6 +702,7 @@ class Trainer:
         # end the group now, not at interpreter exit. After a failure a barrier could hang.
         if (status == "finished" or is_clean_exit) and not self.strategy.should_keep_process_group:
             self.strategy.end_process_group()
+        _profiling.stop(self, stage)
 
     def _handle_exception(self, err: BaseException, stage: str) -> None:
         status = "interrupted" if isinstance(err, KeyboardInterrupt) else "failed"
@@ -758,7 +794,12 @@ class Trainer:
         is_multi_process = self.world_size > 1
         is_epoch_complete = True
         first_batch_idx = self.progress.batch_idx
-        for batch_idx, batch in enumerate(loader, start=first_batch_idx):
+        batches = (
+            _profiling.profiled_batches(self.profiler, loader)
+            if _profiling.is_profiling(self.profiler)
+            else loader
+        )
+        for batch_idx, batch in enumerate(batches, start=first_batch_idx):
             self.progress.batch_idx = batch_idx + 1
             if self._train_batch(batch, batch_idx) is _SKIP_EPOCH:
                 break
@@ -1083,14 +1124,16 @@ class Trainer:
         for name in CALLBACK_HOOKS:
             own: list[Callable[..., Any]] = []
             if name not in CALLBACK_ONLY_HOOKS and _is_overridden(module, name, ModuleHooks):
-                own.append(getattr(module, name))
+                own.append(self._timed_hook(getattr(module, name), module, name, "TrainModule"))
                 self._module_hook_functions[name] = own[0]
             before: list[Callable[..., Any]] = []
             after: list[Callable[..., Any]] = []
             for callback in self.callbacks:
                 if not _is_overridden(callback, name, Callback):
                     continue
-                function = partial(getattr(callback, name), self, module)
+                function = self._timed_hook(
+                    partial(getattr(callback, name), self, module), callback, name, "Callback"
+                )
                 is_monitor = name == "on_train_epoch_end" and any(
                     is_instance_named(callback, monitor) for monitor in MONITORING_CALLBACKS
                 )
@@ -1102,6 +1145,15 @@ class Trainer:
             if name == "on_train_epoch_end":
                 self._epoch_end_monitors = after  # called once the module's metrics are in
         return table
+
+    def _timed_hook(
+        self, function: Callable[..., Any], owner: object, name: str, kind: str
+    ) -> Callable[..., Any]:
+        """``function`` as is, or timed as ``[kind]Class.hook`` when a profiler is in use."""
+        if not _profiling.is_profiling(self.profiler):
+            return function
+        action = f"[{kind}]{type(owner).__name__}.{name}"
+        return _profiling.profiled(self.profiler, action, function)
 
     def _call_hook(self, name: str, *args: Any) -> Any:
         """Run hook ``name`` on the callbacks and the module, in the order of `_build_hook_table`.

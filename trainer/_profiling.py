@@ -1,0 +1,119 @@
+"""Put a Trainer's stages under its profiler, at no cost when none is chosen.
+
+This module owns which parts of the loop are timed and under which action names (listed in
+docs/profilers.md). It does not time anything itself (``trainer.profilers`` does) and it does not
+decide the loop's order (``trainer/trainer.py`` does). Profiling works by replacing, for one
+run, the Trainer's stage methods with timed wrappers stored on the instance; with the default
+`PassThroughProfiler` nothing is wrapped, so the per-step path is unchanged.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable, Iterable, Iterator
+from typing import TYPE_CHECKING, Any
+
+from trainer.profilers import PassThroughProfiler, Profiler
+
+if TYPE_CHECKING:
+    from trainer.trainer import Trainer
+
+__all__ = [
+    "STAGE_ACTIONS",
+    "expect_steps",
+    "is_profiling",
+    "profiled",
+    "profiled_batches",
+    "profiled_steps",
+    "start",
+    "stop",
+]
+
+# Trainer method -> action name. Each is replaced by a timed wrapper while a run is profiled.
+STAGE_ACTIONS: dict[str, str] = {
+    "_train_epoch": "run_training_epoch",
+    "_train_batch": "run_training_batch",
+    "_backward": "backward",
+    "_optimizer_step": "optimizer_step",
+    "_zero_grad": "zero_grad",
+    "_send_to_loggers": "log_metrics",
+    "save_checkpoint": "save_checkpoint",
+    "_run_validation": "run_validation",
+}
+
+
+def is_profiling(profiler: Profiler) -> bool:
+    """Whether ``profiler`` records anything (the pass-through one does not)."""
+    return not isinstance(profiler, PassThroughProfiler)
+
+
+def profiled(profiler: Profiler, action: str, function: Callable[..., Any]) -> Callable[..., Any]:
+    """``function`` timed as ``action`` on every call."""
+
+    @functools.wraps(function)
+    def timed(*args: Any, **kwargs: Any) -> Any:
+        with profiler.profile(action):
+            return function(*args, **kwargs)
+
+    return timed
+
+
+def profiled_steps(profiler: Profiler, run_step: Callable[..., Any]) -> Callable[..., Any]:
+    """``run_step(step_name, *args)`` timed under the step's own name (``validation_step``...)."""
+
+    def timed(step_name: str, *args: Any) -> Any:
+        with profiler.profile(step_name):
+            return run_step(step_name, *args)
+
+    return timed
+
+
+def profiled_batches(profiler: Profiler, batches: Iterable[Any]) -> Iterator[Any]:
+    """The items of ``batches``, each fetch timed as ``get_train_batch``."""
+    iterator = iter(batches)
+    while True:
+        with profiler.profile("get_train_batch"):
+            try:
+                batch = next(iterator)
+            except StopIteration:
+                return
+        yield batch
+
+
+def start(trainer: Trainer, stage: str) -> None:
+    """Set the profiler up for ``stage`` and time the Trainer's stages (when profiling)."""
+    profiler = trainer.profiler
+    if not is_profiling(profiler):
+        return
+    local_rank = trainer.local_rank if trainer.world_size > 1 else None  # Lightning's file names
+    profiler.setup(stage, local_rank=local_rank, log_dir=trainer.log_dir)
+    for method, action in STAGE_ACTIONS.items():
+        bound = getattr(type(trainer), method).__get__(trainer)
+        setattr(trainer, method, profiled(profiler, action, bound))
+
+
+def expect_steps(trainer: Trainer, stage: str) -> None:
+    """Tell a profiler with a step schedule (PyTorchProfiler) how many steps the stage has."""
+    expect = getattr(trainer.profiler, "expect_steps", None)
+    if expect is None or not is_profiling(trainer.profiler):
+        return
+    counts = {
+        "fit": "estimated_stepping_batches",
+        "validate": "num_val_batches",
+        "test": "num_test_batches",
+        "predict": "num_predict_batches",
+    }
+    steps = getattr(trainer, counts.get(stage, ""), float("inf"))
+    expect(steps if isinstance(steps, int | float) else float("inf"))
+
+
+def stop(trainer: Trainer, stage: str) -> None:
+    """Restore the Trainer's methods, print and write the summary, end the profiler's stage."""
+    profiler = trainer.profiler
+    if not is_profiling(profiler) or "_train_epoch" not in trainer.__dict__:
+        return  # no profiler, or the stage failed before `start`
+    for method in STAGE_ACTIONS:
+        trainer.__dict__.pop(method, None)
+    if trainer.state.status == "finished":
+        profiler.describe()  # the report, then its own teardown
+    profiler.teardown(stage)  # after a failure: switch cProfile / torch.profiler off
