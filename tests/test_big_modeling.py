@@ -490,6 +490,67 @@ def test_missing_unexpected_and_mismatched_keys_are_reported(reference, tmp_path
         load_checkpoint_in_model(_empty_tiny(), tmp_path / "bad.safetensors")
 
 
+def test_a_checkpoint_directory_is_verified_before_any_weight_is_placed(reference, tmp_path):
+    """A flipped byte in a trainer checkpoint is refused before the model or the offload folder
+    changes, whether the folder or one of its files is given; an honest copy loads."""
+    model, ids, want = reference
+    folder = write_checkpoint(
+        tmp_path / "ck", {"state_dict": model.state_dict(), "epoch": 0}, max_shard_size=4_000
+    )
+    shard = folder / "model-00002-of-00009.safetensors"
+    data = bytearray(shard.read_bytes())
+    data[-3] ^= 0x01
+    shard.write_bytes(bytes(data))
+    for source in (folder, folder / "model.safetensors.index.json", shard):
+        net = _empty_tiny()
+        with pytest.raises(
+            CheckpointError, match=r"model-00002-of-00009\.safetensors does not match"
+        ):
+            load_checkpoint_and_dispatch(
+                net, source, device_map="auto", max_memory={"cpu": 12_000},
+                no_split_module_classes=["Block"], offload_folder=tmp_path / "off",
+            )  # fmt: skip
+        assert all(p.is_meta for p in net.parameters()), source
+        assert not (tmp_path / "off").exists(), source
+    data[-3] ^= 0x01
+    shard.write_bytes(bytes(data))
+    net = load_checkpoint_and_dispatch(
+        _empty_tiny(), folder, device_map="auto", max_memory={"cpu": 12_000},
+        no_split_module_classes=["Block"], offload_folder=tmp_path / "off", strict=True,
+    )  # fmt: skip
+    assert torch.allclose(_run(net, ids), want, atol=1e-6, rtol=0)
+
+
+def test_an_index_without_a_manifest_names_only_files_inside_its_folder(reference, tmp_path):
+    """A Hugging Face style folder (no manifest): each weight_map entry is confined, by name."""
+    model, _, _ = reference
+    folder = tmp_path / "hf"
+    folder.mkdir()
+    write_model_files(folder, model.state_dict(), max_shard_size=4_000)
+    index_path = folder / "model.safetensors.index.json"
+    honest = json.loads(index_path.read_text())
+    outside = tmp_path / "elsewhere.safetensors"
+    outside.write_bytes((folder / "model-00001-of-00009.safetensors").read_bytes())
+    for value, reason in (
+        (str(outside), "is absolute"),
+        ("../elsewhere.safetensors", "leaves the folder"),
+        ("model-00010-of-00009.safetensors", "does not exist"),
+        (7, "expected a non-empty relative path"),
+    ):
+        index = copy.deepcopy(honest)
+        index["weight_map"]["embed.weight"] = value
+        index_path.write_text(json.dumps(index))
+        net = _empty_tiny()
+        with pytest.raises(CheckpointError, match=rf"field 'weight_map\.embed\.weight'.*{reason}"):
+            load_checkpoint_in_model(net, folder)
+        assert all(p.is_meta for p in net.parameters()), value
+    index = copy.deepcopy(honest)
+    index["metadata"]["aliases"] = ["head.weight"]
+    index_path.write_text(json.dumps(index))
+    with pytest.raises(CheckpointError, match=r"field 'metadata\.aliases'"):
+        load_checkpoint_in_model(_empty_tiny(), index_path)
+
+
 # --- a model bigger than its memory budget, in a subprocess ---------------------------------------
 
 _BUDGET = 200 * 10**6  # max_memory={"cpu": "200MB"}

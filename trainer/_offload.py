@@ -2,9 +2,11 @@
 
 Owns:
 
-- reading checkpoints tensor by tensor: the files behind a checkpoint path, the safetensors
-  header (parsed here, so a tensor is read with one ``readinto`` straight into its destination
-  and no file stays mapped), legacy pickles through ``torch.load(weights_only=True, mmap=True)``;
+- reading checkpoints tensor by tensor: the files behind a checkpoint path (a trainer
+  checkpoint folder verified against its manifest first, every file an index names confined to
+  its folder), the safetensors header (parsed here, so a tensor is read with one ``readinto``
+  straight into its destination and no file stays mapped), legacy pickles through
+  ``torch.load(weights_only=True, mmap=True)``;
 - the offload folder: ``index.json`` maps each offloaded tensor name to a safetensors file (one
   per tensor written here, or the checkpoint's own shard) and the key inside it;
 - ``WeightsMap``, what an offloaded module reads its weights from at forward time: safetensors
@@ -31,9 +33,16 @@ from typing import Any
 import torch
 
 from trainer._device_map import find_tied_parameters
-from trainer.checkpoint.format import MODEL_FILE, MODEL_INDEX, is_checkpoint_dir, read_manifest
+from trainer.checkpoint.format import (
+    MODEL_FILE,
+    MODEL_INDEX,
+    is_checkpoint_dir,
+    is_format_file,
+    verify_checkpoint,
+)
 from trainer.checkpoint.legacy import LEGACY_SUFFIXES, load_weights_file
-from trainer.errors import CheckpointError, ConfigurationError
+from trainer.checkpoint.paths import resolve_inside
+from trainer.errors import CheckpointError, ConfigurationError, describe
 
 __all__ = [
     "OFFLOAD_INDEX",
@@ -152,19 +161,29 @@ def read_safetensors_header(path: Path) -> tuple[list[StoredTensor], dict[str, s
 
 
 def weight_files(checkpoint: Path) -> tuple[list[Path], dict[str, str]]:
-    """The tensor files behind ``checkpoint`` and the tied-weight aliases its index records."""
+    """The tensor files behind ``checkpoint`` and the tied-weight aliases its index records.
+
+    Nothing is read from a tensor file here, so a refusal leaves the model untouched:
+
+    - a trainer checkpoint folder (one with a manifest), given as the folder or as one of its
+      files, is verified first (`trainer.checkpoint.format.verify_checkpoint`: no symbolic
+      link, no missing or unlisted file, every file's size and sha256, every field);
+    - every file a model index (ours or a Hugging Face ``*.index.json``) names in its
+      ``weight_map`` must be a relative path inside the index's folder, reached through no
+      symbolic link (`trainer.checkpoint.paths.resolve_inside`), and must exist.
+
+    Raises:
+        CheckpointError: naming the file, and for an index entry the field and the value.
+    """
+    folder = checkpoint if checkpoint.is_dir() else checkpoint.parent
+    ours = is_checkpoint_dir(folder) and (checkpoint.is_dir() or is_format_file(checkpoint.name))
+    manifest = _verified(folder) if ours else None
     if checkpoint.is_dir():
-        checkpoint = _weights_in_directory(checkpoint)
+        checkpoint = _weights_in_directory(checkpoint, manifest)
         if checkpoint.suffix in LEGACY_SUFFIXES or checkpoint.name == MODEL_FILE:
             return [checkpoint], {}
     if checkpoint.name.endswith(".index.json"):
-        try:
-            index = json.loads(checkpoint.read_text(encoding="utf-8"))
-            names = sorted(set(index["weight_map"].values()))
-        except (OSError, ValueError, KeyError, TypeError, AttributeError) as err:
-            raise CheckpointError(f"{checkpoint} is not a readable weight index: {err}.") from err
-        aliases = (index.get("metadata") or {}).get("aliases") or {}
-        return [checkpoint.parent / name for name in names], dict(aliases)
+        return _indexed_files(checkpoint)
     if checkpoint.suffix == ".safetensors" or checkpoint.suffix in LEGACY_SUFFIXES:
         if not checkpoint.is_file():
             raise CheckpointError(f"checkpoint file {checkpoint} does not exist.")
@@ -175,11 +194,57 @@ def weight_files(checkpoint: Path) -> tuple[list[Path], dict[str, str]]:
     )
 
 
-def _weights_in_directory(directory: Path) -> Path:
+def _verified(folder: Path) -> dict[str, Any]:
+    """``verify_checkpoint(folder)``, any failure of it as a CheckpointError naming the folder."""
+    try:
+        return verify_checkpoint(folder)
+    except CheckpointError:
+        raise
+    except Exception as err:  # e.g. safetensors' own error for a re-hashed non-safetensors file
+        raise CheckpointError(
+            f"checkpoint {folder} could not be verified: {err}. It is damaged or was altered; "
+            "use another checkpoint."
+        ) from err
+
+
+def _indexed_files(index_path: Path) -> tuple[list[Path], dict[str, str]]:
+    """The shard files an index names, each confined to its folder, and its aliases."""
+    try:
+        index = json.loads(index_path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as err:
+        raise CheckpointError(f"{index_path} is not a readable weight index: {err}.") from err
+    weight_map = index.get("weight_map") if isinstance(index, dict) else None
+    if not isinstance(weight_map, dict) or not weight_map:
+        raise CheckpointError(
+            f"{index_path}, field 'weight_map': expected a non-empty mapping of tensor names to "
+            f"shard file names, received {describe(weight_map)}. The index is corrupt."
+        )
+    shards: dict[str, Path] = {}
+    for tensor_name, shard in weight_map.items():
+        field = f"weight_map.{tensor_name}"
+        path = resolve_inside(index_path.parent, shard, source=index_path, field=field)
+        if shard not in shards and not path.is_file():
+            raise CheckpointError(
+                f"{index_path}, field {field!r}: the shard {shard!r} does not exist in "
+                f"{str(index_path.parent)!r}. The folder is incomplete."
+            )
+        shards[shard] = path
+    metadata = index.get("metadata")
+    aliases = (metadata.get("aliases") if isinstance(metadata, dict) else None) or {}
+    if not isinstance(aliases, dict) or not all(
+        isinstance(k, str) and isinstance(v, str) for k, v in aliases.items()
+    ):
+        raise CheckpointError(
+            f"{index_path}, field 'metadata.aliases': expected a mapping of tensor names to "
+            f"tensor names, received {describe(aliases)}. The index is corrupt."
+        )
+    return [shards[name] for name in sorted(shards)], dict(aliases)
+
+
+def _weights_in_directory(directory: Path, manifest: dict[str, Any] | None) -> Path:
     candidates = [MODEL_FILE, MODEL_INDEX, "pytorch_model.bin.index.json", "pytorch_model.bin"]
-    if is_checkpoint_dir(directory):
-        files = read_manifest(directory)["files"]
-        candidates = [name for name in candidates if name in files]
+    if manifest is not None:
+        candidates = [name for name in candidates if name in manifest["files"]]
     for name in candidates:
         if (directory / name).is_file():
             return directory / name

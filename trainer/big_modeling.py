@@ -433,6 +433,11 @@ def load_checkpoint_in_model(
     are re-tied. With ``dtype=None`` a meta parameter takes the checkpoint's dtype and a
     materialized one keeps its own (like ``load_state_dict``).
 
+    A trainer checkpoint directory (one with a ``manifest.json``), or a file of one, is verified
+    first, as ``trainer checkpoint verify`` does (every file's size and sha256, no symbolic link,
+    every field); every shard a model index names must lie inside the index's folder. Both are
+    checked before any tensor is read, so a refusal leaves ``model`` as it was.
+
     Args:
         checkpoint: a checkpoint or ``save_model`` directory, a ``.safetensors`` file, a
             ``*.index.json`` or a legacy ``.bin``/``.pt``/``.ckpt`` file.
@@ -449,7 +454,10 @@ def load_checkpoint_in_model(
         warning lists them when any is non-empty and ``strict`` is False.
 
     Raises:
-        CheckpointError: unreadable checkpoint; with ``strict``, any key problem.
+        CheckpointError: unreadable checkpoint, a checkpoint directory that fails verification,
+            or an index entry that is absolute, leaves its folder, goes through a symbolic link
+            or is missing (naming the file, the field and the value); with ``strict``, any key
+            problem.
         ConfigurationError: ``device_map`` misses tensors or uses ``"disk"`` without a folder.
 
     Examples:

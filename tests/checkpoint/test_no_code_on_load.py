@@ -161,30 +161,73 @@ def test_clean_dcp_checkpoint_still_loads_its_byte_items(fsdp: Any, tmp_path: Pa
     assert loaded["optimizer_states"][0]["param_groups"][0]["lr"] == 0.125  # a byte item
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="trainer/cli/checkpoint.py consolidate reads DCP with torch's own FileSystemReader; "
-    "it should pass storage_reader=trainer.checkpoint.sharded.safe_storage_reader(...)",
-)
-def test_consolidating_dcp_shards_runs_no_code(fsdp: Any, tmp_path: Path) -> None:
+@pytest.mark.parametrize("payload", [_MakeDirs, _System])
+def test_consolidating_dcp_shards_runs_no_code(fsdp: Any, tmp_path: Path, payload) -> None:
+    """`trainer checkpoint consolidate` reads ``.metadata`` with the allow-list unpickler too."""
     from trainer.cli.checkpoint import consolidate
 
     path, marker = tmp_path / "step=1", tmp_path / "ran"
+    out = tmp_path / "out.safetensors"
     _sharded_checkpoint(fsdp, path)
     metadata_file = path / "dcp" / ".metadata"
     metadata = pickle.loads(metadata_file.read_bytes())
-    metadata.planner_data = {"evil": _MakeDirs(marker)}
+    metadata.planner_data = {"evil": payload(marker)}
     metadata_file.write_bytes(pickle.dumps(metadata))
     _rehash(path)
     dist.destroy_process_group()  # `trainer checkpoint consolidate` runs without a group
     try:
-        with pytest.raises(CheckpointError, match=r"\.metadata: it names the global"):
-            consolidate(path, tmp_path / "out.safetensors")
+        with pytest.raises(
+            CheckpointError, match=r"dcp/\.metadata: it names the global (os|posix)"
+        ):
+            consolidate(path, out)
     finally:
         dist.init_process_group(  # for the fixture's teardown
             "gloo", init_method=f"file://{tmp_path / 'store2'}", rank=0, world_size=1
         )
+    assert not marker.exists(), "the payload in dcp/.metadata ran"
+    assert not out.exists()
+
+
+def test_consolidating_dcp_byte_item_that_would_run_code_is_refused(
+    fsdp: Any, tmp_path: Path
+) -> None:
+    from trainer.cli.checkpoint import consolidate
+
+    path, marker = tmp_path / "step=1", tmp_path / "ran"
+    _sharded_checkpoint(fsdp, path, lr=_MakeDirs(marker))
+    dist.destroy_process_group()
+    try:
+        with pytest.raises(
+            CheckpointError, match=r"__0_0\.distcp \(item .*lr.*\): it cannot be read"
+        ):
+            consolidate(path, tmp_path / "out.safetensors")
+    finally:
+        dist.init_process_group(
+            "gloo", init_method=f"file://{tmp_path / 'store2'}", rank=0, world_size=1
+        )
     assert not marker.exists()
+
+
+def test_consolidating_a_clean_dcp_checkpoint_gives_the_model_weights(
+    fsdp: Any, tmp_path: Path
+) -> None:
+    from safetensors.torch import load_file
+
+    from trainer.cli.checkpoint import consolidate
+
+    path = tmp_path / "step=1"
+    model, _ = _sharded_checkpoint(fsdp, path, lr=0.125)  # a byte item, read without code
+    full = {k: v.detach().clone() for k, v in fsdp.module_state_dict(model, full=True).items()}
+    dist.destroy_process_group()
+    try:
+        merged = load_file(str(consolidate(path, tmp_path / "out.safetensors")))
+    finally:
+        dist.init_process_group(
+            "gloo", init_method=f"file://{tmp_path / 'store2'}", rank=0, world_size=1
+        )
+    assert merged.keys() == full.keys()
+    for name, tensor in full.items():
+        assert torch.equal(merged[name], tensor), name
 
 
 # ---- (b) DeepSpeed's engine files --------------------------------------------------------------

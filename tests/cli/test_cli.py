@@ -305,3 +305,64 @@ def test_every_registered_command_has_the_module_contract(
         assert re.search(rf"^    {name}\b", help_text, re.MULTILINE), (
             f"`trainer --help` does not list {name}"
         )
+
+
+# -- trainer checkpoint --------------------------------------------------------------------------
+def test_checkpoint_consolidate_of_dcp_shards_runs_no_code(tmp_path: Path) -> None:
+    """A payload re-hashed into ``dcp/.metadata`` is refused in one line; it never runs."""
+    import pickle
+
+    import torch.distributed as dist
+
+    from tests.checkpoint.test_no_code_on_load import _MakeDirs, _rehash, _sharded_checkpoint
+    from trainer.strategies.fsdp import FSDPStrategy
+
+    path, marker, out = tmp_path / "step=1", tmp_path / "ran", tmp_path / "full.safetensors"
+    dist.init_process_group(
+        "gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1
+    )
+    try:
+        strategy = FSDPStrategy("cpu")
+        strategy.setup_environment()
+        _sharded_checkpoint(strategy, path)
+    finally:
+        dist.destroy_process_group()
+    command = [sys.executable, "-m", "trainer.cli", "checkpoint"]
+    assert run_cli(command, "consolidate", str(path), str(out)).returncode == 0  # honest: merges
+    out.unlink()
+    metadata_file = path / "dcp" / ".metadata"
+    metadata = pickle.loads(metadata_file.read_bytes())  # our own file: trusted here
+    metadata.planner_data = {"evil": _MakeDirs(marker)}
+    metadata_file.write_bytes(pickle.dumps(metadata))
+    _rehash(path)
+
+    assert run_cli(command, "verify", str(path)).returncode == 0  # hashes match: not enough
+    result = run_cli(command, "consolidate", str(path), str(out))
+    assert result.returncode == 1, result.stderr
+    assert re.fullmatch(r"error: .*dcp/\.metadata: it names the global (os|posix)\.makedirs.*\n",
+                        result.stderr), result.stderr  # fmt: skip
+    assert not marker.exists(), "the payload in dcp/.metadata ran"
+    assert not out.exists()
+
+
+def test_checkpoint_verify_of_a_non_safetensors_weights_file_is_one_line(tmp_path: Path) -> None:
+    """A pickle re-hashed in place of ``model.safetensors``: status 1 and one line, no traceback."""
+    import hashlib
+    import json
+    import pickle
+
+    from trainer.checkpoint import write_checkpoint
+
+    folder = write_checkpoint(tmp_path / "ck", {"state_dict": torch.nn.Linear(2, 2).state_dict()})
+    (folder / "model.safetensors").write_bytes(pickle.dumps({"not": "weights"}))
+    manifest = json.loads((folder / "manifest.json").read_text())
+    for name, record in manifest["files"].items():
+        data = (folder / name).read_bytes()
+        record.update(size=len(data), sha256=hashlib.sha256(data).hexdigest())
+    (folder / "manifest.json").write_text(json.dumps(manifest))
+    command = [sys.executable, "-m", "trainer.cli", "checkpoint"]
+    for args in (["verify", str(folder)], ["consolidate", str(folder), str(tmp_path / "o.st")]):
+        result = run_cli(command, *args)
+        assert result.returncode == 1, result.stderr
+        assert re.fullmatch(rf"error: checkpoint {re.escape(str(folder))} could not be verified: .*\n",
+                            result.stderr), result.stderr  # fmt: skip

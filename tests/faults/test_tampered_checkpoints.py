@@ -13,6 +13,7 @@ import hashlib
 import json
 import os
 import pickle
+import re
 import shutil
 from collections.abc import Callable
 from pathlib import Path
@@ -196,3 +197,149 @@ def test_the_engines_shard_folders_are_files_of_the_format():
     assert is_format_file(f"{DCP_DIR}/__0_0.distcp") and is_format_file(f"{DCP_DIR}/.metadata")
     assert is_format_file(f"{ENGINE_DIR}/global_step3/mp_rank_00_model_states.pt")
     assert not is_format_file("optimizer.bin") and not is_format_file(f"{DCP_DIR}/../x.pkl")
+
+
+# ---- load_checkpoint_in_model verifies a checkpoint folder and confines a model index (#21) ----
+@pytest.mark.parametrize("case", list(TAMPERINGS))
+def test_load_checkpoint_in_model_refuses_a_tampered_checkpoint(tmp_path, saved, case):
+    """The weights-only loader verifies the folder first: the same matrix, the same refusals."""
+    from trainer import load_checkpoint_in_model
+
+    folder = tmp_path / "ck"
+    shutil.copytree(saved, folder)
+    marker = tmp_path / "payload-ran"
+    TAMPERINGS[case](folder, marker)
+    torch.manual_seed(1)
+    module = Net()
+    before = {k: v.clone() for k, v in module.state_dict().items()}
+    with pytest.raises(CheckpointError) as error:
+        load_checkpoint_in_model(module, folder, strict=True)
+    assert folder.name in str(error.value), str(error.value)
+    assert NAMED.get(case, "") in str(error.value), str(error.value)
+    assert not marker.exists(), "a pickle payload ran"
+    _assert_untouched(module, before)
+
+
+def _assert_untouched(module: torch.nn.Module, before: dict[str, torch.Tensor]) -> None:
+    for name, tensor in module.state_dict().items():
+        assert torch.equal(tensor, before[name]), f"{name} was loaded from a refused checkpoint"
+
+
+def _sharded_folder(root: Path, ours: bool) -> Path:
+    """Net's weights in shards with an index: a trainer checkpoint, or a plain save_model one."""
+    from trainer.checkpoint.format import write_checkpoint, write_model_files
+
+    torch.manual_seed(0)
+    state = Net().state_dict()
+    folder = root / ("ck" if ours else "hf")
+    if ours:
+        write_checkpoint(folder, {"state_dict": state, "epoch": 0, "global_step": 0},
+                         max_shard_size=100)  # fmt: skip
+    else:
+        folder.mkdir()
+        write_model_files(folder, state, max_shard_size=100)
+    assert len(list(folder.glob("model-*.safetensors"))) > 1
+    return folder
+
+
+def _point_index_at(folder: Path, value: Callable[[Path, str], str]) -> tuple[str, str]:
+    """Make the index's first entry name ``value(folder, shard)``; returns (tensor, value)."""
+    index_path = folder / "model.safetensors.index.json"
+    index = json.loads(index_path.read_text())
+    tensor, shard = sorted(index["weight_map"].items())[0]
+    index["weight_map"][tensor] = value(folder, shard)
+    index_path.write_text(json.dumps(index))
+    return tensor, index["weight_map"][tensor]
+
+
+def _outside_copy(folder: Path, shard: str) -> Path:
+    """A valid shard outside the folder, holding the same tensors with other values (7s)."""
+    from safetensors.torch import load_file, save_file
+
+    outside = folder.parent / "outside" / shard
+    outside.parent.mkdir(exist_ok=True)
+    save_file({k: torch.full_like(v, 7.0) for k, v in load_file(folder / shard).items()}, outside)
+    return outside
+
+
+def index_absolute(folder: Path) -> tuple[str, str]:
+    return _point_index_at(folder, lambda f, shard: str(_outside_copy(f, shard)))
+
+
+def index_parent(folder: Path) -> tuple[str, str]:
+    return _point_index_at(folder, lambda f, shard: f"../outside/{_outside_copy(f, shard).name}")
+
+
+def shard_symlinked(folder: Path) -> tuple[str, str]:
+    index = json.loads((folder / "model.safetensors.index.json").read_text())
+    tensor, shard = sorted(index["weight_map"].items())[0]
+    outside = _outside_copy(folder, shard)
+    (folder / shard).unlink()
+    (folder / shard).symlink_to(outside)
+    return tensor, shard
+
+
+def shard_in_symlinked_folder(folder: Path) -> tuple[str, str]:
+    """The index names ``inner/<shard>``, where ``inner`` links to a folder outside."""
+    tensor, value = _point_index_at(
+        folder, lambda f, shard: f"inner/{_outside_copy(f, shard).name}"
+    )
+    (folder / "inner").symlink_to(folder.parent / "outside", target_is_directory=True)
+    return tensor, value
+
+
+def shard_byte_flipped(folder: Path) -> tuple[str, str]:
+    shard = sorted(folder.glob("model-*.safetensors"))[0]
+    data_bytes = bytearray(shard.read_bytes())
+    data_bytes[-1] ^= 0xFF
+    shard.write_bytes(bytes(data_bytes))
+    return "", shard.name
+
+
+INDEX_TAMPERINGS = {
+    "index names an absolute path": index_absolute,
+    "index names ../": index_parent,
+    "shard is a symbolic link": shard_symlinked,
+    "shard inside a linked folder": shard_in_symlinked_folder,
+    "shard byte flipped": shard_byte_flipped,
+}
+
+
+@pytest.mark.parametrize("ours", [True, False], ids=["trainer checkpoint", "save_model folder"])
+@pytest.mark.parametrize("case", list(INDEX_TAMPERINGS))
+def test_load_checkpoint_in_model_reads_no_shard_outside_the_folder(tmp_path, case, ours):
+    """Every file a model index names stays inside its folder, with or without a manifest.
+
+    A trainer checkpoint is verified as a whole first (an attacker re-hashes its manifest); a
+    folder without a manifest (``save_model``, a Hugging Face download) has its index confined.
+    """
+    from trainer import load_checkpoint_and_dispatch, load_checkpoint_in_model
+
+    if case == "shard byte flipped" and not ours:
+        pytest.skip("a folder without a manifest has no hashes to check")
+    folder = _sharded_folder(tmp_path, ours)
+    control = Net()
+    assert load_checkpoint_in_model(control, folder, strict=True)["missing_keys"] == []
+    tensor, value = INDEX_TAMPERINGS[case](folder)
+    if ours and case != "shard byte flipped":
+        rehash(folder)  # only the path checks can refuse it now
+    if case == "shard byte flipped":
+        expected = rf"{value} does not match its sha256"
+    elif ours and "link" in case:  # a trainer checkpoint with a link anywhere is refused whole
+        expected = r"is a symbolic link \(to "
+    else:  # the file, the field and the value
+        expected = (
+            rf"model\.safetensors\.index\.json, field 'weight_map\.{tensor}': the path "
+            rf"{re.escape(repr(value))} (is absolute|leaves the folder|goes through the symbolic)"
+        )
+    torch.manual_seed(1)
+    module = Net()
+    before = {k: v.clone() for k, v in module.state_dict().items()}
+    for load in (
+        lambda: load_checkpoint_in_model(module, folder, strict=True),
+        lambda: load_checkpoint_in_model(module, folder / "model.safetensors.index.json"),
+        lambda: load_checkpoint_and_dispatch(module, folder, device_map={"": "cpu"}),
+    ):
+        with pytest.raises(CheckpointError, match=expected):
+            load()
+        _assert_untouched(module, before)

@@ -36,28 +36,26 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
 def consolidate(directory: str | os.PathLike[str], output: str | os.PathLike[str]) -> Path:
     """Write the full model weights of the checkpoint at ``directory`` to ``output``.
 
-    Returns the output path. The checkpoint is verified first; DCP shards are read with
-    ``torch.distributed.checkpoint`` in this single process; DeepSpeed ZeRO shards are merged into
-    fp32 weights with DeepSpeed's ``zero_to_fp32`` (which unpickles DeepSpeed's own files: only
-    after every file matched its sha256 in the manifest).
+    Returns the output path. The checkpoint is verified first. DCP shards are read with
+    ``torch.distributed.checkpoint`` in this single process, through the reader that runs no code
+    (`trainer.checkpoint.sharded.safe_storage_reader`: ``.metadata`` by an allow-list unpickler,
+    byte items with ``weights_only=True``). DeepSpeed ZeRO shards are merged into fp32 weights
+    with DeepSpeed's ``zero_to_fp32``, reading DeepSpeed's files with ``weights_only=True``.
+
+    Raises:
+        CheckpointError: the checkpoint fails verification, its DCP metadata names a global
+            outside the allow-list or a shard outside ``dcp/``, or it holds no model weights.
     """
-    from trainer.checkpoint.format import load_model_weights, verify_checkpoint
+    from trainer.checkpoint.format import load_model_weights
     from trainer.checkpoint.tensor_files import deduplicate, write_safetensors
     from trainer.errors import CheckpointError
     from trainer.strategies.deepspeed import ENGINE_DIR, load_engine_weights
     from trainer.strategies.fsdp import DCP_DIR
 
     source = Path(directory)
-    manifest = verify_checkpoint(source)
+    manifest = _verified(source)
     if (source / DCP_DIR).is_dir():
-        import warnings
-
-        from torch.distributed.checkpoint.state_dict_loader import _load_state_dict_from_keys
-
-        with warnings.catch_warnings():  # "no process group: loading in one process" is the point
-            warnings.simplefilter("ignore", UserWarning)
-            loaded = _load_state_dict_from_keys(checkpoint_id=str(source / DCP_DIR))
-        weights = loaded.get("model")
+        weights = _dcp_weights(source / DCP_DIR)
         if not weights:
             raise CheckpointError(f"{source}: the DCP shards hold no model weights.")
     elif (source / ENGINE_DIR).is_dir():
@@ -75,11 +73,57 @@ def consolidate(directory: str | os.PathLike[str], output: str | os.PathLike[str
     return target
 
 
-def run(args: argparse.Namespace) -> int:
+def _verified(directory: str | os.PathLike[str]) -> dict[str, Any]:
+    """``verify_checkpoint(directory)``, any failure of it as a CheckpointError (one line, status 1)."""
     from trainer.checkpoint.format import verify_checkpoint
+    from trainer.errors import CheckpointError
 
+    try:
+        return verify_checkpoint(directory)
+    except CheckpointError:
+        raise
+    except Exception as err:  # e.g. safetensors' own error for a re-hashed non-safetensors file
+        raise CheckpointError(
+            f"checkpoint {directory} could not be verified: {err}. It is damaged or was altered; "
+            "use another checkpoint."
+        ) from err
+
+
+def _dcp_weights(dcp_dir: Path) -> Any:
+    """The ``model`` entry of the DCP shards in ``dcp_dir``, read in this process, running no code.
+
+    ``.metadata`` is read first with the allow-list unpickler (`read_dcp_metadata`), so a
+    payload is refused with its own message before DCP starts; then DCP reads the shards through
+    `safe_storage_reader`, never with torch's own reader (which unpickles ``.metadata``).
+    """
+    import warnings
+
+    from torch.distributed.checkpoint.api import CheckpointException
+    from torch.distributed.checkpoint.state_dict_loader import _load_state_dict_from_keys
+
+    from trainer.checkpoint.sharded import read_dcp_metadata, safe_storage_reader
+    from trainer.errors import CheckpointError
+
+    read_dcp_metadata(dcp_dir / ".metadata")
+    try:
+        with warnings.catch_warnings():  # "no process group: loading in one process" is the point
+            warnings.simplefilter("ignore", UserWarning)
+            loaded = _load_state_dict_from_keys(storage_reader=safe_storage_reader(dcp_dir))
+    except CheckpointException as err:  # DCP wraps each rank's error: give ours back as it is
+        failures = getattr(err, "failures", {}) or {}
+        for rank in sorted(failures):
+            if isinstance(failures[rank][0], CheckpointError):
+                raise failures[rank][0] from None
+        reason = str(err).strip().splitlines()[-1][:300] if str(err).strip() else repr(err)
+        raise CheckpointError(
+            f"{dcp_dir}: torch.distributed.checkpoint could not read the shards: {reason}."
+        ) from err
+    return loaded.get("model")
+
+
+def run(args: argparse.Namespace) -> int:
     if args.action == "verify":
-        manifest = verify_checkpoint(args.directory)
+        manifest = _verified(args.directory)
         print(
             f"{args.directory}: valid ({len(manifest['files'])} files, global_step {manifest.get('global_step')})"
         )
