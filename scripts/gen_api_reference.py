@@ -3,8 +3,9 @@
 Each page is a list of mkdocstrings directives (``::: trainer.trainer.Trainer``) that
 ``mkdocs build`` fills from the docstrings. Pages are never edited by hand: every public name of
 ``trainer``, ``trainer.callbacks``, ``trainer.loggers``, ``trainer.strategies``,
-``trainer.precision`` and ``trainer.checkpoint`` gets an entry, so a name added to an
-``__all__`` appears in the reference (or ``--check`` fails in CI).
+``trainer.precision``, ``trainer.checkpoint``, ``trainer.profilers`` and ``trainer.plugins``
+gets an entry, so a name added to an ``__all__`` appears in the reference (or ``--check`` fails
+in CI).
 
 Usage:
     python scripts/gen_api_reference.py           # (re)write docs/api/
@@ -30,6 +31,7 @@ PUBLIC_PACKAGES = (
     "trainer.precision",
     "trainer.checkpoint",
     "trainer.profilers",
+    "trainer.plugins",
 )
 
 
@@ -94,6 +96,12 @@ PAGES = (
         "Profilers",
         "Everything in `trainer.profilers` ([guide](../profilers.md)).",
         ("trainer.profilers",),
+    ),
+    Page(
+        "plugins.md",
+        "Plugins",
+        "Everything in `trainer.plugins` ([guide](../checkpointing.md#asynchronous-saves)).",
+        ("trainer.plugins",),
     ),
     Page(
         "checkpoint.md",

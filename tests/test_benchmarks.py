@@ -94,3 +94,22 @@ def test_bench_import_reports_times_and_modules(tmp_path: Path) -> None:
     assert modules["added_count"] > 0  # trainer's own modules at least
     assert "import trainer over import torch" in out
     assert "optional modules loaded by `import trainer`" in out
+
+
+@pytest.mark.slow
+def test_bench_async_checkpoint_reports_blocked_time_per_save(tmp_path: Path) -> None:
+    path = tmp_path / "async.json"
+    out = run_module(
+        "benchmarks.bench_async_checkpoint",
+        *("--params", "1e6", "--steps", "6", "--every", "2", "--rounds", "1"),
+        *("--json", str(path)),
+    )
+
+    result = json.loads(path.read_text(encoding="utf-8"))
+    assert set(result["summary"]) == {"none", "sync", "async"}
+    for variant in ("sync", "async"):
+        (run,) = result["runs"][variant]
+        assert len(run["blocked_s"]) == 3 and all(is_positive(s) for s in run["blocked_s"])
+        assert is_positive(result["summary"][variant]["blocked_median_s"])
+    assert is_positive(result["runs"]["async"][0]["snapshot_s_last"])
+    assert "of a synchronous save (median per save)" in out

@@ -106,7 +106,9 @@ def test_training_defaults_are_on_step_and_both_give_suffixes(tmp_path):
     metrics = t.callback_metrics
     assert metrics["train/value"].item() == 2.5  # the plain name holds the epoch value at the end
     assert metrics["train/value_step"].item() == 3.5 and metrics["train/value_epoch"].item() == 2.5
-    assert [step for step, _ in memory.rows] == [1, 2, 2] and memory.status == "success"
+    # Lightning's steps: each row at the optimizer steps done before its batch's; the epoch row
+    # at the step of the epoch's last batch.
+    assert [step for step, _ in memory.rows] == [0, 1, 1] and memory.status == "success"
 
 
 def test_log_every_n_steps_and_epoch_column(tmp_path):
@@ -114,7 +116,7 @@ def test_log_every_n_steps_and_epoch_column(tmp_path):
     quiet_trainer(tmp_path, max_epochs=2, logger=memory, log_every_n_steps=3).fit(
         ValueLogger(), _data([float(i) for i in range(8)], 2)
     )
-    assert [step for step, _ in memory.rows] == [3, 6]
+    assert [step for step, _ in memory.rows] == [2, 5]  # after optimizer steps 3 and 6
     assert [row["epoch"] for _, row in memory.rows] == [0.0, 1.0]
 
 
@@ -252,6 +254,22 @@ def test_same_key_twice_in_one_hook_with_another_prog_bar_names_the_fix(tmp_path
     assert "self.log('val/value', ...)" in message and "validation_step" in message, message
     assert "prog_bar=True then prog_bar=False" in message and "reduce_fx" not in message, message
     assert "pass the same options" in message and "under another name" in message, message
+
+
+@pytest.mark.parametrize("hook", ["on_train_epoch_end", "on_validation_epoch_end"])
+def test_a_conflict_in_an_epoch_end_hook_names_that_hook(tmp_path, hook):
+    def log_twice(self):
+        self.log("marker", 1.0)
+        self.log("marker", 2.0, prog_bar=True)
+
+    module_class = type("Twice", (ValueLogger,), {hook: log_twice})
+    with pytest.raises(trainer.ConfigurationError) as caught:
+        quiet_trainer(tmp_path, max_epochs=1).fit(
+            module_class(), _data([1.0, 2.0], 1), _data([1.0], 1)
+        )
+    message = str(caught.value)
+    assert f"twice in {hook} with different options" in message, message
+    assert "training_step" not in message and "validation_step" not in message, message
 
 
 def test_save_hyperparameters_all_named_and_ignored():

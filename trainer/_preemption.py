@@ -1,5 +1,7 @@
 """SIGTERM / SIGUSR1 during fit: finish the optimizer step, save a checkpoint, exit with status 0.
 
+With ``AsyncCheckpointIO`` the save in flight completes first, then this one, before the exit.
+
 Clusters (SLURM, Kubernetes) send SIGTERM before killing a job; SLURM can send SIGUSR1 ahead of
 time (``#SBATCH --signal=USR1@90``). The handler only records the signal; the fit loop acts on it
 at the next optimizer-step boundary, so the saved state is consistent.
@@ -52,7 +54,9 @@ def save_and_exit(trainer: Trainer) -> None:
         checkpoint_dir(trainer)
         / f"preempted-epoch={trainer.current_epoch}-step={trainer.global_step}"
     )
-    trainer.save_checkpoint(path)
+    pending = trainer.save_checkpoint(path)
+    if pending is not None:  # a background save (AsyncCheckpointIO): exit only once it is complete
+        pending.wait()
     if trainer.is_global_zero:
         print(
             f"trainer: received {name}; saved a checkpoint at step {trainer.global_step} to {path} "

@@ -5,6 +5,13 @@ previous one; an epoch value accumulates with its reduction (batch-size-weighted
 as tensor arithmetic, so logging never forces a host-device sync per step. torchmetrics ``Metric``
 values are computed, synced and reset at epoch end.
 
+What the Trainer publishes follows Lightning 2.6: a value stays in ``callback_metrics``,
+``logged_metrics`` and ``progress_bar_metrics`` until the same name replaces it (an epoch's values
+are kept when the next epoch starts; `reset` forgets them at the start of a run). A name logged
+with both ``on_step`` and ``on_epoch`` is published as ``name_step`` and ``name_epoch``, and
+``name`` holds the latest of the two. Validation and test step values go to the loggers and the
+progress bar only: their ``callback_metrics`` are the epoch values.
+
 Within one hook a name keeps the options it was first logged with (``on_step``, ``on_epoch``,
 ``reduce_fx``, ``prog_bar``, ``logger``, ``sync_dist``): logging it again with other options is a
 `ConfigurationError`, as Lightning's ``MisconfigurationException``. A call is checked when it
@@ -104,6 +111,11 @@ class MetricStore:
         self.current_batch: Any = None
         self._batch_size_cache: tuple[int, int] | None = None  # (id(batch), size)
         self.epoch_values: dict[str, Any] = {}
+        # The step and epoch values of earlier epochs of this run, by name (see the module doc).
+        self.kept_steps: dict[str, Any] = {}
+        self.kept_epochs: dict[str, Any] = {}
+        # Validation/test batches seen since `reset`: Lightning's step for their step rows.
+        self.batch_count = 0
         self.reducer = reducer
         self.key_check: Callable[[list[str]], None] | None = None
 
@@ -286,26 +298,68 @@ class MetricStore:
             items[f"{name}_epoch" if entry.on_step else name] = value
         return items
 
-    def callback_items(self) -> dict[str, Any]:
-        """What callbacks see: step and epoch values, plus the plain name for the latest of both."""
-        items = {**self.step_items(), **self.epoch_items()}
-        for name, entry in self.entries.items():
-            if entry.on_step and entry.on_epoch:
-                if name in self.epoch_values:
-                    items[name] = self.epoch_values[name][0]
-                elif entry.step_value is not None:
-                    items[name] = entry.step_value
+    def callback_items(self, *, is_training: bool = True) -> dict[str, Any]:
+        """What callbacks see: by published name and by plain name, the latest value of each.
+
+        Args:
+            is_training: the training store; the others (validation, test) give epoch values
+                only, as Lightning's ``callback_metrics`` never holds their ``_step`` values.
+        """
+        items: dict[str, Any] = {}
+        for name, forked, value, _, is_step in self._published():
+            if is_step and not is_training:
+                continue
+            items[name] = value
+            items[forked] = value
         return items
+
+    def logged_items(self) -> dict[str, Any]:
+        """Lightning's ``logged_metrics``: the latest value of every ``logger=True`` name."""
+        return {forked: value for _, forked, value, entry, _ in self._published() if entry.logger}
+
+    def bar_items(self) -> dict[str, Any]:
+        """Lightning's ``progress_bar_metrics``: the latest value of every ``prog_bar=True`` name."""
+        return {forked: value for _, forked, value, entry, _ in self._published() if entry.prog_bar}
+
+    def _published(self) -> list[tuple[str, str, Any, _Entry, bool]]:
+        """``(name, published name, value, entry, is_step)``, oldest first: kept values, then this
+        epoch's step values, then its epoch values (so the plain name ends on the latest)."""
+        live_steps = {
+            name: entry.step_value
+            for name, entry in self.entries.items()
+            if entry.on_step and entry.step_value is not None
+        }
+        live_epochs = {name: value for name, (value, _) in self.epoch_values.items()}
+        published = []
+        for values, is_step in (
+            (self.kept_steps, True),
+            (self.kept_epochs, False),
+            (live_steps, True),
+            (live_epochs, False),
+        ):
+            for name, value in values.items():
+                entry = self.entries[name]
+                is_forked = entry.on_epoch if is_step else entry.on_step
+                forked = f"{name}_{'step' if is_step else 'epoch'}" if is_forked else name
+                published.append((name, forked, value, entry, is_step))
+        return published
 
     def reset(self) -> None:
         """Forget everything (start of a stage run)."""
         self.entries.clear()
         self.epoch_values.clear()
+        self.kept_steps.clear()
+        self.kept_epochs.clear()
+        self.batch_count = 0
 
     def start_epoch(self) -> None:
-        """Forget epoch values and accumulators; keep options."""
+        """Keep the last epoch's values for reading; clear accumulators; keep options."""
+        for name, (value, _) in self.epoch_values.items():
+            self.kept_epochs[name] = value
         self.epoch_values.clear()
-        for entry in self.entries.values():
+        for name, entry in self.entries.items():
+            if entry.step_value is not None:
+                self.kept_steps[name] = entry.step_value
             entry.total, entry.weight, entry.step_value = None, 0, None
 
 

@@ -335,23 +335,29 @@ def check_module_for_fit(module: TrainModule) -> None:
 def resolve_plugins(plugins: Any) -> tuple[Precision | None, ClusterEnvironment | None]:
     """``Trainer(plugins=...)``: a precision plugin and/or a cluster environment (Lightning's).
 
+    A `trainer.plugins.AsyncCheckpointIO` is accepted too (at most one); the Trainer takes it
+    with `trainer.plugins.async_checkpoint.find_checkpoint_io`.
+
     Raises:
         ConfigurationError: for anything else, or two plugins of one kind.
     """
+    from trainer.plugins import AsyncCheckpointIO
     from trainer.precision import Precision
     from trainer.strategies.environment import ClusterEnvironment
 
+    kinds = (Precision, ClusterEnvironment, AsyncCheckpointIO)
     items = (
         [] if plugins is None else list(plugins) if isinstance(plugins, list | tuple) else [plugins]
     )
     found: dict[type, Any] = {}
     for item in items:
-        kind = next((k for k in (Precision, ClusterEnvironment) if isinstance(item, k)), None)
+        kind = next((k for k in kinds if isinstance(item, k)), None)
         if kind is None:
             raise ConfigurationError(
                 f"Trainer(plugins=[..., {describe(item)}, ...]): expected a trainer.precision "
-                "Precision instance or a trainer.strategies.environment.ClusterEnvironment "
-                "instance. Pass precision names with Trainer(precision=...) instead."
+                "Precision instance, a trainer.strategies.environment.ClusterEnvironment "
+                "instance or a trainer.plugins.AsyncCheckpointIO. Pass precision names with "
+                "Trainer(precision=...) instead."
             )
         if kind in found:
             raise ConfigurationError(

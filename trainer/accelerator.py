@@ -11,7 +11,7 @@ from __future__ import annotations
 import contextlib
 import os
 from collections.abc import Callable, Iterable, Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch.utils.data import DataLoader
@@ -35,6 +35,9 @@ from trainer.optimizer import (
 from trainer.precision import Precision, resolve_precision
 from trainer.state import DistributedType, PartialState
 from trainer.strategies import Strategy, _auto_strategy_name, resolve_strategy
+
+if TYPE_CHECKING:
+    from trainer.plugins import AsyncCheckpointIO
 
 __all__ = ["Accelerator"]
 
@@ -132,6 +135,7 @@ class Accelerator:
         self.rng_types = rng_types
         self.dynamo_backend = None if dynamo_backend in (None, "no", "NO") else dynamo_backend
         self.device_placement = device_placement
+        self._checkpoint_io: AsyncCheckpointIO | None = None  # the last save_state's, if any
         self.log_with = log_with
         self.trackers: list[Any] = []
         self._models: list[torch.nn.Module] = []
@@ -483,7 +487,11 @@ class Accelerator:
 
     # ---- checkpoints --------------------------------------------------------------------
     def save_state(
-        self, output_dir: str | os.PathLike[str] | None = None, safe_serialization: bool = True
+        self,
+        output_dir: str | os.PathLike[str] | None = None,
+        safe_serialization: bool = True,
+        *,
+        checkpoint_io: AsyncCheckpointIO | None = None,
     ) -> str:
         """Save every prepared object, registered object and RNG state to ``output_dir``.
 
@@ -491,10 +499,18 @@ class Accelerator:
         ``ProjectConfiguration(automatic_checkpoint_naming=True)`` it is
         ``<project_dir>/checkpoints/checkpoint_<N>`` and the oldest beyond ``total_limit`` are
         removed after the new one is complete. Returns the directory.
+
+        With ``checkpoint_io=trainer.plugins.AsyncCheckpointIO()`` the state is copied to host
+        memory and written in the background: the call returns at once, the directory appears
+        (and ``total_limit`` pruning runs) once it is complete. The next ``save_state``,
+        ``load_state``, ``end_training`` and ``checkpoint_io.wait()`` wait for it and raise its
+        failure (a ``CheckpointError`` naming the directory).
         """
         from trainer.checkpoint.accelerator_state import save_accelerator_state
 
-        return os.fspath(save_accelerator_state(self, output_dir))
+        if checkpoint_io is not None:
+            self._checkpoint_io = checkpoint_io
+        return os.fspath(save_accelerator_state(self, output_dir, checkpoint_io=checkpoint_io))
 
     def load_state(self, input_dir: str | os.PathLike[str] | None = None) -> str:
         """Restore what ``save_state`` wrote (the newest automatic checkpoint when None).
@@ -503,6 +519,8 @@ class Accelerator:
         """
         from trainer.checkpoint.accelerator_state import load_accelerator_state
 
+        if self._checkpoint_io is not None:  # a background save_state completes first
+            self._checkpoint_io.wait()
         return os.fspath(load_accelerator_state(self, input_dir))
 
     def register_for_checkpointing(self, *objects: Any) -> None:
@@ -594,8 +612,10 @@ class Accelerator:
         """Finish every tracker's run, then end the process group (after a barrier).
 
         Call it at the end of the script on every process, as in Accelerate. A collective used
-        afterwards joins the group again.
+        afterwards joins the group again. A background ``save_state`` completes first.
         """
+        if self._checkpoint_io is not None:
+            self._checkpoint_io.wait()
         for tracker in self.trackers:
             tracker.finalize("success")
         self.trackers = []

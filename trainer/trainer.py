@@ -66,6 +66,7 @@ from trainer.launcher import relaunch_with_torchrun
 from trainer.loggers.logger import Logger
 from trainer.module import DataModule, TrainModule
 from trainer.module_hooks import ModuleHooks, warn_on_lightning_hooks
+from trainer.plugins.async_checkpoint import PendingSave, find_checkpoint_io
 from trainer.precision import Precision, resolve_precision
 from trainer.profilers import Profiler, resolve_profiler
 from trainer.seed import get_rng_states, set_rng_states
@@ -206,6 +207,7 @@ class Trainer:
             self.strategy.environment = environment
         apply_benchmark(benchmark, deterministic)
         self.profiler = resolve_profiler(profiler)
+        self.checkpoint_io = find_checkpoint_io(plugins)  # AsyncCheckpointIO, or None: synchronous
         self.loggers = [] if dev_batches else build_loggers(logger, self.default_root_dir)
         self.enable_checkpointing = enable_checkpointing and not dev_batches
         self.callbacks = build_callbacks(
@@ -343,7 +345,7 @@ class Trainer:
         merged: dict[str, Any] = dict(self._restored_metrics)
         for stage, store in self._stores.items():
             merged.update(store.callback_items(is_training=stage == "train"))
-        return _as_tensors(merged)
+        return self._as_tensors(merged)
 
     @property
     def logged_metrics(self) -> dict[str, torch.Tensor]:
@@ -352,7 +354,7 @@ class Trainer:
         merged: dict[str, Any] = {}
         for store in self._stores.values():
             merged.update(store.logged_items())
-        return _as_tensors(merged)
+        return self._as_tensors(merged)
 
     @property
     def progress_bar_metrics(self) -> dict[str, float]:
@@ -361,6 +363,14 @@ class Trainer:
         for store in self._stores.values():
             items.update(store.bar_items())
         return {k: to_float(v) for k, v in items.items()}
+
+    @staticmethod
+    def _as_tensors(values: dict[str, Any]) -> dict[str, torch.Tensor]:
+        """Logged values as tensors (a Python number becomes a 0-dim float tensor)."""
+        return {
+            k: v if isinstance(v, torch.Tensor) else torch.tensor(float(v))
+            for k, v in values.items()
+        }
 
     @property
     def train_dataloader(self) -> Any:
@@ -494,8 +504,14 @@ class Trainer:
             return result
         return [{k: to_float(v) for k, v in result.items()}]
 
-    def save_checkpoint(self, filepath: str | os.PathLike[str], weights_only: bool = False) -> None:
+    def save_checkpoint(
+        self, filepath: str | os.PathLike[str], weights_only: bool = False
+    ) -> PendingSave | None:
         """Write a checkpoint directory at ``filepath`` (atomically; see docs/checkpointing.md).
+
+        Returns:
+            None when written; with ``plugins=[AsyncCheckpointIO()]`` during ``fit``, the
+            `trainer.plugins.PendingSave` being written in the background.
 
         Raises:
             ConfigurationError: no module is attached yet (call fit/validate/... first).
@@ -505,9 +521,17 @@ class Trainer:
             raise ConfigurationError(
                 "trainer.save_checkpoint: no module is attached. Call trainer.fit(module, ...) first."
             )
+        if self.checkpoint_io is not None:  # at most one save in flight: the previous ends first
+            self.checkpoint_io.wait()
         checkpoint = dump_checkpoint(self, weights_only=weights_only)
         self._call_hook("on_save_checkpoint", checkpoint)
+        if self.checkpoint_io is not None:
+            is_fitting = self.state.stage == "fit" and self.state.status == "running"
+            return self.checkpoint_io.save_checkpoint(
+                checkpoint, filepath, strategy=self.strategy, in_background=is_fitting
+            )
         self.strategy.save_checkpoint(filepath, checkpoint)
+        return None
 
     # ---- setup and teardown -----------------------------------------------------------------
     def _attach(self, module: TrainModule, datamodule: DataModule | None, stage: str) -> None:
@@ -677,6 +701,8 @@ class Trainer:
         return None
 
     def _teardown(self, stage: str, status: str, *, is_clean_exit: bool = False) -> None:
+        if self.checkpoint_io is not None:  # return only once the save in flight is complete
+            self.checkpoint_io.end_stage(self, stage, status)
         self.state.status = status
         if status == "finished":  # after an exception only on_exception runs (Lightning 2.6)
             if self.datamodule is not None:
@@ -832,12 +858,16 @@ class Trainer:
         """Epoch-end hooks and metrics; a stopped epoch keeps its position for resuming."""
         store = self._stores["train"]
         store.finalize_epoch()
-        store.default_on_step, store.default_on_epoch = False, True
-        self._call_hook("on_train_epoch_end")
-        store.default_on_step, store.default_on_epoch = True, False
+        previous_hook = store.hook  # errors of self.log name the hook; its defaults are epoch's
+        store.hook = ("on_train_epoch_end", False, True)
+        try:
+            self._call_hook("on_train_epoch_end")
+        finally:
+            store.hook = previous_hook
         epoch_metrics = store.finalize_epoch()
         for monitor in self._epoch_end_monitors:  # ModelCheckpoint, EarlyStopping: see the above
             monitor()
+        # Lightning writes them at the step of the epoch's last row (optimizer steps - 1).
         self._send_to_loggers(store.epoch_items(for_logger=True) if epoch_metrics else {})
         if is_complete:
             if self.module.automatic_optimization:  # manual optimization steps its own
@@ -876,6 +906,8 @@ class Trainer:
                     self._backward(loss)
                 if self.accelerator.sync_gradients:
                     self._optimizer_step(is_skipped=loss is None)
+        if self.checkpoint_io is not None:  # a background save that ended: finish it or raise
+            self.checkpoint_io.poll()
         if not self._hooks["on_train_batch_end"]:  # hot path: build nothing nobody reads
             return output
         outputs = {"loss": output.detach()} if isinstance(output, torch.Tensor) else output
@@ -1050,9 +1082,9 @@ class Trainer:
         store = self._stores.get(stage)
         if store is not None:
             store.start_epoch()
-            store.default_on_step, store.default_on_epoch = False, True
-            store.hook_name = step_name
+            store.hook = (step_name, False, True)
             self.module._metric_store = store
+        is_logging = store is not None and not self.sanity_checking
         self._wrapped_model.eval()
         predictions: list[Any] = []
         self._call_hook(f"on_{stage}_start")
@@ -1067,26 +1099,63 @@ class Trainer:
                 if stage == "predict":
                     predictions.append(output)
                 self._call_hook(f"on_{stage}_batch_end", output, batch, batch_idx)
-        self._call_hook(f"on_{stage}_epoch_end")
-        metrics = store.finalize_epoch() if store is not None else {}
-        if store is not None and not self.sanity_checking:
-            self._send_to_loggers(store.epoch_items(for_logger=True))
+                if is_logging:
+                    self._send_eval_step(store)
+        if store is None:
+            self._call_hook(f"on_{stage}_epoch_end")
+        else:
+            store.hook = (f"on_{stage}_epoch_end", False, True)  # errors of self.log name it
+            try:
+                self._call_hook(f"on_{stage}_epoch_end")
+            finally:
+                store.hook = (step_name, False, True)
+            store.finalize_epoch()
+        if is_logging:
+            self._send_to_loggers(store.epoch_items(for_logger=True), self._eval_log_step())
         self._call_hook(f"on_{stage}_end")
         self.module._metric_store = self._stores["train"]
-        return predictions if stage == "predict" else metrics
+        if stage == "predict":
+            return predictions
+        # Lightning's validate()/test() results: the logged epoch values, by published name.
+        return store.epoch_items(for_logger=True) if store is not None else {}
+
+    def _send_eval_step(self, store: MetricStore) -> None:
+        """Lightning's validation/test step rows: ``on_step`` values (``name_step``) at the
+        count of batches of this stage so far in the run, with no ``epoch``."""
+        items = store.step_items(for_logger=True)
+        if items:
+            self._send_to_loggers(items, store.batch_count, has_epoch=False)
+        store.batch_count += 1
+
+    def _eval_log_step(self) -> int:
+        """Lightning's step for validation/test epoch rows: within fit, the optimizer steps
+        taken before the current batch's (the step of its training row); otherwise all."""
+        step = self.progress.global_step
+        if self.state.stage == "fit" and self.accelerator.sync_gradients:
+            step -= 1  # this batch stepped: its row is at global_step - 1
+        return step
 
     # ---- logging -----------------------------------------------------------------------------
-    def _send_to_loggers(self, items: dict[str, Any]) -> None:
-        """Read the values (the one host sync) and write them to every logger on rank zero."""
-        if not items:
+    def _send_to_loggers(
+        self, items: dict[str, Any], step: int | None = None, *, has_epoch: bool = True
+    ) -> None:
+        """Read the values (the one host sync) and write them to every logger on rank zero.
+
+        ``step`` defaults to Lightning's training step: the optimizer steps done before the
+        current batch's, ``global_step - 1`` once it has stepped (every ``log_every_n_steps``:
+        steps n-1, 2n-1, ...; epoch-end rows share the step of the epoch's last batch, -1
+        when no optimizer step was taken yet, as in Lightning). Rows carry ``epoch`` unless
+        ``has_epoch`` is False (Lightning's validation/test step rows).
+        """
+        if not items or not self.loggers or not self.is_global_zero:
             return
+        if step is None:
+            step = self.progress.global_step - 1
         metrics = {name: to_float(value) for name, value in items.items()}
-        self._logged_metrics.update({k: torch.tensor(v) for k, v in metrics.items()})
-        if not self.loggers or not self.is_global_zero:
-            return
-        metrics["epoch"] = float(self.progress.epoch)
+        if has_epoch:
+            metrics.setdefault("epoch", float(self.progress.epoch))
         for logger in self.loggers:
-            logger.log_metrics(metrics, step=self.progress.global_step)
+            logger.log_metrics(metrics, step=step)
 
     def _log_hyperparams(self) -> None:
         params = dict(self.module.hparams)

@@ -308,7 +308,7 @@ def test_resumed_csv_logger_continues_the_same_run_without_duplicate_steps(tmp_p
     assert t2.logger.version == 0
     rows = (tmp_path / "trainer_logs" / "version_0" / "metrics.csv").read_text().splitlines()[1:]
     steps = [int(r.split(",")[0]) for r in rows]
-    assert steps == sorted(set(steps)) and steps[-1] == 12
+    assert steps == sorted(set(steps)) and steps[-1] == 11  # optimizer step 12, logged at 11
     assert not (tmp_path / "trainer_logs" / "version_1").exists()
 
 

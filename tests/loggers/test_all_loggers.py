@@ -141,8 +141,10 @@ def test_one_fit_writes_the_same_stream_to_every_logger(tmp_path: Path) -> None:
     points = read_all(loggers)
     reference = points["csv"]
     assert {key for key, _, _ in reference} == {"train/loss", "val/loss", "epoch"}
-    assert sorted({s for k, s, _ in reference if k == "train/loss"}) == list(range(2, 17, 2))
-    assert sorted(s for k, s, _ in reference if k == "val/loss") == [8, 16]
+    # Lightning's steps: every 2nd optimizer step, at the steps done before it (1, 3, ...);
+    # validation at the step of the epoch's last batch
+    assert sorted({s for k, s, _ in reference if k == "train/loss"}) == list(range(1, 16, 2))
+    assert sorted(s for k, s, _ in reference if k == "val/loss") == [7, 15]
     assert_same_points(reference, points["tensorboard"], "tensorboard")
     assert_same_points(reference, points["wandb"], "wandb")
     # MLflow stores identical (name, step, value, millisecond) points once: compare as sets.
@@ -177,8 +179,8 @@ def test_resumed_fit_continues_every_run_without_repeated_steps(tmp_path: Path) 
 
     for name, points in read_all(resumed).items():
         steps = [step for key, step, _ in points if key == "train/loss"]
-        assert steps == list(range(2, 17, 2)), name  # in write order: no repeat, no decrease
-        assert [step for key, step, _ in points if key == "val/loss"] == [8, 16], name
+        assert steps == list(range(1, 16, 2)), name  # in write order: no repeat, no decrease
+        assert [step for key, step, _ in points if key == "val/loss"] == [7, 15], name
 
 
 def test_resuming_an_earlier_checkpoint_drops_later_points_in_the_file_loggers(
@@ -213,8 +215,8 @@ def test_resuming_an_earlier_checkpoint_drops_later_points_in_the_file_loggers(
 
     for points in (csv_points(resumed[0]), tensorboard_points(resumed[1])):
         steps = [step for key, step, _ in points if key == "train/loss"]
-        assert steps == list(range(2, 17, 2))
-        assert [step for key, step, _ in points if key == "val/loss"] == [8, 16]
+        assert steps == list(range(1, 16, 2))
+        assert [step for key, step, _ in points if key == "val/loss"] == [7, 15]
 
 
 # ---- the Accelerator's trackers ------------------------------------------------------------------

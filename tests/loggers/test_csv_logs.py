@@ -211,6 +211,49 @@ def test_resume_keeps_old_rows_without_duplicated_steps(tmp_path: Path) -> None:
         assert yaml.safe_load(file) == {"lr": 0.1, "batch_size": 8}
 
 
+def test_resume_from_a_checkpoint_keeps_exactly_the_rows_it_covered(tmp_path: Path) -> None:
+    """Steps are not monotonic (validation step rows are numbered by batch, as in Lightning):
+    the checkpoint records the row count, and the resumed run keeps those rows whatever the
+    step of the first row it logs."""
+    first = CSVLogger(tmp_path, name="exp")
+    first.log_metrics({"loss": 1.0}, step=1)
+    first.log_metrics({"val_step": 0.5}, step=0)  # a validation step row
+    first.log_metrics({"val_step": 0.25}, step=1)
+    first.log_metrics({"val": 0.4, "epoch": 0.0}, step=1)
+    state = first.state_dict()  # a checkpoint at the end of validation
+    assert state == {"name": "exp", "version": 0, "step": 1, "rows": 4}
+    first.log_metrics({"loss_epoch": 0.9, "epoch": 0.0}, step=1)  # epoch row: after it, kept
+    first.log_metrics({"loss": 0.8}, step=3)  # the interrupted run went on
+    first.log_metrics({"val_step": 0.3}, step=2)
+    first.finalize("failed")
+
+    resumed = CSVLogger(tmp_path, name="exp")
+    resumed.load_state_dict(state)
+    resumed.log_metrics({"val_step": 0.35}, step=0)  # the resumed fit validates first
+    resumed.log_metrics({"loss": 0.7}, step=3)
+    resumed.finalize("success")
+
+    _, rows = read_csv(metrics_path(resumed))
+    cells = [{k: v for k, v in row.items() if v} for row in rows]
+    assert cells == [
+        {"step": "1", "loss": "1.0"},
+        {"step": "0", "val_step": "0.5"},
+        {"step": "1", "val_step": "0.25"},
+        {"step": "1", "val": "0.4", "epoch": "0.0"},
+        {"step": "1", "loss_epoch": "0.9", "epoch": "0.0"},
+        {"step": "0", "val_step": "0.35"},
+        {"step": "3", "loss": "0.7"},
+    ]
+    assert resumed.state_dict()["rows"] == 7
+
+
+def test_a_bad_row_count_in_a_checkpoint_is_refused(tmp_path: Path) -> None:
+    from trainer.errors import CheckpointError
+
+    with pytest.raises(CheckpointError, match="field 'rows': expected an int >= 0.*received"):
+        CSVLogger(tmp_path).load_state_dict({"name": "x", "version": 0, "step": 3, "rows": -1})
+
+
 def test_resume_after_last_step_appends(tmp_path: Path) -> None:
     first = CSVLogger(tmp_path, version=0)
     first.log_metrics({"loss": 1.0}, step=0)

@@ -132,7 +132,7 @@ def test_relative_folders_are_resolved_when_the_logger_is_built(
         LinearModule(), make_loader()
     )
 
-    for logger, folder, steps in ((first, "a", [1, 2, 3]), (second, "b", [1, 2])):
+    for logger, folder, steps in ((first, "a", [0, 1, 2]), (second, "b", [0, 1])):
         assert steps_of(points_of(kind, logger)) == steps, (kind, folder)
         for path in (logger.save_dir, logger.log_dir):
             assert path is None or Path(path).is_relative_to(tmp_path / folder / "logs"), path
@@ -244,7 +244,8 @@ def test_a_killed_run_resumes_without_losing_or_repeating_a_step(kind: str, tmp_
     kill_a_fit(kind, tmp_path)
     if kind != "mlflow":  # MLflow: the run is found through the checkpoint
         killed = build_logger(kind, tmp_path, version=0)
-        assert steps_of(points_of(kind, killed))[:8] == list(range(1, 9))
+        # rows at Lightning's steps: optimizer steps 1-8 are logged at 0-7
+        assert steps_of(points_of(kind, killed))[:8] == list(range(8))
 
     resumed = build_logger(kind, tmp_path)
     with warnings.catch_warnings():
@@ -254,22 +255,23 @@ def test_a_killed_run_resumes_without_losing_or_repeating_a_step(kind: str, tmp_
         )
 
     points = points_of(kind, resumed)
-    assert steps_of(points) == list(range(1, MAX_STEPS + 1))  # in write order
+    assert steps_of(points) == list(range(MAX_STEPS))  # in write order
     assert_points_match(reference_points(tmp_path), points, kind)
 
 
 def test_a_killed_mlflow_run_warns_about_the_steps_it_will_hold_twice(tmp_path: Path) -> None:
-    """Flushed after the checkpoint (steps 9 and 10): MLflow cannot delete them, so it says so."""
+    """Flushed after the checkpoint (optimizer steps 9 and 10, logged at steps 8 and 9): MLflow
+    cannot delete them, so it says so."""
     kill_a_fit("mlflow", tmp_path, flush_interval_s=0)
     resumed = build_logger("mlflow", tmp_path)
-    with pytest.warns(UserWarning, match=r"after step 8.*steps 9 to 10.*two values") as record:
+    with pytest.warns(UserWarning, match=r"after step 7.*steps 8 to 9.*two values") as record:
         checkpointing_trainer(tmp_path, resumed).fit(
             LinearModule(), make_loader(), ckpt_path="last"
         )
     assert resumed.run_id in str(record[0].message)
     steps = steps_of(mlflow_points(resumed))
-    assert sorted(set(steps)) == list(range(1, MAX_STEPS + 1))
-    assert sorted(steps) == sorted([*range(1, MAX_STEPS + 1), 9, 10])
+    assert sorted(set(steps)) == list(range(MAX_STEPS))
+    assert sorted(steps) == sorted([*range(MAX_STEPS), 8, 9])
 
 
 def test_a_killed_offline_wandb_run_is_continued_and_its_loss_is_reported(
@@ -287,14 +289,14 @@ def test_a_killed_offline_wandb_run_is_continued_and_its_loss_is_reported(
     if wandb_run_points(killed_run):  # a later wandb that flushes: nothing to report
         trainer.fit(seeded(), make_loader(), ckpt_path="last")
     else:
-        with pytest.warns(UserWarning, match=r"without any record.*up to step 8.*lost"):
+        with pytest.warns(UserWarning, match=r"without any record.*up to step 7.*lost"):
             trainer.fit(seeded(), make_loader(), ckpt_path="last")
 
     killed_run, resumed_run = wandb_runs(resumed.save_dir, finished=1)
     assert resumed_run.run_id == resumed.version == killed_file.name[len("run-") : -len(".wandb")]
     assert resumed_run.exit_code == 0
-    assert steps_of(wandb_run_points(resumed_run)) == list(range(9, MAX_STEPS + 1))
-    reference = [point for point in reference_points(tmp_path) if point[1] > 8]
+    assert steps_of(wandb_run_points(resumed_run)) == list(range(8, MAX_STEPS))
+    reference = [point for point in reference_points(tmp_path) if point[1] > 7]
     assert_points_match(reference, wandb_run_points(resumed_run), "wandb")
 
 

@@ -168,6 +168,30 @@ def test_resume_drops_the_points_logged_after_the_checkpoint(tmp_path: Path) -> 
     assert read_hparams(resumed.log_dir) == {"lr": 0.1}  # written after the purge, so kept
 
 
+def test_resume_purges_from_the_step_after_the_checkpoint_not_the_first_step(
+    tmp_path: Path,
+) -> None:
+    """A resumed fit may first log a validation step point, numbered by batch (step 0, as in
+    Lightning): the older points up to the checkpoint's step stay."""
+    crashed = TensorBoardLogger(tmp_path, default_hp_metric=False)
+    for step in range(4):
+        crashed.log_metrics({"loss": float(step)}, step)
+    checkpoint_state = crashed.state_dict()
+    crashed.log_metrics({"loss": 40.0}, 4)  # after the checkpoint: superseded
+    crashed.save()
+    _next_second()
+
+    resumed = TensorBoardLogger(tmp_path, default_hp_metric=False)
+    resumed.load_state_dict(checkpoint_state)
+    resumed.log_metrics({"val_step": 0.5}, 0)
+    resumed.log_metrics({"loss": 4.0}, 4)
+    resumed.finalize("success")
+
+    scalars = read_scalars(resumed.log_dir)
+    assert scalars["loss"] == [(step, float(step)) for step in range(5)]
+    assert scalars["val_step"] == [(0, 0.5)]
+
+
 def test_given_version_wins_over_the_checkpoint(tmp_path: Path) -> None:
     logger = TensorBoardLogger(tmp_path, version=7)
     logger.load_state_dict({"name": "trainer_logs", "version": 0})

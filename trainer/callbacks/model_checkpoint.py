@@ -36,6 +36,7 @@ from trainer.errors import CheckpointError, ConfigurationError, describe
 
 if TYPE_CHECKING:
     from trainer.module import TrainModule
+    from trainer.plugins import PendingSave
     from trainer.trainer import Trainer
 
 __all__ = ["ModelCheckpoint", "OnExceptionCheckpoint"]
@@ -121,6 +122,7 @@ class ModelCheckpoint(Callback):
         self._last_saved_step = -1
         self._last_time = time.monotonic()
         self._has_validated = False
+        self._pending: PendingSave | None = None  # a background save not yet complete
 
     @property
     def state_key(self) -> str:
@@ -247,10 +249,14 @@ class ModelCheckpoint(Callback):
 
         The bookkeeping is updated before writing, so each checkpoint's saved state already
         counts it (as Lightning's does): a run resumed from it keeps exactly ``save_top_k``.
+        With background saves (``trainer.plugins.AsyncCheckpointIO``) everything that says the
+        new checkpoint exists (``best_model_path`` and the other attributes, deleting those it
+        pushed out of the top k, swapping in ``last``) happens only once it is complete.
         """
         step = trainer.global_step
         if step == self._last_saved_step:
             return
+        self._complete_pending_save()  # this save ranks against the previous one's bookkeeping
         if trainer.is_global_zero:  # what a killed save left behind
             remove_stale_temporaries(self.dirpath)
         metrics = trainer.callback_metrics
@@ -264,26 +270,57 @@ class ModelCheckpoint(Callback):
         if self.save_last:  # before both writes: the two copies hold the same state
             self.last_model_path = os.path.join(self.dirpath, LAST_NAME)
         try:
-            if is_top_k:
+            pending = (
                 trainer.save_checkpoint(path, weights_only=self.save_weights_only)
+                if is_top_k
+                else None
+            )
             if self.save_last:
-                self._save_last(trainer)
+                pending = self._save_last(trainer, pending)
         except BaseException:  # track nothing that is not on disk
-            for name, value in before.items():
-                setattr(self, name, value)
+            self._set_bookkeeping(before)
             raise
         if previous_last != self.last_model_path and os.path.basename(previous_last).startswith(
             f"{LAST_NAME}-"
         ):
             dropped.append(previous_last)  # a `last-<name>` copy from an earlier version
-        if trainer.is_global_zero:
-            for old in dropped:  # only now: the new checkpoint and `last` are in place
-                self._delete(old)
-            if is_top_k or self.save_last:  # artifact upload (WandbLogger/MLFlowLogger log_model)
-                for logger in trainer.loggers:
-                    logger.after_save_checkpoint(self)
-        if self.verbose and trainer.is_global_zero and (is_top_k or self.save_last):
-            print(f"ModelCheckpoint: saved {path if is_top_k else self.last_model_path}")
+        saved = path if is_top_k else self.last_model_path if self.save_last else ""
+
+        def after_save() -> None:
+            self._after_save(trainer, saved, dropped)
+
+        if pending is None or pending.is_complete:
+            after_save()
+            return
+        # Written in the background: until it is complete, the attributes keep describing
+        # checkpoints that exist; then they take the values this save recorded.
+        recorded = {name: getattr(self, name) for name in _BOOKKEEPING}
+        self._set_bookkeeping({**before, "_last_saved_step": step})
+        pending.then(lambda: self._set_bookkeeping(recorded))
+        pending.then(after_save)
+        self._pending = pending
+
+    def _after_save(self, trainer: Trainer, saved: str, dropped: list[str]) -> None:
+        """Once ``saved`` is complete: delete what it replaced, tell the loggers, say so."""
+        if not trainer.is_global_zero:
+            return
+        for old in dropped:  # only now: the new checkpoint and `last` are in place
+            self._delete(old)
+        if saved:  # artifact upload (WandbLogger/MLFlowLogger log_model)
+            for logger in trainer.loggers:
+                logger.after_save_checkpoint(self)
+            if self.verbose:
+                print(f"ModelCheckpoint: saved {saved}")
+
+    def _set_bookkeeping(self, values: dict[str, Any]) -> None:
+        for name, value in values.items():
+            setattr(self, name, value)
+
+    def _complete_pending_save(self) -> None:
+        """Wait for this callback's background save, if any, and run what waited for it."""
+        pending, self._pending = self._pending, None
+        if pending is not None:
+            pending.wait()
 
     def _score(self, metrics: dict[str, torch.Tensor]) -> float | None:
         if self.monitor is None:
@@ -345,12 +382,13 @@ class ModelCheckpoint(Callback):
             # Renamed to a temporary name first: a crash mid-removal leaves no half checkpoint.
             discard_directory(folder)
 
-    def _save_last(self, trainer: Trainer) -> None:
+    def _save_last(self, trainer: Trainer, pending: PendingSave | None) -> PendingSave | None:
         """Write the checkpoint again as ``dirpath/last``, swapped in with no moment without it.
 
         Every process writes (a sharded save is collective) to a temporary name that process 0
         chooses; process 0 then exchanges it with the existing ``last`` of any kind (an old
-        symbolic link, a folder, a small file) and removes what it replaced.
+        symbolic link, a folder, a small file) and removes what it replaced. A background save
+        (``pending``) writes its snapshot there too, and the swap waits until both are complete.
         """
         final = Path(self.dirpath) / LAST_NAME
         name, refusal = trainer.strategy.broadcast(
@@ -361,17 +399,16 @@ class ModelCheckpoint(Callback):
         if refusal is not None:
             raise CheckpointError(refusal)
         staged = final.parent / name
-        trainer.save_checkpoint(staged, weights_only=self.save_weights_only)
-        if trainer.is_global_zero:
-            try:
-                replace_directory(staged, final)  # one atomic exchange where the OS has it
-            except OSError as err:
-                _remove(staged)
-                raise CheckpointError(
-                    f"ModelCheckpoint: replacing {str(final)!r} failed: {err}. The previous "
-                    "`last`, if any, is intact."
-                ) from err
-        trainer.strategy.barrier()
+        if pending is not None:
+            pending.also_write(staged)
+        else:
+            pending = trainer.save_checkpoint(staged, weights_only=self.save_weights_only)
+        if pending is None:
+            _swap_in_last(trainer, staged, final)
+            trainer.strategy.barrier()
+            return None
+        pending.then(lambda: _swap_in_last(trainer, staged, final))
+        return pending
 
     def format_name(self, epoch: int, step: int, metrics: dict[str, Any]) -> str:
         """The directory name for ``epoch``, ``step`` and ``metrics`` from the template."""
@@ -475,6 +512,20 @@ def _refusal_for_last(final: Path) -> str | None:
     if final.is_file() and final.stat().st_size <= _LINK_TEXT_MAX:
         return None
     return refusal_to_replace(final)
+
+
+def _swap_in_last(trainer: Trainer, staged: Path, final: Path) -> None:
+    """On process 0: make the complete ``staged`` copy be ``last`` (one atomic exchange)."""
+    if not trainer.is_global_zero:
+        return
+    try:
+        replace_directory(staged, final)  # one atomic exchange where the OS has it
+    except OSError as err:
+        _remove(staged)
+        raise CheckpointError(
+            f"ModelCheckpoint: replacing {str(final)!r} failed: {err}. The previous "
+            "`last`, if any, is intact."
+        ) from err
 
 
 def _remove(path: Path) -> None:

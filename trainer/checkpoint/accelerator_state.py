@@ -28,6 +28,7 @@ from trainer.seed import get_rng_states, set_rng_states
 
 if TYPE_CHECKING:
     from trainer.accelerator import Accelerator
+    from trainer.plugins import AsyncCheckpointIO
 
 __all__ = ["load_accelerator_state", "save_accelerator_state", "save_model_weights"]
 
@@ -55,9 +56,13 @@ def _numbered(directory: Path) -> list[tuple[int, Path]]:
 
 
 def save_accelerator_state(
-    accelerator: Accelerator, output_dir: str | os.PathLike[str] | None
+    accelerator: Accelerator,
+    output_dir: str | os.PathLike[str] | None,
+    *,
+    checkpoint_io: AsyncCheckpointIO | None = None,
 ) -> Path:
-    """Write the Accelerator's whole state; return the directory."""
+    """Write the Accelerator's whole state (in the background with ``checkpoint_io``); return
+    the directory."""
     config = accelerator.project_configuration
     if config.automatic_checkpoint_naming:
         output = _auto_dir(accelerator) / f"checkpoint_{config.iteration}"
@@ -68,6 +73,8 @@ def save_accelerator_state(
     else:
         output = Path(output_dir)
     strategy = accelerator.strategy
+    if checkpoint_io is not None:  # at most one save in flight: the previous one ends first
+        checkpoint_io.wait()
     models = [accelerator.unwrap_model(model) for model in accelerator._models]
     # The first model and the optimizers keep the strategy's layout (DCP shards under FSDP's
     # SHARDED state dicts, written by every rank); further models are gathered in full.
@@ -84,14 +91,27 @@ def save_accelerator_state(
         "iteration": config.iteration,
         "global_step": config.iteration,
     }
-    strategy.save_checkpoint(output, checkpoint)  # every process calls it; the strategy writes
+    pending = None  # every process calls it; the strategy (or the background writer) writes
+    if checkpoint_io is None:
+        strategy.save_checkpoint(output, checkpoint)
+    else:
+        pending = checkpoint_io.save_checkpoint(checkpoint, output, strategy=strategy)
     if config.automatic_checkpoint_naming:
         config.iteration += 1
         if config.total_limit is not None and accelerator.is_main_process:
-            existing = _numbered(output.parent)
-            for _, old in existing[: max(0, len(existing) - config.total_limit)]:
-                discard_directory(old)  # renamed aside first: a kill never leaves half of one
+            limit = config.total_limit
+            if pending is None:
+                _prune(output.parent, limit)
+            else:  # only once the new one is complete
+                pending.then(lambda: _prune(output.parent, limit))
     return output
+
+
+def _prune(directory: Path, total_limit: int) -> None:
+    """Delete the oldest ``checkpoint_<N>`` beyond ``total_limit``."""
+    existing = _numbered(directory)
+    for _, old in existing[: max(0, len(existing) - total_limit)]:
+        discard_directory(old)  # renamed aside first: a kill never leaves half of one
 
 
 def load_accelerator_state(

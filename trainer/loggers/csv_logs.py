@@ -4,11 +4,14 @@ This module owns the run folder layout (``<save_dir>/<name>/version_<N>``), pick
 free version number, buffering metric rows, writing ``metrics.csv`` atomically (a temporary file
 in the same folder, then ``os.replace``), merging hyperparameters into ``hparams.yaml``, and
 resuming an existing version without duplicated steps: `CSVLogger.state_dict` (called when a
-checkpoint is saved) writes the buffered rows first, so a run killed after a checkpoint has
-every row up to it on disk, and the resumed run replaces the rows logged after it (or warns,
-naming the steps, when rows the checkpoint counted are missing from the file). It does not decide when metrics are
-logged or what they are called (the Trainer and callbacks do), nor which rank writes (the
-Trainer calls loggers on global rank zero only).
+checkpoint is saved) writes the buffered rows first and records how many rows the file then
+has, so a run killed after a checkpoint has every row up to it on disk, and the resumed run
+keeps exactly those rows and replaces the ones logged after it (or warns, naming the steps,
+when rows the checkpoint counted are missing from the file). Counting rows rather than comparing
+steps matters because steps are not monotonic: validation/test step rows are numbered by
+batch, as Lightning numbers them. It does not decide when metrics are logged or what they are
+called (the Trainer and callbacks do), nor which rank writes (the Trainer calls loggers on
+global rank zero only).
 """
 
 from __future__ import annotations
@@ -52,8 +55,8 @@ class CSVLogger(VersionedFolderLogger):
     `state_dict` (each checkpoint): a process killed with ``kill -9`` loses only the rows
     logged since the last of those, never a row its last checkpoint covers. Passing the
     ``version`` of an earlier run resumes it: its rows are kept, except those at or after the
-    first step logged now (and, resuming from a checkpoint, those after the checkpoint's step),
-    so a run resumed from a checkpoint has no duplicated steps.
+    first step logged now; resuming from a checkpoint, exactly the rows the file had when the
+    checkpoint was saved are kept, so a resumed run has no duplicated or missing rows.
 
     Args:
         save_dir: root folder of all experiments.
@@ -103,9 +106,12 @@ class CSVLogger(VersionedFolderLogger):
         self._disk_columns: list[str] | None = None
         self._flushed_step = -1  # last step written to metrics.csv
         self._last_step: int | None = None
+        self._rows_on_disk: int | None = None  # data rows in metrics.csv after our last write
         self._hparams: dict[str, Any] | None = None
-        # The last step logged when the checkpoint being resumed was saved (load_state_dict).
+        # The last step logged, and the rows metrics.csv had, when the checkpoint being resumed
+        # was saved (load_state_dict; no row count in checkpoints of earlier versions).
         self._checkpoint_step: int | None = None
+        self._checkpoint_rows: int | None = None
 
     @property
     def log_dir(self) -> str:
@@ -198,6 +204,7 @@ class CSVLogger(VersionedFolderLogger):
             _write_rows(buffer, self._columns, self._pending, header=False)
             with open(path, "a", newline="", encoding="utf-8") as file:
                 file.write(buffer.getvalue())
+            self._rows_on_disk = (self._rows_on_disk or 0) + len(self._pending)
         else:
             old_columns, old_rows = _read_metrics(path)
             if self._disk_columns is None:
@@ -205,31 +212,53 @@ class CSVLogger(VersionedFolderLogger):
                 self._columns = _merge_columns(old_columns, self._columns)
             with _atomic_open(path) as file:
                 _write_rows(file, self._columns, [*old_rows, *self._pending], header=True)
+            self._rows_on_disk = len(old_rows) + len(self._pending)
         self._disk_columns = list(self._columns)
         self._pending.clear()
 
     def state_dict(self) -> dict[str, Any]:
-        """Write the buffered rows, then return the run's identity and last logged ``step``.
+        """Write the buffered rows, then return the run's identity, last logged ``step`` and
+        the number of ``rows`` in ``metrics.csv``.
 
         Called when a checkpoint is saved, before it is written: every row the checkpoint
         covers is in ``metrics.csv`` by the time the checkpoint exists.
         """
         self.save()
-        return {"name": self.name, "version": self.version, "step": self._last_step}
+        if self._rows_on_disk is None:  # nothing written since a resume: still the checkpoint's
+            step, rows = self._checkpoint_step, self._checkpoint_rows
+        else:
+            step, rows = self._last_step, self._rows_on_disk
+        return {"name": self.name, "version": self.version, "step": step, "rows": rows}
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """Continue the saved run's ``version_N`` folder, unless a version was given.
 
         Raises:
             CheckpointError: the saved version would put the folder outside ``<save_dir>/<name>``
-                (e.g. ``"../../x"``), or the saved step is not an int.
+                (e.g. ``"../../x"``), or the saved step or row count is not an int.
         """
         self._restore_version(state_dict, is_free=not self._is_version_given and not self._pending)
         self._checkpoint_step = _checked_step(state_dict.get("step"))
+        self._checkpoint_rows = _checked_step(state_dict.get("rows"), field="rows")
 
     def _rows_to_keep(self, rows: list[dict[str, str]]) -> list[dict[str, str]]:
-        """The stored rows a resumed run keeps: those before the first step logged now and, after
-        a checkpoint, up to its step (later rows were logged after it, and are logged again)."""
+        """The stored rows a resumed run keeps: after a checkpoint, the rows the file had when it
+        was saved, and later rows at the checkpoint's own step (the epoch-end rows that follow a
+        checkpoint saved at the end of validation: computed before it, not logged again); later
+        rows are logged again. Without a checkpoint (or from one without a row count), the rows
+        before the first step logged now and up to the checkpoint's step."""
+        count = self._checkpoint_rows
+        if count is not None:
+            if len(rows) < count:
+                warnings.warn(
+                    f"CSVLogger: {os.path.join(self.log_dir, _METRICS_FILE)} has {len(rows)} "
+                    f"rows, but the checkpoint being resumed was saved when it had {count} (up "
+                    f"to step {self._checkpoint_step}): the last {count - len(rows)} rows were "
+                    "lost and are not logged again.",
+                    stacklevel=4,
+                )
+            at_checkpoint = [row for row in rows[count:] if _step_of(row) == self._checkpoint_step]
+            return [*rows[:count], *at_checkpoint]
         first_step = int(self._pending[0][_STEP_KEY])
         if self._checkpoint_step is not None:
             first_step = min(first_step, self._checkpoint_step + 1)
@@ -265,13 +294,18 @@ class CSVLogger(VersionedFolderLogger):
         return log_dir
 
 
-def _checked_step(step: object) -> int | None:
-    """The ``step`` of a checkpoint's logger state: None (older checkpoints) or an int."""
-    if step is None or (isinstance(step, int) and not isinstance(step, bool)):
+def _checked_step(step: object, field: str = "step") -> int | None:
+    """The ``step`` (or ``rows``) of a checkpoint's logger state: None (older checkpoints) or an
+    int (>= 0 for ``rows``)."""
+    if step is None or (
+        isinstance(step, int) and not isinstance(step, bool) and (field == "step" or step >= 0)
+    ):
         return step
+    expected = "an int" if field == "step" else "an int >= 0"
     raise CheckpointError(
-        f"the checkpoint's CSVLogger state, field 'step': expected an int or None, received "
-        f"{describe(step)}. The checkpoint is corrupt or was not written by trainer; use another."
+        f"the checkpoint's CSVLogger state, field {field!r}: expected {expected} or None, "
+        f"received {describe(step)}. The checkpoint is corrupt or was not written by trainer; "
+        "use another."
     )
 
 
@@ -348,6 +382,14 @@ def _merge_columns(old: list[str], new: list[str]) -> list[str]:
     if not old:
         return list(new)
     return [*old, *(column for column in new if column not in old)]
+
+
+def _step_of(row: Mapping[str, str]) -> int | None:
+    """A stored row's step; None when it is not readable."""
+    try:
+        return int(float(row.get(_STEP_KEY) or ""))
+    except ValueError:
+        return None
 
 
 def _is_at_or_after(row: Mapping[str, str], step: int) -> bool:

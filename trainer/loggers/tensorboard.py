@@ -9,13 +9,14 @@ only).
 
 Resuming: `TensorBoardLogger.state_dict` (called when a checkpoint is saved) flushes the event
 file, so every point up to a checkpoint is on disk when the checkpoint is. After
-`TensorBoardLogger.load_state_dict` (a fit resumed from a checkpoint), the first step logged is
-written with a ``SessionLog.START`` event at that step, or at the step after the checkpoint's
-when that is earlier. TensorBoard then drops every older event of that folder at or after that
-step: the points the interrupted run logged after its checkpoint disappear instead of showing
-twice. ``save_dir`` is made absolute when the logger is built (a later ``os.chdir`` does not
-move the run), and a version read from a checkpoint must name a folder inside
-``<save_dir>/<name>``.
+`TensorBoardLogger.load_state_dict` (a fit resumed from a checkpoint), the first point logged is
+preceded by a ``SessionLog.START`` event at the step after the checkpoint's (at the first step
+logged, when the checkpoint recorded none). TensorBoard then drops every older event of that
+folder at or after that step: the points the interrupted run logged after its checkpoint
+disappear instead of showing twice. (Not at the first step logged: validation/test step points
+are numbered by batch, as Lightning numbers them, so the first point may have a small step.)
+``save_dir`` is made absolute when the logger is built (a later ``os.chdir`` does not move the
+run), and a version read from a checkpoint must name a folder inside ``<save_dir>/<name>``.
 """
 
 from __future__ import annotations
@@ -163,10 +164,8 @@ class TensorBoardLogger(VersionedFolderLogger):
             for key, value in metrics.items()
         }
         if self._is_resuming:
-            start = step
-            if self._checkpoint_step is not None:
-                start = min(step, self._checkpoint_step + 1)
-            self._start_session(start)
+            checkpoint_step = self._checkpoint_step
+            self._start_session(step if checkpoint_step is None else checkpoint_step + 1)
         self._write_scalars(values, step)
         self._last_step = step
 
@@ -265,8 +264,8 @@ class TensorBoardLogger(VersionedFolderLogger):
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """Continue the saved run's version folder (unless a version was given) without duplicates.
 
-        The first step logged afterwards (or the step after the checkpoint's, when earlier)
-        supersedes the folder's older events at or after it.
+        The step after the checkpoint's (the first step logged afterwards, when the checkpoint
+        recorded none) supersedes the folder's older events at or after it.
 
         Raises:
             CheckpointError: the saved version would put the folder outside ``<save_dir>/<name>``,

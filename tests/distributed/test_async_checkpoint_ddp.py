@@ -1,0 +1,56 @@
+"""AsyncCheckpointIO under DDP (2 processes, torchrun, gloo on CPU): process 0 writes in the
+background, and the run keeps the checkpoints, bookkeeping and final weights of a synchronous one,
+resumed or not (trainer/plugins/async_checkpoint.py)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from trainer.checkpoint import read_checkpoint, verify_checkpoint
+from trainer.checkpoint.atomic import is_temporary
+
+ROOT = Path(__file__).resolve().parents[2]
+WORKER = ROOT / "tests" / "distributed" / "async_checkpoint_worker.py"
+pytestmark = [pytest.mark.distributed, pytest.mark.slow]
+
+
+def torchrun(root: Path, *args: str) -> None:
+    env = dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1")
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
+    command += ["--nproc_per_node", "2", str(WORKER), str(root), *args]
+    result = subprocess.run(command, capture_output=True, text=True, timeout=300, env=env)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+
+
+def outcome(root: Path, mode: str) -> tuple[list[str], list[dict], dict[str, torch.Tensor]]:
+    folder = root / "checkpoints"
+    names = sorted(p.name for p in folder.iterdir())
+    for name in names:
+        assert not is_temporary(name), names
+        verify_checkpoint(folder / name)
+    tracked = [json.loads((root / f"rank{r}-{mode}.json").read_text()) for r in range(2)]
+    return names, tracked, load_file(str(root / f"final-{mode}.safetensors"))
+
+
+def test_ddp_background_saves_match_synchronous_ones_and_resume_exactly(tmp_path):
+    torchrun(tmp_path / "sync", "full", "--sync")
+    torchrun(tmp_path / "async", "full")
+    torchrun(tmp_path / "resumed", "first-half")
+    torchrun(tmp_path / "resumed", "resume")
+    names, tracked, weights = outcome(tmp_path / "sync", "full")
+    assert names == ["epoch=2-step=16", "epoch=2-step=18", "last"]
+    assert read_checkpoint(tmp_path / "sync" / "checkpoints" / "last")["global_step"] == 18
+    for run, mode in (("async", "full"), ("resumed", "resume")):
+        got_names, got_tracked, got_weights = outcome(tmp_path / run, mode)
+        assert got_names == names and got_tracked == tracked, run
+        assert got_weights.keys() == weights.keys()
+        for key, tensor in weights.items():
+            assert torch.equal(got_weights[key], tensor), (run, key)
