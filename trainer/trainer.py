@@ -235,6 +235,7 @@ class Trainer:
         self._hooks: dict[str, list[Callable[..., Any]]] = {}
         self._module_hook_functions: dict[str, Callable[..., Any]] = {}
         self._epoch_end_monitors: list[Callable[..., Any]] = []
+        self._is_step_row_due = False  # a training step row waits for on_train_batch_end
         self._loaders: dict[str, Any] = {}
         self._start_time = 0.0
         self._previous_deterministic = torch.are_deterministic_algorithms_enabled()
@@ -523,6 +524,8 @@ class Trainer:
             )
         if self.checkpoint_io is not None:  # at most one save in flight: the previous ends first
             self.checkpoint_io.wait()
+        if self._is_step_row_due:  # the row the checkpoint covers goes to the loggers first
+            self._send_step_row()
         checkpoint = dump_checkpoint(self, weights_only=weights_only)
         self._call_hook("on_save_checkpoint", checkpoint)
         if self.checkpoint_io is not None:
@@ -885,6 +888,7 @@ class Trainer:
         ):
             return _SKIP_EPOCH
         module = self.module
+        is_stepping = False
         if not module.automatic_optimization:
             steps_before = sum(opt.step_count for opt in self.optimizers)
             with self.accelerator.autocast():
@@ -904,15 +908,24 @@ class Trainer:
                     self._zero_grad()
                 if loss is not None:
                     self._backward(loss)
-                if self.accelerator.sync_gradients:
+                is_stepping = self.accelerator.sync_gradients
+                if is_stepping:
                     self._optimizer_step(is_skipped=loss is None)
         if self.checkpoint_io is not None:  # a background save that ended: finish it or raise
             self.checkpoint_io.poll()
-        if not self._hooks["on_train_batch_end"]:  # hot path: build nothing nobody reads
-            return output
-        outputs = {"loss": output.detach()} if isinstance(output, torch.Tensor) else output
-        self._call_hook("on_train_batch_end", outputs, batch, batch_idx)
-        return outputs
+        if self._hooks["on_train_batch_end"]:  # hot path: build nothing nobody reads
+            output = {"loss": output.detach()} if isinstance(output, torch.Tensor) else output
+            self._call_hook("on_train_batch_end", output, batch, batch_idx)
+        # Lightning writes the step row after on_train_batch_end (what it logs joins the row),
+        # and also for the batch that stops the fit.
+        if self._is_step_row_due or (is_stepping and self.should_stop):
+            self._send_step_row()
+        return output
+
+    def _send_step_row(self) -> None:
+        """Write the training step row (after ``on_train_batch_end``, or before a checkpoint)."""
+        self._is_step_row_due = False
+        self._send_to_loggers(self._stores["train"].step_items(for_logger=True))
 
     def _backward(self, loss: torch.Tensor, **kwargs: Any) -> None:
         hooks = self._hooks  # empty hook lists are skipped without a call: this runs every batch
@@ -962,7 +975,7 @@ class Trainer:
         if self.lr_scheduler_configs and not self.accelerator.optimizer_step_was_skipped:
             self._step_schedulers("step")
         if self.progress.global_step % self.log_every_n_steps == 0:
-            self._send_to_loggers(self._stores["train"].step_items(for_logger=True))
+            self._is_step_row_due = True  # written after on_train_batch_end (`_train_batch`)
 
     def _loss_of(self, output: Any, batch_idx: int) -> torch.Tensor | None:
         """Check ``training_step``'s result and return the loss (None skips the batch)."""
