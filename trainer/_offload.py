@@ -177,7 +177,7 @@ def weight_files(checkpoint: Path) -> tuple[list[Path], dict[str, str]]:
     """
     folder = checkpoint if checkpoint.is_dir() else checkpoint.parent
     ours = is_checkpoint_dir(folder) and (checkpoint.is_dir() or is_format_file(checkpoint.name))
-    manifest = _verified(folder) if ours else None
+    manifest = verify_checkpoint(folder) if ours else None
     if checkpoint.is_dir():
         checkpoint = _weights_in_directory(checkpoint, manifest)
         if checkpoint.suffix in LEGACY_SUFFIXES or checkpoint.name == MODEL_FILE:
@@ -192,19 +192,6 @@ def weight_files(checkpoint: Path) -> tuple[list[Path], dict[str, str]]:
         f"cannot read weights from {checkpoint}: expected a directory, a .safetensors file, a "
         f"*.index.json or a legacy {'/'.join(LEGACY_SUFFIXES)} file."
     )
-
-
-def _verified(folder: Path) -> dict[str, Any]:
-    """``verify_checkpoint(folder)``, any failure of it as a CheckpointError naming the folder."""
-    try:
-        return verify_checkpoint(folder)
-    except CheckpointError:
-        raise
-    except Exception as err:  # e.g. safetensors' own error for a re-hashed non-safetensors file
-        raise CheckpointError(
-            f"checkpoint {folder} could not be verified: {err}. It is damaged or was altered; "
-            "use another checkpoint."
-        ) from err
 
 
 def _indexed_files(index_path: Path) -> tuple[list[Path], dict[str, str]]:

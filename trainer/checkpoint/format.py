@@ -334,8 +334,16 @@ def verify_checkpoint(path: str | os.PathLike[str]) -> dict[str, Any]:
     manifest = _check_listing(directory)
     with ThreadPoolExecutor(max_workers=4) as pool:
         _check_hashes(directory, manifest, _start_hashing(pool, directory, manifest))
-    _read_state(directory, manifest["files"], read_safetensors)  # RNG states are tried for real
-    _model_tensors(directory, manifest["files"], read_safetensors_names)
+    try:
+        _read_state(directory, manifest["files"], read_safetensors)  # RNG states tried for real
+        _model_tensors(directory, manifest["files"], read_safetensors_names)
+    except CheckpointError:
+        raise
+    except Exception as err:  # safetensors' own error: a re-hashed file that is not safetensors
+        raise CheckpointError(
+            f"checkpoint {directory} could not be verified: {err}. It is damaged or was altered; "
+            "use another checkpoint."
+        ) from err
     return manifest
 
 

@@ -46,14 +46,14 @@ def consolidate(directory: str | os.PathLike[str], output: str | os.PathLike[str
         CheckpointError: the checkpoint fails verification, its DCP metadata names a global
             outside the allow-list or a shard outside ``dcp/``, or it holds no model weights.
     """
-    from trainer.checkpoint.format import load_model_weights
+    from trainer.checkpoint.format import load_model_weights, verify_checkpoint
     from trainer.checkpoint.tensor_files import deduplicate, write_safetensors
     from trainer.errors import CheckpointError
     from trainer.strategies.deepspeed import ENGINE_DIR, load_engine_weights
     from trainer.strategies.fsdp import DCP_DIR
 
     source = Path(directory)
-    manifest = _verified(source)
+    manifest = verify_checkpoint(source)
     if (source / DCP_DIR).is_dir():
         weights = _dcp_weights(source / DCP_DIR)
         if not weights:
@@ -71,22 +71,6 @@ def consolidate(directory: str | os.PathLike[str], output: str | os.PathLike[str
 
     write_safetensors(str(target), tensors, {"format": "pt", "aliases": json.dumps(aliases)})
     return target
-
-
-def _verified(directory: str | os.PathLike[str]) -> dict[str, Any]:
-    """``verify_checkpoint(directory)``, any failure of it as a CheckpointError (one line, status 1)."""
-    from trainer.checkpoint.format import verify_checkpoint
-    from trainer.errors import CheckpointError
-
-    try:
-        return verify_checkpoint(directory)
-    except CheckpointError:
-        raise
-    except Exception as err:  # e.g. safetensors' own error for a re-hashed non-safetensors file
-        raise CheckpointError(
-            f"checkpoint {directory} could not be verified: {err}. It is damaged or was altered; "
-            "use another checkpoint."
-        ) from err
 
 
 def _dcp_weights(dcp_dir: Path) -> Any:
@@ -123,7 +107,9 @@ def _dcp_weights(dcp_dir: Path) -> Any:
 
 def run(args: argparse.Namespace) -> int:
     if args.action == "verify":
-        manifest = _verified(args.directory)
+        from trainer.checkpoint.format import verify_checkpoint
+
+        manifest = verify_checkpoint(args.directory)
         print(
             f"{args.directory}: valid ({len(manifest['files'])} files, global_step {manifest.get('global_step')})"
         )
