@@ -3,6 +3,9 @@ plugins — each with Lightning's meaning, and a clear error where it cannot app
 
 from __future__ import annotations
 
+import time
+import warnings
+
 import pytest
 import torch
 
@@ -111,3 +114,52 @@ def test_plugins_take_a_precision_instance_and_refuse_other_objects(tmp_path):
     assert fit.precision_plugin is plugin and fit.precision == "bf16-mixed"
     with pytest.raises(trainer.ConfigurationError, match="plugins"):
         quiet_trainer(tmp_path, plugins=[object()])
+
+
+class _SlowDataset(torch.utils.data.Dataset):
+    """A dataset whose items cost ``delay`` seconds each (a decoding step, say)."""
+
+    def __init__(self, delay: float) -> None:
+        self.delay = delay
+        self.x = torch.randn(48, 4)
+
+    def __len__(self) -> int:
+        return len(self.x)
+
+    def __getitem__(self, index: int):
+        if self.delay:
+            time.sleep(self.delay)
+        return self.x[index], self.x[index].sum(dim=0, keepdim=True)
+
+
+class _ComputeBound(LinearModule):
+    """A step that takes ``step_seconds`` (the forward and backward of a real model, say)."""
+
+    def __init__(self, step_seconds: float) -> None:
+        super().__init__()
+        self.step_seconds = step_seconds
+
+    def training_step(self, batch, batch_idx):
+        time.sleep(self.step_seconds)
+        return super().training_step(batch, batch_idx)
+
+
+def _loading_warnings(tmp_path, *, item_seconds: float, step_seconds: float) -> list[str]:
+    loader = torch.utils.data.DataLoader(_SlowDataset(item_seconds), batch_size=4)
+    module = _ComputeBound(step_seconds)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        quiet_trainer(tmp_path, max_epochs=2, profiler="simple").fit(module, loader)
+    return [str(w.message) for w in caught if "bottleneck" in str(w.message)]
+
+
+def test_a_slow_dataset_is_named_as_the_bottleneck_once(tmp_path):
+    # 4 items x 5 ms = 20 ms to fetch a batch, against a 2 ms step: about 90 % fetching.
+    messages = _loading_warnings(tmp_path, item_seconds=0.005, step_seconds=0.002)
+    assert len(messages) == 1  # once, though both epochs measured it
+    assert "_SlowDataset" in messages[0] and "num_workers=0" in messages[0]
+
+
+def test_a_fast_dataset_gets_no_bottleneck_warning(tmp_path):
+    # Fetching a batch costs well under 1 ms, against a 20 ms step: a few percent at most.
+    assert _loading_warnings(tmp_path, item_seconds=0.0, step_seconds=0.02) == []

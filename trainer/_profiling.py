@@ -10,15 +10,20 @@ run, the Trainer's stage methods with timed wrappers stored on the instance; wit
 from __future__ import annotations
 
 import functools
+import time
+import weakref
 from collections.abc import Callable, Iterable, Iterator
 from typing import TYPE_CHECKING, Any
 
+from trainer._warnings import warn_user
 from trainer.profilers import PassThroughProfiler, Profiler
 
 if TYPE_CHECKING:
     from trainer.trainer import Trainer
 
 __all__ = [
+    "BOTTLENECK_BATCHES",
+    "BOTTLENECK_SHARE",
     "STAGE_ACTIONS",
     "expect_steps",
     "is_profiling",
@@ -27,6 +32,7 @@ __all__ = [
     "profiled_steps",
     "start",
     "stop",
+    "warn_if_loading_dominates",
 ]
 
 # Trainer method -> action name. Each is replaced by a timed wrapper while a run is profiled.
@@ -68,16 +74,60 @@ def profiled_steps(profiler: Profiler, run_step: Callable[..., Any]) -> Callable
     return timed
 
 
-def profiled_batches(profiler: Profiler, batches: Iterable[Any]) -> Iterator[Any]:
-    """The items of ``batches``, each fetch timed as ``get_train_batch``."""
+def profiled_batches(
+    profiler: Profiler, batches: Iterable[Any], *, loader: Any = None
+) -> Iterator[Any]:
+    """The items of ``batches``, each fetch timed as ``get_train_batch``.
+
+    Fetching is also set against the whole batch (fetch + step): when, over the first
+    `BOTTLENECK_BATCHES` batches of the epoch, fetching takes more than `BOTTLENECK_SHARE` of the
+    time, warn once per loader, naming it and the share measured (Lightning only guesses this from
+    ``num_workers``).
+    """
     iterator = iter(batches)
+    fetch_seconds = total_seconds = 0.0
+    count = 0
     while True:
+        started = time.perf_counter()
         with profiler.profile("get_train_batch"):
             try:
                 batch = next(iterator)
             except StopIteration:
                 return
+        fetched = time.perf_counter()
         yield batch
+        if count < BOTTLENECK_BATCHES:
+            fetch_seconds += fetched - started
+            total_seconds += time.perf_counter() - started
+            count += 1
+            if count == BOTTLENECK_BATCHES:
+                warn_if_loading_dominates(loader, fetch_seconds, total_seconds)
+
+
+BOTTLENECK_BATCHES = 10  # batches measured at the start of each epoch
+BOTTLENECK_SHARE = 0.2  # fetching above this share of the step time is a bottleneck
+_warned_loaders: weakref.WeakSet[Any] = weakref.WeakSet()  # loaders already warned about
+
+
+def warn_if_loading_dominates(loader: Any, fetch_seconds: float, total_seconds: float) -> None:
+    """Warn once per loader when fetching batches took more than `BOTTLENECK_SHARE` of the time."""
+    if total_seconds <= 0 or fetch_seconds / total_seconds <= BOTTLENECK_SHARE:
+        return
+    if loader is not None:
+        if loader in _warned_loaders:
+            return
+        _warned_loaders.add(loader)
+    source = getattr(loader, "base_dataloader", loader)
+    dataset = type(getattr(source, "dataset", None)).__name__
+    workers = getattr(source, "num_workers", None)
+    pinned = getattr(source, "pin_memory", None)
+    warn_user(
+        f"trainer: fetching batches from the train dataloader (dataset {dataset}, num_workers="
+        f"{workers}, pin_memory={pinned}) took {fetch_seconds / total_seconds:.0%} of the time of "
+        f"the first {BOTTLENECK_BATCHES} batches of the epoch, measured by the profiler: the "
+        "data loading is the bottleneck. Raise num_workers (and set persistent_workers=True), "
+        "set pin_memory=True when training on a GPU, or make the dataset's __getitem__ cheaper."
+    )
 
 
 def start(trainer: Trainer, stage: str) -> None:

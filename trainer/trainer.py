@@ -824,7 +824,7 @@ class Trainer:
         is_epoch_complete = True
         first_batch_idx = self.progress.batch_idx
         batches = (
-            _profiling.profiled_batches(self.profiler, loader)
+            _profiling.profiled_batches(self.profiler, loader, loader=loader)
             if _profiling.is_profiling(self.profiler)
             else loader
         )
