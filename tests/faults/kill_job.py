@@ -30,27 +30,10 @@ from safetensors.torch import save_file
 from torch.utils.data import DataLoader, TensorDataset
 
 import trainer
+from tests.checkpoint.resume_job import Net  # the same model as the resume tests
 from trainer.callbacks import Callback, ModelCheckpoint
 
 SAVE_STEP = 8
-
-
-class Net(trainer.TrainModule):
-    def __init__(self) -> None:
-        super().__init__()
-        self.net = torch.nn.Sequential(
-            torch.nn.Linear(4, 16), torch.nn.ReLU(), torch.nn.Dropout(0.3), torch.nn.Linear(16, 1)
-        )
-
-    def training_step(self, batch, batch_idx):
-        x, y = batch
-        loss = torch.nn.functional.mse_loss(self.net(x), y)
-        self.log("loss", loss)
-        return loss
-
-    def configure_optimizers(self):
-        optimizer = torch.optim.SGD(self.parameters(), lr=0.05, momentum=0.9)
-        return [optimizer], [torch.optim.lr_scheduler.StepLR(optimizer, 1, 0.7)]
 
 
 def data() -> DataLoader:
