@@ -231,7 +231,6 @@ class Trainer:
         }
         for store in self._stores.values():
             store.key_check = self._check_same_metric_keys
-        self._logged_metrics: dict[str, Any] = {}
         self._hooks: dict[str, list[Callable[..., Any]]] = {}
         self._module_hook_functions: dict[str, Callable[..., Any]] = {}
         self._epoch_end_monitors: list[Callable[..., Any]] = []
@@ -576,7 +575,6 @@ class Trainer:
             self.datamodule.setup(stage)
         for store in self._stores.values():  # metrics of an earlier run are not this run's
             store.reset()
-        self._logged_metrics = {}
         self._restored_metrics = {}
         warn_on_lightning_hooks(module)
         self._call_hook("setup", stage)
