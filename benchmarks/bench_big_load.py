@@ -48,7 +48,7 @@ def build(layers: int) -> torch.nn.Sequential:
 
 def write_checkpoint(directory: Path, layers: int) -> int:
     """Write the sharded checkpoint; return its size in bytes."""
-    from trainer.big_modeling import init_empty_weights
+    from trainer.big_modeling.api import init_empty_weights
     from trainer.checkpoint.format import write_model_files
 
     with init_empty_weights():
@@ -71,7 +71,7 @@ def worker(variant: str, directory: Path, layers: int) -> dict[str, Any]:
     """One measured load in this (fresh) process."""
     from safetensors.torch import load_file
 
-    from trainer.big_modeling import init_empty_weights, load_checkpoint_in_model
+    from trainer.big_modeling.api import init_empty_weights, load_checkpoint_in_model
 
     index = directory / "model.safetensors.index.json"
     shards = sorted(set(json.loads(index.read_text())["weight_map"].values()))

@@ -51,7 +51,7 @@ PAGES = (
         "Trainer and TrainModule",
         "The managed loop ([guide](../trainer.md)) and the classes you subclass for it "
         "([guide](../trainmodule.md)).",
-        ("trainer.trainer", "trainer.module", "trainer.seed"),
+        ("trainer.trainer", "trainer.runtime.seed"),
         ("trainer.cli.trainer_cli.TrainerCLI",),
     ),
     Page(
@@ -60,10 +60,8 @@ PAGES = (
         "The layer under the Trainer, public for your own loop ([guide](../accelerator.md)).",
         (
             "trainer.accelerator",
-            "trainer.state",
-            "trainer.configs",
-            "trainer.launcher",
-            "trainer.memory",
+            "trainer.runtime.state",
+            "trainer.runtime.configs",
             "trainer.data.loader",
         ),
     ),

@@ -11,8 +11,8 @@ from torch.utils.data import DataLoader, TensorDataset
 import trainer
 from tests.conftest import LinearModule, make_loader, quiet_trainer
 from trainer import Accelerator, DistributedType, GradientAccumulationPlugin, PartialState
+from trainer.accelerator.optimizer import AcceleratedOptimizer, AcceleratedScheduler
 from trainer.data import DataLoaderShard
-from trainer.optimizer import AcceleratedOptimizer, AcceleratedScheduler
 
 
 def test_prepare_any_order_same_order_back():
@@ -209,7 +209,7 @@ def test_split_between_processes_on_one_process():
 
 
 def test_split_arithmetic_for_several_processes():
-    from trainer.state import _split
+    from trainer.runtime.state import _split
 
     pieces = [_split(["a", "b", "c"], 2, rank, False) for rank in range(2)]
     assert pieces == [["a", "b"], ["c"]]

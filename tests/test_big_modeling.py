@@ -32,7 +32,11 @@ from trainer import (
     load_checkpoint_and_dispatch,
     load_checkpoint_in_model,
 )
-from trainer._device_map import balanced_memory, compute_module_sizes, find_tied_parameters
+from trainer.big_modeling.device_map import (
+    balanced_memory,
+    compute_module_sizes,
+    find_tied_parameters,
+)
 from trainer.checkpoint.format import write_checkpoint, write_model_files
 from trainer.errors import CheckpointError, ConfigurationError
 

@@ -7,7 +7,7 @@ import pytest
 
 from tests.conftest import LinearModule, make_loader, quiet_trainer
 from trainer.callbacks import Callback
-from trainer.hooks import (
+from trainer.trainer.hooks import (
     CALLBACK_HOOKS,
     CALLBACK_ONLY_HOOKS,
     FIT_ORDER,
@@ -130,7 +130,7 @@ def test_fit_order_with_accumulation_steps_only_on_stepping_batches(tmp_path):
 
 
 def test_fit_order_literal_for_one_batch():
-    """An independent, hand-written pin of the contract (not derived from trainer.hooks)."""
+    """An independent, hand-written pin of the contract (not derived from trainer.trainer.hooks)."""
     assert fit_sequence(epochs=1, train_batches=1, val_batches=1, sanity_batches=1) == [
         "setup", "configure_model", "configure_optimizers", "on_fit_start",
         "on_sanity_check_start",

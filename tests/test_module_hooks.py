@@ -7,7 +7,7 @@ import warnings
 import pytest
 
 from tests.conftest import LinearModule, make_loader, quiet_trainer
-from trainer.module_hooks import LIGHTNING_HOOKS_NOT_CALLED
+from trainer.trainer.module_hooks import LIGHTNING_HOOKS_NOT_CALLED
 
 
 class PortedFromLightning(LinearModule):

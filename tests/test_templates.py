@@ -1,6 +1,6 @@
 """Project templates, ``trainer init`` and the launch configs in ``templates/configs/``.
 
-The fast tests pin ``trainer.templates_index`` and the ``init`` command (listing, names,
+The fast tests pin ``trainer.cli.templates`` and the ``init`` command (listing, names,
 errors). The slow ones do what a user does: ``trainer init`` into a fresh directory, run the
 new project's own tests with ``python -m pytest`` inside it (nothing installed), then train its
 smallest config for one epoch with ``python train.py`` -- every template, on the CPU. The gpt
@@ -17,11 +17,9 @@ from pathlib import Path
 
 import pytest
 
+from trainer.accelerator.launch_config import load_launch_config
 from trainer.cli.main import main
-from trainer.errors import ConfigurationError
-from trainer.launch_config import load_launch_config
-from trainer.strategies.fsdp_config import parse_fsdp_config
-from trainer.templates_index import (
+from trainer.cli.templates import (
     LAUNCH_CONFIGS_DIR,
     MANIFEST,
     TEMPLATES_DIR_ENV,
@@ -31,6 +29,8 @@ from trainer.templates_index import (
     project_names,
     render_template,
 )
+from trainer.errors import ConfigurationError
+from trainer.strategies.fsdp_config import parse_fsdp_config
 
 ROOT = Path(__file__).resolve().parent.parent
 TEMPLATES = ("accelerator_loop", "gpt", "image_classifier")

@@ -7,8 +7,11 @@ and the framework's own small modules only.
 
 from __future__ import annotations
 
-from trainer.accelerator import Accelerator
-from trainer.big_modeling import (
+from trainer import _old_paths
+from trainer.accelerator.accelerator import Accelerator
+from trainer.accelerator.launchers import debug_launcher, notebook_launcher
+from trainer.accelerator.memory import find_executable_batch_size
+from trainer.big_modeling.api import (
     cpu_offload,
     cpu_offload_with_hook,
     disk_offload,
@@ -18,11 +21,6 @@ from trainer.big_modeling import (
     init_on_device,
     load_checkpoint_and_dispatch,
     load_checkpoint_in_model,
-)
-from trainer.configs import (
-    DataLoaderConfiguration,
-    GradientAccumulationPlugin,
-    ProjectConfiguration,
 )
 from trainer.data.loader import skip_first_batches
 from trainer.errors import (
@@ -34,12 +32,15 @@ from trainer.errors import (
     StrategyError,
     TrainerError,
 )
-from trainer.launcher import debug_launcher, notebook_launcher
-from trainer.memory import find_executable_batch_size
-from trainer.module import DataModule, TrainModule
-from trainer.seed import seed_everything, synchronize_rng_states
-from trainer.state import DistributedType, LoggerType, PartialState, PrecisionType
-from trainer.trainer import Trainer
+from trainer.runtime.configs import (
+    DataLoaderConfiguration,
+    GradientAccumulationPlugin,
+    ProjectConfiguration,
+)
+from trainer.runtime.seed import seed_everything, synchronize_rng_states
+from trainer.runtime.state import DistributedType, LoggerType, PartialState, PrecisionType
+from trainer.trainer.module import DataModule, TrainModule
+from trainer.trainer.trainer import Trainer
 
 __version__ = "0.1.0"
 
@@ -78,3 +79,5 @@ __all__ = [
     "skip_first_batches",
     "synchronize_rng_states",
 ]
+
+_old_paths.install()

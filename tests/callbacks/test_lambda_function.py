@@ -9,7 +9,7 @@ import torch
 from tests.conftest import LinearModule, make_loader, quiet_trainer
 from trainer.callbacks import Callback, LambdaCallback
 from trainer.errors import ConfigurationError
-from trainer.hooks import CALLBACK_HOOKS
+from trainer.trainer.hooks import CALLBACK_HOOKS
 
 
 def test_functions_run_as_hooks_with_the_hook_arguments(tmp_path):

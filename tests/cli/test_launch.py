@@ -12,7 +12,7 @@ import pytest
 import yaml
 
 import trainer
-from trainer.launch_config import LaunchConfig, default_config_path, load_launch_config
+from trainer.accelerator.launch_config import LaunchConfig, default_config_path, load_launch_config
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -6,7 +6,7 @@ import torch
 from torch.utils.data import DataLoader, IterableDataset
 
 from trainer.data import DataLoaderShard, send_to_device, skip_first_batches
-from trainer.gradient_state import GradientState
+from trainer.runtime.gradient_state import GradientState
 
 
 def test_end_of_dataloader_is_known_while_the_last_batch_is_used():

@@ -16,7 +16,7 @@ import torch
 from torch.utils.data import DataLoader, TensorDataset
 
 import trainer
-from trainer.hooks import CALLBACK_HOOKS
+from trainer.trainer.hooks import CALLBACK_HOOKS
 
 pl = pytest.importorskip("lightning.pytorch")
 

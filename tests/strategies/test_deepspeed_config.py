@@ -18,7 +18,7 @@ from trainer.errors import (
     StrategyError,
 )
 from trainer.precision import resolve_precision
-from trainer.state import DistributedType
+from trainer.runtime.state import DistributedType
 from trainer.strategies import STRATEGY_REGISTRY, resolve_strategy
 from trainer.strategies.deepspeed import DeepSpeedStrategy, _key_prefix
 

@@ -45,7 +45,7 @@ def test_accelerate_example_config_maps_correctly(tmp_path):
         "cpu_ram_efficient_loading": True, "activation_checkpointing": False, "state_dict_type": "SHARDED",
         "mixed_precision": "bf16",
     }  # fmt: skip
-    from trainer.launch_config import load_launch_config
+    from trainer.accelerator.launch_config import load_launch_config
 
     launch = load_launch_config(path)
     assert (

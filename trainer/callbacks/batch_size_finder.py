@@ -5,7 +5,7 @@ training steps per candidate size, on a state captured before and put back after
 ``trainer/callbacks/lr_finder.py``), where the batch size is read and written (the module's
 or datamodule's attribute or ``hparams`` entry), and handing the Trainer a train dataloader
 rebuilt with the size found. It does not own memory accounting: a trial fails exactly when it
-raises an error that ``trainer.memory.is_out_of_memory`` recognises.
+raises an error that ``trainer.accelerator.memory.is_out_of_memory`` recognises.
 """
 
 from __future__ import annotations
@@ -17,14 +17,14 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from trainer.accelerator.memory import is_out_of_memory
 from trainer.callbacks.callback import Callback
 from trainer.callbacks.lr_finder import _bad, _is_int, _run_training_steps, _TrainingState
 from trainer.errors import ConfigurationError
-from trainer.memory import is_out_of_memory
 
 if TYPE_CHECKING:
-    from trainer.module import DataModule, TrainModule
-    from trainer.trainer import Trainer
+    from trainer.trainer.module import DataModule, TrainModule
+    from trainer.trainer.trainer import Trainer
 
 __all__ = ["BatchSizeFinder"]
 

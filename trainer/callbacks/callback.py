@@ -2,7 +2,7 @@
 
 A callback observes the Trainer through its public attributes and these hooks only. The Trainer
 calls each callback's hook in list order, then the TrainModule's (Lightning 2.6's order, DESIGN §3;
-the exceptions are listed in `trainer.hooks`).
+the exceptions are listed in `trainer.trainer.hooks`).
 """
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     import torch
 
-    from trainer.module import TrainModule
-    from trainer.trainer import Trainer
+    from trainer.trainer.module import TrainModule
+    from trainer.trainer.trainer import Trainer
 
 __all__ = ["Callback"]
 

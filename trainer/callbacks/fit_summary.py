@@ -18,8 +18,8 @@ from trainer.callbacks.callback import Callback
 if TYPE_CHECKING:
     from rich.console import Console
 
-    from trainer.module import TrainModule
-    from trainer.trainer import Trainer
+    from trainer.trainer.module import TrainModule
+    from trainer.trainer.trainer import Trainer
 
 __all__ = ["FitSummary"]
 

@@ -12,7 +12,7 @@ from typing import Any
 
 from trainer.callbacks.callback import Callback
 from trainer.errors import ConfigurationError, describe
-from trainer.hooks import CALLBACK_HOOKS
+from trainer.trainer.hooks import CALLBACK_HOOKS
 
 __all__ = ["LambdaCallback"]
 
@@ -20,7 +20,7 @@ __all__ = ["LambdaCallback"]
 class LambdaCallback(Callback):
     """Build a callback from functions: ``LambdaCallback(on_train_epoch_end=fn, ...)``.
 
-    Each keyword is a hook name from `trainer.hooks.CALLBACK_HOOKS`; its function receives
+    Each keyword is a hook name from `trainer.trainer.hooks.CALLBACK_HOOKS`; its function receives
     what the hook receives, ``(trainer, module, *hook_arguments)``. A None value is ignored
     (so Lightning code passing ``setup=None`` ports as is).
 

@@ -24,11 +24,11 @@ import torch
 from trainer._imports import require
 from trainer.callbacks.callback import Callback
 from trainer.errors import ConfigurationError, HookResultError, describe
-from trainer.seed import get_rng_states, set_rng_states
+from trainer.runtime.seed import get_rng_states, set_rng_states
 
 if TYPE_CHECKING:
-    from trainer.module import TrainModule
-    from trainer.trainer import Trainer
+    from trainer.trainer.module import TrainModule
+    from trainer.trainer.trainer import Trainer
 
 __all__ = ["LearningRateFinder"]
 

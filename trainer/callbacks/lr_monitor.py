@@ -14,8 +14,8 @@ from trainer.callbacks.callback import Callback
 from trainer.errors import ConfigurationError, describe
 
 if TYPE_CHECKING:
-    from trainer.module import TrainModule
-    from trainer.trainer import Trainer
+    from trainer.trainer.module import TrainModule
+    from trainer.trainer.trainer import Trainer
 
 __all__ = ["LearningRateMonitor"]
 

@@ -35,9 +35,9 @@ from trainer.checkpoint.paths import is_inside, resolve_inside
 from trainer.errors import CheckpointError, ConfigurationError, describe
 
 if TYPE_CHECKING:
-    from trainer.module import TrainModule
     from trainer.plugins import PendingSave
-    from trainer.trainer import Trainer
+    from trainer.trainer.module import TrainModule
+    from trainer.trainer.trainer import Trainer
 
 __all__ = ["ModelCheckpoint", "OnExceptionCheckpoint"]
 

@@ -20,8 +20,8 @@ from trainer.errors import ConfigurationError, describe
 if TYPE_CHECKING:
     from rich.console import Console
 
-    from trainer.module import TrainModule
-    from trainer.trainer import Trainer
+    from trainer.trainer.module import TrainModule
+    from trainer.trainer.trainer import Trainer
 
 __all__ = ["LayerSummary", "ModelSummary", "format_count", "summarize", "total_size_bytes"]
 

@@ -22,8 +22,8 @@ if TYPE_CHECKING:
     from rich.console import Console
     from rich.progress import Progress, TaskID
 
-    from trainer.module import TrainModule
-    from trainer.trainer import Trainer
+    from trainer.trainer.module import TrainModule
+    from trainer.trainer.trainer import Trainer
 
 __all__ = ["RichProgressBar"]
 

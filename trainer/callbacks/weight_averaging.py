@@ -19,13 +19,15 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch.optim.swa_utils import SWALR, AveragedModel, get_ema_multi_avg_fn, update_bn
 
-from trainer._optim_config import SchedulerConfig  # TODO(trainer.py): public export wanted
 from trainer.callbacks.callback import Callback
 from trainer.errors import CheckpointError, ConfigurationError, describe
+from trainer.trainer.optimizer_config import (
+    SchedulerConfig,
+)  # TODO(trainer.py): public export wanted
 
 if TYPE_CHECKING:
-    from trainer.module import TrainModule
-    from trainer.trainer import Trainer
+    from trainer.trainer.module import TrainModule
+    from trainer.trainer.trainer import Trainer
 
 __all__ = ["StochasticWeightAveraging", "WeightAveraging"]
 

@@ -24,10 +24,10 @@ from trainer.checkpoint.format import (
     write_model_files,
 )
 from trainer.errors import CheckpointError, ConfigurationError
-from trainer.seed import get_rng_states, set_rng_states
+from trainer.runtime.seed import get_rng_states, set_rng_states
 
 if TYPE_CHECKING:
-    from trainer.accelerator import Accelerator
+    from trainer.accelerator.accelerator import Accelerator
     from trainer.plugins import AsyncCheckpointIO
 
 __all__ = ["load_accelerator_state", "save_accelerator_state", "save_model_weights"]

@@ -26,8 +26,8 @@ import torch
 from trainer._imports import require
 from trainer.cli._config_errors import explain_parse_error
 from trainer.errors import ConfigurationError
-from trainer.module import DataModule, TrainModule
-from trainer.trainer import Trainer
+from trainer.trainer.module import DataModule, TrainModule
+from trainer.trainer.trainer import Trainer
 
 __all__ = [
     "STAGES",

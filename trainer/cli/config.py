@@ -53,7 +53,7 @@ def _yes(answer: str) -> bool:
 
 def interactive_config() -> Any:
     """Ask the questions; return a LaunchConfig."""
-    from trainer.launch_config import LaunchConfig
+    from trainer.accelerator.launch_config import LaunchConfig
 
     machines = _ask("How many machines?", 1, int)
     rank, ip, port = 0, None, None
@@ -104,7 +104,7 @@ def default_config() -> Any:
     """All local GPUs with DDP, or a single CPU process."""
     import torch
 
-    from trainer.launch_config import LaunchConfig
+    from trainer.accelerator.launch_config import LaunchConfig
 
     gpus = torch.cuda.device_count()
     if gpus > 1:
@@ -114,7 +114,7 @@ def default_config() -> Any:
 
 def run(args: argparse.Namespace) -> int:
     """Write the config and say where."""
-    from trainer.launch_config import write_launch_config
+    from trainer.accelerator.launch_config import write_launch_config
 
     config = default_config() if args.default else interactive_config()
     path = write_launch_config(config, args.config_file)

@@ -99,7 +99,7 @@ def run(args: argparse.Namespace) -> int:
     """
     path = args.config_file
     if path is None:  # the file `trainer config` writes, when there is one
-        from trainer.launch_config import default_config_path
+        from trainer.accelerator.launch_config import default_config_path
 
         default = default_config_path()
         path = str(default) if default.is_file() else None

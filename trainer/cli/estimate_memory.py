@@ -188,7 +188,7 @@ def load_target(target: str, no_split: list[str] | None = None) -> list[TensorIn
 
 def _build(module_name: str, attribute: str) -> torch.nn.Module:
     """Import ``module_name`` (the current directory first, as ``python -m`` would) and build."""
-    from trainer.big_modeling import init_empty_weights
+    from trainer.big_modeling.api import init_empty_weights
 
     added = os.getcwd() not in sys.path
     if added:
@@ -255,7 +255,7 @@ def _module_tensors(model: torch.nn.Module, no_split: list[str]) -> list[TensorI
 
 def _file_tensors(path: Path) -> list[TensorInfo]:
     """Headers of safetensors files: floating-point tensors count as trainable parameters."""
-    from trainer._offload import read_safetensors_header, weight_files
+    from trainer.big_modeling.offload import read_safetensors_header, weight_files
 
     files, _ = weight_files(path)
     if any(file.suffix != ".safetensors" for file in files):

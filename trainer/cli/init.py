@@ -10,7 +10,7 @@
 The new directory holds a working project: its package (named after the project), run configs,
 tests that pass with ``python -m pytest`` run inside it, a ``train.py`` that trains with plain
 Python, and ready launch configs in ``launch_configs/``. This module owns the command line only;
-finding and rendering templates is ``trainer.templates_index``, their contents are
+finding and rendering templates is ``trainer.cli.templates``, their contents are
 ``templates/`` (see docs/templates.md).
 """
 
@@ -69,7 +69,7 @@ def run(args: argparse.Namespace) -> int:
             lists the valid ones), an invalid ``--name``, or a non-empty directory without
             ``--force``.
     """
-    from trainer.templates_index import list_templates, render_template
+    from trainer.cli.templates import list_templates, render_template
 
     if args.list:
         for template in list_templates():

@@ -68,7 +68,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
 
 def resolve_config(args: argparse.Namespace) -> Any:
     """The launch config: file (or defaults) with the command-line flags on top."""
-    from trainer.launch_config import LaunchConfig, load_launch_config
+    from trainer.accelerator.launch_config import LaunchConfig, load_launch_config
 
     config = load_launch_config(args.config_file)
     changes = {name: getattr(args, name) for name in _OVERRIDES if getattr(args, name) is not None}
@@ -89,7 +89,7 @@ def resolve_config(args: argparse.Namespace) -> Any:
 
 def run(args: argparse.Namespace) -> int:
     """Build the torchrun command and run it; return its exit status."""
-    from trainer.launcher import launch_environment, torchrun_command
+    from trainer.accelerator.launchers import launch_environment, torchrun_command
 
     config = resolve_config(args)
     command = torchrun_command(config, args.script, list(args.script_args), module=args.module)

@@ -70,8 +70,8 @@ def check() -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Launch ``check`` (this module, run with ``-m``) on the configured processes."""
+    from trainer.accelerator.launchers import launch_environment, torchrun_command
     from trainer.cli.launch import resolve_config
-    from trainer.launcher import launch_environment, torchrun_command
 
     overrides = (
         "num_processes",

@@ -66,8 +66,8 @@ from trainer.cli._config_parser import (
     parse_config,
 )
 from trainer.errors import ConfigurationError, TrainerError, describe
-from trainer.module import DataModule, TrainModule
-from trainer.trainer import Trainer
+from trainer.trainer.module import DataModule, TrainModule
+from trainer.trainer.trainer import Trainer
 
 __all__ = [
     "CLI_CONFIG_KEY",
@@ -425,7 +425,7 @@ def _seed(value: bool | int) -> bool | int:
     A drawn seed is also put in the environment, so the processes a Trainer starts for
     ``devices=N`` (which parse the same command again) use the same seed.
     """
-    from trainer.seed import seed_everything
+    from trainer.runtime.seed import seed_everything
     from trainer.strategies import detect_environment
 
     if value is False:

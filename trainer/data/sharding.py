@@ -20,8 +20,8 @@ from typing import Any
 
 from torch.utils.data import BatchSampler, DataLoader, IterableDataset, Sampler
 
-from trainer.configs import DataLoaderConfiguration
 from trainer.errors import ConfigurationError
+from trainer.runtime.configs import DataLoaderConfiguration
 
 __all__ = ["BatchSamplerShard", "IterableDatasetShard", "shard_data_loader"]
 

@@ -5,7 +5,7 @@ CUDA), the one writer thread, the one save in flight (`PendingSave`), and runnin
 thread what has to wait until a save is complete (a ModelCheckpoint's rotation and ``last`` swap).
 It does not own the file format, hashing, fsync or the atomic rename: the background thread calls
 the same `trainer.checkpoint.write_checkpoint` as a synchronous save. Nor does it decide when or
-what to save (``ModelCheckpoint``) or where the loop checks on the save (``trainer/trainer.py``).
+what to save (``ModelCheckpoint``) or where the loop checks on the save (``trainer/trainer/trainer.py``).
 
 The guarantees of a synchronous save hold (DESIGN §6, docs/checkpointing.md "Asynchronous saves"):
 a checkpoint appears under its name only when complete; it holds the state of its own step; at
@@ -37,7 +37,7 @@ if TYPE_CHECKING:
     import os
 
     from trainer.strategies import Strategy
-    from trainer.trainer import Trainer
+    from trainer.trainer.trainer import Trainer
 
 __all__ = [
     "AsyncCheckpointIO",

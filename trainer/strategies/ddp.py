@@ -35,7 +35,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from trainer.errors import StrategyError
 from trainer.precision import Precision
-from trainer.state import DistributedType, PartialState
+from trainer.runtime.state import DistributedType, PartialState
 from trainer.strategies.environment import ClusterEnvironment, detect_environment
 from trainer.strategies.strategy import ReduceOp, Strategy
 

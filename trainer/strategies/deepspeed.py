@@ -32,7 +32,7 @@ import torch.distributed as dist
 
 from trainer.errors import CheckpointError, ConfigurationError, StrategyError, describe
 from trainer.precision import Precision
-from trainer.state import DistributedType
+from trainer.runtime.state import DistributedType
 from trainer.strategies.ddp import DDPStrategy, hold_no_group_in_default_arguments
 from trainer.strategies.environment import ClusterEnvironment
 

@@ -27,7 +27,7 @@ from trainer.checkpoint.sharded import (
 )
 from trainer.errors import ConfigurationError
 from trainer.precision import Precision
-from trainer.state import DistributedType
+from trainer.runtime.state import DistributedType
 from trainer.strategies.ddp import DDPStrategy
 from trainer.strategies.environment import ClusterEnvironment
 from trainer.strategies.fsdp_config import parse_fsdp_config
@@ -125,7 +125,7 @@ class FSDPStrategy(DDPStrategy):
 
     def module_init_context(self) -> contextlib.AbstractContextManager[Any]:
         if self.cpu_ram_efficient_loading and self.global_rank != 0:
-            from trainer.big_modeling import init_empty_weights
+            from trainer.big_modeling.api import init_empty_weights
 
             return init_empty_weights()
         return contextlib.nullcontext()

@@ -38,7 +38,7 @@ from trainer.checkpoint.sharded import (
 )
 from trainer.errors import CheckpointError, ConfigurationError, StrategyError
 from trainer.precision import Precision
-from trainer.state import DistributedType
+from trainer.runtime.state import DistributedType
 from trainer.strategies.ddp import DDPStrategy
 from trainer.strategies.environment import ClusterEnvironment
 from trainer.strategies.fsdp import _remember

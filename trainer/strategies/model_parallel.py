@@ -30,7 +30,7 @@ import torch.distributed as dist
 
 from trainer.errors import ConfigurationError, StrategyError, describe
 from trainer.precision import Precision
-from trainer.state import DistributedType
+from trainer.runtime.state import DistributedType
 from trainer.strategies.ddp import _OPS, DDPStrategy, hold_no_group_in_default_arguments
 from trainer.strategies.environment import ClusterEnvironment
 from trainer.strategies.fsdp import FSDPStrategy

@@ -15,7 +15,7 @@ from typing import Any
 import torch
 
 from trainer.precision import Precision
-from trainer.state import DistributedType
+from trainer.runtime.state import DistributedType
 
 __all__ = ["Strategy"]
 
@@ -45,7 +45,7 @@ class Strategy:
     def root_device(self) -> torch.device:
         """The device this process computes on."""
         if self._device is None:
-            from trainer.state import _default_device
+            from trainer.runtime.state import _default_device
 
             self._device = _default_device(False, self.local_rank)
         return self._device

@@ -29,7 +29,7 @@ import torch
 from trainer._imports import is_available, require
 from trainer.errors import ConfigurationError, MissingDependencyError, StrategyError, describe
 from trainer.precision import Precision
-from trainer.state import DistributedType
+from trainer.runtime.state import DistributedType
 from trainer.strategies.strategy import ReduceOp, Strategy
 
 __all__ = ["XLA_ACCELERATORS", "XLAStrategy"]

@@ -10,8 +10,8 @@
 - ``dispatch_model`` / ``cpu_offload`` / ``cpu_offload_with_hook`` / ``disk_offload``: forward
   hooks that bring weights and inputs to the execution device just in time and take them back.
 
-Call shapes follow Accelerate's. The arithmetic lives in ``trainer._device_map``; reading files,
-the offload folder and the hooks in ``trainer._offload``. The hooks serve inference: training an
+Call shapes follow Accelerate's. The arithmetic lives in ``trainer.big_modeling.device_map``; reading files,
+the offload folder and the hooks in ``trainer.big_modeling.offload``. The hooks serve inference: training an
 offloaded model is not supported.
 """
 
@@ -25,7 +25,7 @@ from typing import Any
 
 import torch
 
-from trainer._device_map import (
+from trainer.big_modeling.device_map import (
     DeviceKey,
     DeviceMap,
     balanced_memory,
@@ -40,8 +40,8 @@ from trainer._device_map import (
     resolve_dtype,
     torch_device,
 )
-from trainer._device_map import main_device as main_device_of
-from trainer._offload import (
+from trainer.big_modeling.device_map import main_device as main_device_of
+from trainer.big_modeling.offload import (
     ModelOffloadHook,
     load_weights,
     remove_hooks,

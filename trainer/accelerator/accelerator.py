@@ -16,24 +16,24 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch.utils.data import DataLoader
 
-from trainer import collectives
-from trainer.configs import (
-    DataLoaderConfiguration,
-    GradientAccumulationPlugin,
-    ProjectConfiguration,
-)
-from trainer.data.loader import DataLoaderShard, skip_first_batches
-from trainer.errors import ConfigurationError, describe
-from trainer.gradient_state import GradientState
-from trainer.optimizer import (
+from trainer.accelerator import collectives
+from trainer.accelerator.optimizer import (
     AcceleratedOptimizer,
     AcceleratedScheduler,
     parameter_replacements,
     use_replaced_parameters,
     warn_on_eps_below_dtype,
 )
+from trainer.data.loader import DataLoaderShard, skip_first_batches
+from trainer.errors import ConfigurationError, describe
 from trainer.precision import Precision, resolve_precision
-from trainer.state import DistributedType, PartialState
+from trainer.runtime.configs import (
+    DataLoaderConfiguration,
+    GradientAccumulationPlugin,
+    ProjectConfiguration,
+)
+from trainer.runtime.gradient_state import GradientState
+from trainer.runtime.state import DistributedType, PartialState
 from trainer.strategies import Strategy, _auto_strategy_name, resolve_strategy
 
 if TYPE_CHECKING:

@@ -2,7 +2,7 @@
 
 A user subclasses TrainModule and writes ``training_step`` and ``configure_optimizers``; the
 Trainer calls everything else. This module owns the user-facing surface only: the loop that
-calls it lives in ``trainer/trainer.py``.
+calls it lives in ``trainer/trainer/trainer.py``.
 """
 
 from __future__ import annotations
@@ -14,11 +14,11 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from trainer.errors import ConfigurationError
-from trainer.module_hooks import ModuleHooks
+from trainer.trainer.module_hooks import ModuleHooks
 
 if TYPE_CHECKING:
-    from trainer.optimizer import AcceleratedOptimizer
-    from trainer.trainer import Trainer
+    from trainer.accelerator.optimizer import AcceleratedOptimizer
+    from trainer.trainer.trainer import Trainer
 
 __all__ = ["AttributeDict", "DataModule", "TrainModule"]
 

@@ -15,7 +15,7 @@ import torch
 from trainer.errors import ConfigurationError
 
 if TYPE_CHECKING:
-    from trainer.gradient_state import GradientState
+    from trainer.runtime.gradient_state import GradientState
     from trainer.strategies import Strategy
 
 __all__ = [

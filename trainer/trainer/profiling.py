@@ -2,7 +2,7 @@
 
 This module owns which parts of the loop are timed and under which action names (listed in
 docs/profilers.md). It does not time anything itself (``trainer.profilers`` does) and it does not
-decide the loop's order (``trainer/trainer.py`` does). Profiling works by replacing, for one
+decide the loop's order (``trainer/trainer/trainer.py`` does). Profiling works by replacing, for one
 run, the Trainer's stage methods with timed wrappers stored on the instance; with the default
 `PassThroughProfiler` nothing is wrapped, so the per-step path is unchanged.
 """
@@ -19,7 +19,7 @@ from trainer._warnings import warn_user
 from trainer.profilers import PassThroughProfiler, Profiler
 
 if TYPE_CHECKING:
-    from trainer.trainer import Trainer
+    from trainer.trainer.trainer import Trainer
 
 __all__ = [
     "BOTTLENECK_BATCHES",

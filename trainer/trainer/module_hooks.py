@@ -1,7 +1,7 @@
 """The hooks a TrainModule receives: the Callback hooks without their ``trainer, module`` arguments.
 
 Each is a no-op. The Trainer calls every callback's hook first, then the module's (Lightning
-2.6's order; see `trainer.hooks`). As in Lightning, the module does not receive
+2.6's order; see `trainer.trainer.hooks`). As in Lightning, the module does not receive
 ``on_sanity_check_start`` / ``on_sanity_check_end`` / ``on_exception``: those are Callback hooks.
 """
 

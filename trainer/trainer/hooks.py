@@ -3,7 +3,7 @@
 The Trainer's dispatcher checks every name it calls against `CALLBACK_HOOKS`; the hook-order
 test and the documentation page are both generated from `FIT_ORDER` and `fit_sequence`
 so the three can never disagree. This module owns names and order only; the calls live in
-`trainer/trainer.py`.
+`trainer/trainer/trainer.py`.
 
 Who runs first, as in Lightning 2.6 (checked against it by ``tests/parity/``): for each hook the
 callbacks run in list order, then the module (`CALLBACKS_FIRST`); `on_load_checkpoint` runs on

@@ -16,7 +16,7 @@ from trainer._warnings import warn_user
 from trainer.errors import ConfigurationError
 
 if TYPE_CHECKING:
-    from trainer.gradient_state import GradientState
+    from trainer.runtime.gradient_state import GradientState
     from trainer.strategies import Strategy
 
 __all__ = [

@@ -19,9 +19,9 @@ from trainer.errors import ConfigurationError, describe
 from trainer.loggers.logger import Logger
 
 if TYPE_CHECKING:
-    from trainer.module import TrainModule
     from trainer.precision import Precision
     from trainer.strategies.environment import ClusterEnvironment
+    from trainer.trainer.module import TrainModule
 
 __all__ = [
     "apply_benchmark",

@@ -13,7 +13,7 @@ Owns:
   memory-mapped per module call and released when the module's forward returns;
 - the hooks that move inputs and weights to the execution device just in time and back.
 
-Does not own which module goes where (``trainer._device_map``) nor the public API
+Does not own which module goes where (``trainer.big_modeling.device_map``) nor the public API
 (``trainer.big_modeling``).
 """
 
@@ -32,7 +32,7 @@ from typing import Any
 
 import torch
 
-from trainer._device_map import find_tied_parameters
+from trainer.big_modeling.device_map import find_tied_parameters
 from trainer.checkpoint.format import (
     MODEL_FILE,
     MODEL_INDEX,

@@ -3,7 +3,7 @@
 Owns: the byte size of every module (parameters and buffers, a tied weight counted once), the
 largest layer, parsing and ordering ``max_memory``, the fill of devices in order, the clean-up
 of the resulting map and the lookup of a tensor's device in a map. Does not own moving or
-loading tensors (``trainer._offload``) nor the public API (``trainer.big_modeling``).
+loading tensors (``trainer.big_modeling.offload``) nor the public API (``trainer.big_modeling``).
 """
 
 from __future__ import annotations

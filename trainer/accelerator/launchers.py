@@ -18,8 +18,8 @@ import uuid
 from collections.abc import Callable
 from typing import Any
 
+from trainer.accelerator.launch_config import LaunchConfig
 from trainer.errors import ConfigurationError, StrategyError
-from trainer.launch_config import LaunchConfig
 
 __all__ = [
     "debug_launcher",

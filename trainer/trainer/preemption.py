@@ -16,10 +16,10 @@ import threading
 from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
-from trainer._checkpointing import checkpoint_dir
+from trainer.trainer.checkpoint_state import checkpoint_dir
 
 if TYPE_CHECKING:
-    from trainer.trainer import Trainer
+    from trainer.trainer.trainer import Trainer
 
 __all__ = ["PREEMPTION_SIGNALS", "catch_preemption_signals", "save_and_exit"]
 

@@ -21,17 +21,34 @@ from typing import Any
 import torch
 from torch.utils.data import DataLoader
 
-from trainer import _profiling
-from trainer._checkpointing import (
+from trainer.accelerator.accelerator import Accelerator
+from trainer.accelerator.launchers import relaunch_with_torchrun
+from trainer.callbacks.callback import Callback
+from trainer.errors import AnomalyError, ConfigurationError, HookResultError, describe
+from trainer.loggers.logger import Logger
+from trainer.plugins.async_checkpoint import PendingSave, find_checkpoint_io
+from trainer.precision import Precision, resolve_precision
+from trainer.profilers import Profiler, resolve_profiler
+from trainer.runtime.configs import DataLoaderConfiguration
+from trainer.runtime.seed import get_rng_states, set_rng_states
+from trainer.strategies import Strategy, detect_environment, resolve_strategy
+from trainer.trainer import profiling
+from trainer.trainer.checkpoint_state import (
     dump_checkpoint,
     load_checkpoint,
     resolve_ckpt_path,
     restore_checkpoint,
 )
-from trainer._optim_config import SchedulerConfig, parse_optimizer_config, step_schedulers
-from trainer._preemption import catch_preemption_signals, save_and_exit
-from trainer._results import MetricStore, to_float
-from trainer._trainer_config import (
+from trainer.trainer.hooks import CALLBACK_HOOKS, CALLBACK_ONLY_HOOKS, MONITORING_CALLBACKS
+from trainer.trainer.metrics import MetricStore, to_float
+from trainer.trainer.module import DataModule, TrainModule
+from trainer.trainer.module_hooks import ModuleHooks, warn_on_lightning_hooks
+from trainer.trainer.optimizer_config import (
+    SchedulerConfig,
+    parse_optimizer_config,
+    step_schedulers,
+)
+from trainer.trainer.options import (
     apply_benchmark,
     build_callbacks,
     build_loggers,
@@ -57,20 +74,7 @@ from trainer._trainer_config import (
     warn_on_empty_epoch,
     warn_on_empty_loader,
 )
-from trainer.accelerator import Accelerator
-from trainer.callbacks.callback import Callback
-from trainer.configs import DataLoaderConfiguration
-from trainer.errors import AnomalyError, ConfigurationError, HookResultError, describe
-from trainer.hooks import CALLBACK_HOOKS, CALLBACK_ONLY_HOOKS, MONITORING_CALLBACKS
-from trainer.launcher import relaunch_with_torchrun
-from trainer.loggers.logger import Logger
-from trainer.module import DataModule, TrainModule
-from trainer.module_hooks import ModuleHooks, warn_on_lightning_hooks
-from trainer.plugins.async_checkpoint import PendingSave, find_checkpoint_io
-from trainer.precision import Precision, resolve_precision
-from trainer.profilers import Profiler, resolve_profiler
-from trainer.seed import get_rng_states, set_rng_states
-from trainer.strategies import Strategy, detect_environment, resolve_strategy
+from trainer.trainer.preemption import catch_preemption_signals, save_and_exit
 
 __all__ = ["Progress", "Trainer", "TrainerState"]
 
@@ -560,10 +564,10 @@ class Trainer:
     def _setup(self, stage: str, loaders: dict[str, Any], ckpt_path: Any = None) -> None:
         """Seed, set up data, hooks, model, optimizers, dataloaders; restore ``ckpt_path``."""
         self._start_time = time.monotonic()
-        _profiling.start(self, stage)
+        profiling.start(self, stage)
         module = self.module
         if self.seed is not None:
-            from trainer.seed import seed_everything
+            from trainer.runtime.seed import seed_everything
 
             seed_everything(self.seed)
         self._previous_deterministic = torch.are_deterministic_algorithms_enabled()
@@ -596,7 +600,7 @@ class Trainer:
         path = resolve_ckpt_path(self, ckpt_path, stage)
         if path is not None:
             restore_checkpoint(self, load_checkpoint(self, path), full=stage == "fit")
-        _profiling.expect_steps(self, stage)
+        profiling.expect_steps(self, stage)
         if stage == "fit":
             self._log_hyperparams()
             self._call_hook("on_fit_start")
@@ -619,10 +623,10 @@ class Trainer:
         else:
             self._run_step = prepared
             self._training_step = partial(prepared, "training_step")
-        if _profiling.is_profiling(self.profiler):
-            self._run_step = _profiling.profiled_steps(self.profiler, self._run_step)
+        if profiling.is_profiling(self.profiler):
+            self._run_step = profiling.profiled_steps(self.profiler, self._run_step)
             if self._training_step is not None:
-                self._training_step = _profiling.profiled(
+                self._training_step = profiling.profiled(
                     self.profiler, "training_step", self._training_step
                 )
 
@@ -729,7 +733,7 @@ class Trainer:
         # end the group now, not at interpreter exit. After a failure a barrier could hang.
         if (status == "finished" or is_clean_exit) and not self.strategy.should_keep_process_group:
             self.strategy.end_process_group()
-        _profiling.stop(self, stage)
+        profiling.stop(self, stage)
 
     def _handle_exception(self, err: BaseException, stage: str) -> None:
         status = "interrupted" if isinstance(err, KeyboardInterrupt) else "failed"
@@ -822,8 +826,8 @@ class Trainer:
         is_epoch_complete = True
         first_batch_idx = self.progress.batch_idx
         batches = (
-            _profiling.profiled_batches(self.profiler, loader, loader=loader)
-            if _profiling.is_profiling(self.profiler)
+            profiling.profiled_batches(self.profiler, loader, loader=loader)
+            if profiling.is_profiling(self.profiler)
             else loader
         )
         for batch_idx, batch in enumerate(batches, start=first_batch_idx):
@@ -1193,7 +1197,7 @@ class Trainer:
 
     # ---- hooks -------------------------------------------------------------------------------
     def _build_hook_table(self, module: TrainModule) -> dict[str, list[Callable[..., Any]]]:
-        """For each hook, the implementations to call, in Lightning 2.6's order (`trainer.hooks`).
+        """For each hook, the implementations to call, in Lightning 2.6's order (`trainer.trainer.hooks`).
 
         Callbacks in list order, then the module; ``on_load_checkpoint`` module first; in
         ``on_train_epoch_end`` the monitoring callbacks after the module. Only overridden hooks
@@ -1230,10 +1234,10 @@ class Trainer:
         self, function: Callable[..., Any], owner: object, name: str, kind: str
     ) -> Callable[..., Any]:
         """``function`` as is, or timed as ``[kind]Class.hook`` when a profiler is in use."""
-        if not _profiling.is_profiling(self.profiler):
+        if not profiling.is_profiling(self.profiler):
             return function
         action = f"[{kind}]{type(owner).__name__}.{name}"
-        return _profiling.profiled(self.profiler, action, function)
+        return profiling.profiled(self.profiler, action, function)
 
     def _call_hook(self, name: str, *args: Any) -> Any:
         """Run hook ``name`` on the callbacks and the module, in the order of `_build_hook_table`.
@@ -1243,7 +1247,7 @@ class Trainer:
         functions = self._hooks.get(name)
         if functions is None:
             raise ConfigurationError(
-                f"internal: {name!r} is not a hook; see trainer.hooks.CALLBACK_HOOKS"
+                f"internal: {name!r} is not a hook; see trainer.trainer.hooks.CALLBACK_HOOKS"
             )
         module_function = self._module_hook_functions.get(name)
         result = None

@@ -16,10 +16,10 @@ from typing import TYPE_CHECKING, Any
 
 from trainer.checkpoint import find_latest_checkpoint, load_weights_file
 from trainer.errors import CheckpointError, ConfigurationError, describe
-from trainer.seed import get_rng_states
+from trainer.runtime.seed import get_rng_states
 
 if TYPE_CHECKING:
-    from trainer.trainer import Trainer
+    from trainer.trainer.trainer import Trainer
 
 __all__ = [
     "checkpoint_dir",
