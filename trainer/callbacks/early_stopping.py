@@ -174,7 +174,7 @@ class EarlyStopping(Callback):
             return
         current = metrics[self.monitor].detach().float().squeeze().cpu()
         is_local_stop, reason = self._evaluate(current)
-        should_stop = _any_process(trainer, is_local_stop)
+        should_stop = trainer.strategy.reduce_boolean_decision(is_local_stop, all=False)
         trainer.should_stop = trainer.should_stop or should_stop
         if should_stop:
             self.stopped_epoch = trainer.current_epoch
@@ -231,14 +231,6 @@ class EarlyStopping(Callback):
             print(message)
         elif not self.log_rank_zero_only:
             print(f"[rank {trainer.global_rank}] {message}")
-
-
-def _any_process(trainer: Trainer, flag: bool) -> bool:
-    """Whether ``flag`` is True on any process, so every process stops together."""
-    if trainer.world_size == 1:
-        return flag
-    device = trainer.strategy.root_device
-    return bool(trainer.strategy.all_reduce(torch.tensor([float(flag)], device=device), "max"))
 
 
 def _check_arguments(monitor: object, min_delta: object, patience: object, mode: object) -> None:

@@ -336,11 +336,10 @@ class LearningRateFinder(Callback):
                 group["lr"] = schedule[step]
 
         def record(step: int, loss: float) -> bool:
-            should_stop = test.record(schedule[step], loss)
-            if trainer.world_size > 1:  # every process stops together, or none
-                flag = torch.tensor([float(should_stop)], device=trainer.strategy.root_device)
-                should_stop = bool(trainer.strategy.all_reduce(flag, op="max").item())
-            return should_stop
+            # every process stops together, or none
+            return trainer.strategy.reduce_boolean_decision(
+                test.record(schedule[step], loss), all=False
+            )
 
         state = _TrainingState.capture(trainer, module)
         try:

@@ -134,10 +134,8 @@ class SpikeDetection(Callback):
         mean = sum(self._losses) / len(self._losses) if self._losses else math.nan
         is_warm = self._num_good >= max(self.warmup, 1)
         is_local = self.is_spike(value, mean) if is_warm or not math.isfinite(value) else False
-        is_spike = is_local
-        if trainer.world_size > 1:  # any process's spike is every process's
-            flag = torch.tensor([float(is_local)], device=trainer.strategy.root_device)
-            is_spike = bool(trainer.strategy.all_reduce(flag, "max"))
+        # any process's spike is every process's
+        is_spike = trainer.strategy.reduce_boolean_decision(is_local, all=False)
         if not is_spike:
             if math.isfinite(value):
                 self._losses.append(value)

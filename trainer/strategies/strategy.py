@@ -120,6 +120,17 @@ class Strategy:
         """Reduce ``tensor`` over all processes with ``op``."""
         return tensor
 
+    def reduce_boolean_decision(self, decision: bool, all: bool = True) -> bool:  # noqa: A002
+        """Agree on a yes/no across processes: every one says yes (``all``) or any one does.
+
+        The one place "any rank says stop" is decided (early stopping, the LR finder, spike
+        detection, preemption); Lightning's name and meaning.
+        """
+        if self.world_size == 1:
+            return bool(decision)
+        flag = torch.tensor([float(bool(decision))], device=self.root_device)
+        return bool(self.all_reduce(flag, op="min" if all else "max").item())
+
     def all_gather(self, tensor: torch.Tensor) -> torch.Tensor:
         """Stack ``tensor`` from every process: shape ``(world_size, *tensor.shape)``."""
         return tensor.unsqueeze(0)

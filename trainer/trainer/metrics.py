@@ -22,13 +22,16 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Callable
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import torch
 
 from trainer.errors import ConfigurationError, describe
 
-__all__ = ["MetricStore"]
+if TYPE_CHECKING:
+    from trainer.strategies import Strategy
+
+__all__ = ["MetricStore", "stage_stores"]
 
 _REDUCE_FX = ("mean", "sum", "max", "min")
 _REDUCE_ALIASES: dict[Any, str] = {
@@ -410,3 +413,30 @@ def _batch_size_of(batch: Any) -> int:
 def to_float(value: Any) -> float:
     """A logged value as a Python float (the one place tensors are read)."""
     return float(value.item()) if isinstance(value, torch.Tensor) else float(value)
+
+
+def stage_stores(strategy: Strategy) -> dict[str, MetricStore]:
+    """The ``self.log`` stores of the "train", "validation" and "test" stages.
+
+    ``sync_dist=True`` values are reduced over ``strategy``'s processes, after a check that every
+    process logged the same names (a clear error instead of a hang in the collective).
+    """
+
+    def reduce(tensor: torch.Tensor, op: str) -> torch.Tensor:
+        return strategy.all_reduce(tensor, op=op)
+
+    def check_same_keys(names: list[str]) -> None:
+        if strategy.world_size == 1:
+            return
+        everyone = strategy.all_gather_object(names)
+        if any(other != names for other in everyone):
+            detail = "; ".join(f"rank {rank}: {keys}" for rank, keys in enumerate(everyone))
+            raise ConfigurationError(
+                f"self.log(..., sync_dist=True): the processes logged different metric names ({detail}). "
+                "Log the same names on every rank (log a default value where a rank has none)."
+            )
+
+    stores = {stage: MetricStore(reduce) for stage in ("train", "validation", "test")}
+    for store in stores.values():
+        store.key_check = check_same_keys
+    return stores

@@ -21,35 +21,72 @@ from trainer.trainer.checkpoint_state import checkpoint_dir
 if TYPE_CHECKING:
     from trainer.trainer.trainer import Trainer
 
-__all__ = ["PREEMPTION_SIGNALS", "catch_preemption_signals", "save_and_exit"]
+__all__ = [
+    "PREEMPTION_SIGNALS",
+    "PreemptionSignal",
+    "catch_preemption_signals",
+    "is_preempted",
+    "save_and_exit",
+]
 
 PREEMPTION_SIGNALS = tuple(
     s for s in (getattr(signal, "SIGTERM", None), getattr(signal, "SIGUSR1", None)) if s is not None
 )
+CHECK_EVERY = 10  # optimizer steps between the processes' agreement on a signal
+
+
+class PreemptionSignal:
+    """The SIGTERM / SIGUSR1 received during one fit, if any (``signum`` None: none yet)."""
+
+    def __init__(self) -> None:
+        self.signum: int | None = None
 
 
 @contextlib.contextmanager
-def catch_preemption_signals(trainer: Trainer) -> Iterator[None]:
-    """Record SIGTERM/SIGUSR1 in ``trainer._received_signal`` inside the block (main thread only)."""
+def catch_preemption_signals() -> Iterator[PreemptionSignal]:
+    """Record SIGTERM/SIGUSR1 in the yielded `PreemptionSignal` inside the block.
+
+    Signal handlers can only be set in the main thread; elsewhere nothing is recorded.
+    """
+    received = PreemptionSignal()
     if threading.current_thread() is not threading.main_thread():
-        yield
+        yield received
         return
-    trainer._received_signal = None
 
     def record(signum: int, frame: object) -> None:
-        trainer._received_signal = signum
+        received.signum = signum
 
     previous = {sig: signal.signal(sig, record) for sig in PREEMPTION_SIGNALS}
     try:
-        yield
+        yield received
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
 
 
-def save_and_exit(trainer: Trainer) -> None:
+def is_preempted(trainer: Trainer, received: PreemptionSignal) -> bool:
+    """Whether any process got SIGTERM/SIGUSR1 (all must agree to save together).
+
+    Answered only where an optimizer step just completed, so an accumulation window is never
+    split; with several processes, every `CHECK_EVERY` steps (a collective every step would
+    cost), at the same steps on every process.
+    """
+    if not trainer.accelerator.sync_gradients:
+        return False
+    seen = received.signum is not None
+    if trainer.world_size == 1:
+        return seen
+    if trainer.global_step % CHECK_EVERY != 0:
+        return False
+    agreed = trainer.strategy.reduce_boolean_decision(seen, all=False)
+    if agreed and not seen:
+        received.signum = int(signal.SIGTERM)
+    return agreed
+
+
+def save_and_exit(trainer: Trainer, received: PreemptionSignal) -> None:
     """Save where training stands, say so on stderr, and end the process with status 0."""
-    name = signal.Signals(trainer._received_signal).name
+    name = signal.Signals(received.signum).name
     path = (
         checkpoint_dir(trainer)
         / f"preempted-epoch={trainer.current_epoch}-step={trainer.global_step}"

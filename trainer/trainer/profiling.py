@@ -25,8 +25,10 @@ __all__ = [
     "BOTTLENECK_BATCHES",
     "BOTTLENECK_SHARE",
     "STAGE_ACTIONS",
+    "TRAINER_ACTIONS",
     "expect_steps",
     "is_profiling",
+    "profile_fit_loop",
     "profiled",
     "profiled_batches",
     "profiled_steps",
@@ -35,17 +37,17 @@ __all__ = [
     "warn_if_loading_dominates",
 ]
 
-# Trainer method -> action name. Each is replaced by a timed wrapper while a run is profiled.
+# FitLoop method -> action name. Each is replaced by a timed wrapper on the loop of a profiled fit.
 STAGE_ACTIONS: dict[str, str] = {
     "_train_epoch": "run_training_epoch",
     "_train_batch": "run_training_batch",
-    "_backward": "backward",
+    "backward": "backward",
     "_optimizer_step": "optimizer_step",
     "_zero_grad": "zero_grad",
-    "_send_to_loggers": "log_metrics",
-    "save_checkpoint": "save_checkpoint",
     "_run_validation": "run_validation",
 }
+# Trainer method -> action name, timed while any profiled stage runs.
+TRAINER_ACTIONS: dict[str, str] = {"save_checkpoint": "save_checkpoint"}
 
 
 def is_profiling(profiler: Profiler) -> bool:
@@ -137,9 +139,19 @@ def start(trainer: Trainer, stage: str) -> None:
         return
     local_rank = trainer.local_rank if trainer.world_size > 1 else None  # Lightning's file names
     profiler.setup(stage, local_rank=local_rank, log_dir=trainer.log_dir)
-    for method, action in STAGE_ACTIONS.items():
-        bound = getattr(type(trainer), method).__get__(trainer)
-        setattr(trainer, method, profiled(profiler, action, bound))
+    _wrap_methods(profiler, trainer, TRAINER_ACTIONS)
+
+
+def profile_fit_loop(profiler: Profiler, fit_loop: object) -> None:
+    """Time the stages of one fit (`STAGE_ACTIONS`) on its loop object, when profiling."""
+    if is_profiling(profiler):
+        _wrap_methods(profiler, fit_loop, STAGE_ACTIONS)
+
+
+def _wrap_methods(profiler: Profiler, owner: object, actions: dict[str, str]) -> None:
+    for method, action in actions.items():
+        bound = getattr(type(owner), method).__get__(owner)
+        setattr(owner, method, profiled(profiler, action, bound))
 
 
 def expect_steps(trainer: Trainer, stage: str) -> None:
@@ -160,9 +172,9 @@ def expect_steps(trainer: Trainer, stage: str) -> None:
 def stop(trainer: Trainer, stage: str) -> None:
     """Restore the Trainer's methods, print and write the summary, end the profiler's stage."""
     profiler = trainer.profiler
-    if not is_profiling(profiler) or "_train_epoch" not in trainer.__dict__:
+    if not is_profiling(profiler) or "save_checkpoint" not in trainer.__dict__:
         return  # no profiler, or the stage failed before `start`
-    for method in STAGE_ACTIONS:
+    for method in TRAINER_ACTIONS:
         trainer.__dict__.pop(method, None)
     if trainer.state.status == "finished":
         profiler.describe()  # the report, then its own teardown

@@ -1,0 +1,107 @@
+"""Which implementations each hook runs, in Lightning 2.6's order, and calling them.
+
+The Trainer builds one `HookTable` per ``fit`` / ``validate`` / ``test`` / ``predict`` from its
+callbacks and the module. The order itself is data in `trainer.trainer.hooks`; this module only
+applies it. Hooks nobody overrides get an empty list, so the loop skips them without a call.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from functools import partial
+from typing import TYPE_CHECKING, Any
+
+from trainer.callbacks.callback import Callback
+from trainer.errors import ConfigurationError
+from trainer.profilers import Profiler
+from trainer.trainer import profiling
+from trainer.trainer.hooks import CALLBACK_HOOKS, CALLBACK_ONLY_HOOKS, MONITORING_CALLBACKS
+from trainer.trainer.module_hooks import ModuleHooks
+from trainer.trainer.options import is_instance_named
+
+if TYPE_CHECKING:
+    from trainer.trainer.module import TrainModule
+    from trainer.trainer.trainer import Trainer
+
+__all__ = ["HookTable", "is_overridden"]
+
+
+class HookTable:
+    """For each hook name, the functions to call: callbacks in list order, then the module.
+
+    ``on_load_checkpoint`` runs the module first; in ``on_train_epoch_end`` the monitoring
+    callbacks (ModelCheckpoint, EarlyStopping) are kept apart in `epoch_end_monitors`, called by
+    the loop once the module's epoch-end metrics are in. With a profiler each function is timed
+    as ``[Callback]Class.hook`` / ``[TrainModule]Class.hook``.
+    """
+
+    def __init__(
+        self,
+        trainer: Trainer,
+        module: TrainModule,
+        callbacks: Iterable[Callback],
+        profiler: Profiler | None = None,
+    ) -> None:
+        self._functions: dict[str, list[Callable[..., Any]]] = {}
+        self._module_functions: dict[str, Callable[..., Any]] = {}
+        self.epoch_end_monitors: list[Callable[..., Any]] = []
+        callbacks = list(callbacks)
+        for name in CALLBACK_HOOKS:
+            own: list[Callable[..., Any]] = []
+            if name not in CALLBACK_ONLY_HOOKS and is_overridden(module, name, ModuleHooks):
+                own.append(_timed(profiler, getattr(module, name), module, name, "TrainModule"))
+                self._module_functions[name] = own[0]
+            before: list[Callable[..., Any]] = []
+            after: list[Callable[..., Any]] = []
+            for callback in callbacks:
+                if not is_overridden(callback, name, Callback):
+                    continue
+                function = _timed(
+                    profiler, partial(getattr(callback, name), trainer, module), callback, name
+                )
+                is_monitor = name == "on_train_epoch_end" and any(
+                    is_instance_named(callback, monitor) for monitor in MONITORING_CALLBACKS
+                )
+                (after if is_monitor else before).append(function)
+            self._functions[name] = (
+                [*own, *before] if name == "on_load_checkpoint" else [*before, *own]
+            )
+            if name == "on_train_epoch_end":
+                self.epoch_end_monitors = after
+
+    def __getitem__(self, name: str) -> list[Callable[..., Any]]:
+        """The functions hook ``name`` runs (empty when nobody overrides it)."""
+        return self._functions[name]
+
+    def call(self, name: str, *args: Any) -> Any:
+        """Run hook ``name``; return the module's result (-1 from ``on_train_batch_start`` ends
+        the epoch)."""
+        functions = self._functions.get(name)
+        if functions is None:
+            raise ConfigurationError(
+                f"internal: {name!r} is not a hook; see trainer.trainer.hooks.CALLBACK_HOOKS"
+            )
+        module_function = self._module_functions.get(name)
+        result = None
+        for function in functions:
+            returned = function(*args)
+            if function is module_function:
+                result = returned
+        return result
+
+
+def is_overridden(obj: object, name: str, base: type) -> bool:
+    """Whether ``obj`` implements hook ``name``: on its class, or assigned on the instance."""
+    return name in vars(obj) or getattr(type(obj), name, None) is not getattr(base, name)
+
+
+def _timed(
+    profiler: Profiler | None,
+    function: Callable[..., Any],
+    owner: object,
+    name: str,
+    kind: str = "Callback",
+) -> Callable[..., Any]:
+    if not profiling.is_profiling(profiler):
+        return function
+    return profiling.profiled(profiler, f"[{kind}]{type(owner).__name__}.{name}", function)

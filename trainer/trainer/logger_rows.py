@@ -1,0 +1,64 @@
+"""Writing the Trainer's metric rows and hyperparameters to its loggers, at Lightning's steps.
+
+The metric store (``trainer.trainer.metrics``) decides which values a row holds; this module
+decides the step a row is written at and does the one host read of the values.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from trainer.trainer.metrics import to_float
+
+if TYPE_CHECKING:
+    from trainer.trainer.trainer import Trainer
+
+__all__ = ["eval_epoch_step", "log_hyperparams", "send_to_loggers"]
+
+
+def send_to_loggers(
+    trainer: Trainer, items: dict[str, Any], step: int | None = None, *, has_epoch: bool = True
+) -> None:
+    """Read the values (the one host sync) and write them to every logger on rank zero.
+
+    ``step`` defaults to Lightning's training step: the optimizer steps done before the current
+    batch's, ``global_step - 1`` once it has stepped (every ``log_every_n_steps``: steps n-1,
+    2n-1, ...; epoch-end rows share the step of the epoch's last batch, -1 when no optimizer
+    step was taken yet, as in Lightning). Rows carry ``epoch`` unless ``has_epoch`` is False
+    (Lightning's validation/test step rows).
+    """
+    if not items or not trainer.loggers or not trainer.is_global_zero:
+        return
+    with trainer.profiler.profile("log_metrics"):  # a no-op context without a profiler
+        _write_row(trainer, items, step, has_epoch)
+
+
+def _write_row(trainer: Trainer, items: dict[str, Any], step: int | None, has_epoch: bool) -> None:
+    if step is None:
+        step = trainer.progress.global_step - 1
+    metrics = {name: to_float(value) for name, value in items.items()}
+    if has_epoch:
+        metrics.setdefault("epoch", float(trainer.progress.epoch))
+    for logger in trainer.loggers:
+        logger.log_metrics(metrics, step=step)
+
+
+def eval_epoch_step(trainer: Trainer) -> int:
+    """Lightning's step for validation/test epoch rows: within fit, the optimizer steps taken
+    before the current batch's (the step of its training row); otherwise all of them."""
+    step = trainer.progress.global_step
+    if trainer.state.stage == "fit" and trainer.accelerator.sync_gradients:
+        step -= 1  # this batch stepped: its row is at global_step - 1
+    return step
+
+
+def log_hyperparams(trainer: Trainer) -> None:
+    """The module's (and datamodule's) saved hyperparameters, to every logger on rank zero."""
+    if trainer.module is None or not trainer.is_global_zero:
+        return
+    params = dict(trainer.module.hparams)
+    if trainer.datamodule is not None:
+        params.update(trainer.datamodule.hparams)
+    if params:
+        for logger in trainer.loggers:
+            logger.log_hyperparams(params)

@@ -1,0 +1,171 @@
+"""The Trainer's public read-only facts: progress, ranks, precision, loggers, metrics, limits.
+
+A base class of `Trainer`, so that ``trainer.py`` holds only the lifecycle of a call (set up,
+run a loop, tear down). Every property reads state the Trainer's constructor and ``_setup``
+create; none changes anything, except the ``accumulate_grad_batches`` setter.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from trainer.errors import ConfigurationError
+from trainer.trainer.metrics import to_float
+from trainer.trainer.options import check_positive_int, is_instance_named
+
+if TYPE_CHECKING:
+    from trainer.accelerator.accelerator import Accelerator
+    from trainer.callbacks.callback import Callback
+    from trainer.loggers.logger import Logger
+    from trainer.precision import Precision
+    from trainer.strategies import Strategy
+    from trainer.trainer.metrics import MetricStore
+    from trainer.trainer.run import Progress
+
+__all__ = ["TrainerProperties"]
+
+
+class TrainerProperties:
+    """Lightning's read-only Trainer attributes, computed from the Trainer's own state."""
+
+    # set by Trainer.__init__ / Trainer._setup
+    accelerator: Accelerator
+    progress: Progress
+    loggers: list[Logger]
+    callbacks: list[Callback]
+    default_root_dir: str
+    num_training_batches: float
+    max_epochs: int | None
+    max_steps: int
+    _accumulate_grad_batches: int
+    _stores: dict[str, MetricStore]
+    _restored_metrics: dict[str, float]
+    _loaders: dict[str, Any]
+    _wrapped_model: torch.nn.Module | None
+    _router: torch.nn.Module | None
+
+    @property
+    def accumulate_grad_batches(self) -> int:
+        """Batches per optimizer step; settable between epochs (GradientAccumulationScheduler)."""
+        return self._accumulate_grad_batches
+
+    @accumulate_grad_batches.setter
+    def accumulate_grad_batches(self, value: int) -> None:
+        self._accumulate_grad_batches = check_positive_int("accumulate_grad_batches", value)
+        self.accelerator.gradient_accumulation_steps = value
+
+    # ---- read-only facts -------------------------------------------------------------
+    @property
+    def global_step(self) -> int:
+        """Optimizer steps taken so far."""
+        return self.progress.global_step
+
+    @property
+    def current_epoch(self) -> int:
+        return self.progress.epoch
+
+    @property
+    def strategy(self) -> Strategy:
+        return self.accelerator.strategy
+
+    @property
+    def precision_plugin(self) -> Precision:
+        return self.accelerator.precision
+
+    @property
+    def precision(self) -> str:
+        """The precision mode's name, e.g. "bf16-mixed"."""
+        return self.accelerator.precision.name
+
+    @property
+    def global_rank(self) -> int:
+        return self.strategy.global_rank
+
+    @property
+    def local_rank(self) -> int:
+        return self.strategy.local_rank
+
+    @property
+    def world_size(self) -> int:
+        return self.strategy.world_size
+
+    @property
+    def is_global_zero(self) -> bool:
+        return self.strategy.is_global_zero
+
+    @property
+    def logger(self) -> Logger | None:
+        """The first logger, or None."""
+        return self.loggers[0] if self.loggers else None
+
+    @property
+    def log_dir(self) -> str:
+        """Where the first logger writes, else ``default_root_dir``."""
+        directory = self.logger.log_dir if self.logger is not None else None
+        return os.fspath(directory) if directory is not None else self.default_root_dir
+
+    @property
+    def checkpoint_callback(self) -> Callback | None:
+        """The first ModelCheckpoint among the callbacks, or None."""
+        return next((cb for cb in self.callbacks if is_instance_named(cb, "ModelCheckpoint")), None)
+
+    @property
+    def callback_metrics(self) -> dict[str, torch.Tensor]:
+        """Latest value of every logged metric, as tensors, for callbacks (Lightning's keys:
+        ``name``, ``name_step`` and ``name_epoch``; validation and test epoch values only)."""
+        merged: dict[str, Any] = dict(self._restored_metrics)
+        for stage, store in self._stores.items():
+            merged.update(store.callback_items(is_training=stage == "train"))
+        return self._as_tensors(merged)
+
+    @property
+    def logged_metrics(self) -> dict[str, torch.Tensor]:
+        """Latest value of every metric logged with ``logger=True`` in this run, as tensors
+        (as Lightning: whether or not ``log_every_n_steps`` has sent it to a logger yet)."""
+        merged: dict[str, Any] = {}
+        for store in self._stores.values():
+            merged.update(store.logged_items())
+        return self._as_tensors(merged)
+
+    @property
+    def progress_bar_metrics(self) -> dict[str, float]:
+        """Metrics logged with ``prog_bar=True``, as floats (reading them syncs the device)."""
+        items: dict[str, Any] = {}
+        for store in self._stores.values():
+            items.update(store.bar_items())
+        return {k: to_float(v) for k, v in items.items()}
+
+    @staticmethod
+    def _as_tensors(values: dict[str, Any]) -> dict[str, torch.Tensor]:
+        """Logged values as tensors (a Python number becomes a 0-dim float tensor)."""
+        return {
+            k: v if isinstance(v, torch.Tensor) else torch.tensor(float(v))
+            for k, v in values.items()
+        }
+
+    @property
+    def train_dataloader(self) -> Any:
+        """The prepared train dataloader of the current fit, or None."""
+        return self._loaders.get("train")
+
+    @property
+    def model(self) -> torch.nn.Module | None:
+        """The prepared model: ``trainer.model("training_step", batch, batch_idx)`` runs a step
+        through the engine's wrapper (DDP, FSDP), as the loop does."""
+        return self._wrapped_model if self._router is not None else None
+
+    @property
+    def estimated_stepping_batches(self) -> float:
+        """Optimizer steps ``fit`` will take (``inf`` when unbounded); needs the train loader."""
+        if "train" not in self._loaders:
+            raise ConfigurationError(
+                "trainer.estimated_stepping_batches is known once fit has set up its train "
+                "dataloader: read it in configure_optimizers or later."
+            )
+        per_epoch = math.ceil(self.num_training_batches / self.accumulate_grad_batches)
+        total = per_epoch * self.max_epochs if self.max_epochs not in (None, -1) else math.inf
+        return min(total, self.max_steps) if self.max_steps not in (None, -1) else total

@@ -1,0 +1,52 @@
+"""What one ``fit`` / ``validate`` / ``test`` / ``predict`` call set up, and where training stands.
+
+`Progress` and `TrainerState` are public (``trainer.progress``, ``trainer.state``). `Run` is
+what ``Trainer._setup`` hands the loops explicitly: the hook table, the prepared loaders, the
+metric stores and the prepared model's step functions, so no loop reads the Trainer's private
+fields.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+if TYPE_CHECKING:
+    from trainer.trainer.hook_table import HookTable
+    from trainer.trainer.metrics import MetricStore
+
+__all__ = ["Progress", "Run", "TrainerState"]
+
+
+@dataclass
+class Progress:
+    """Where training stands; saved as-is in checkpoints. One counter per fact."""
+
+    epoch: int = 0  # epochs completed; the current epoch's index while training
+    global_step: int = 0  # optimizer steps taken
+    batch_idx: int = 0  # next batch index inside the current epoch
+    last_val_step: int = -1  # global step of the last validation during fit
+
+
+@dataclass
+class TrainerState:
+    """What the Trainer is doing: ``stage`` ("fit", "validate", "test", "predict") and status."""
+
+    stage: str | None = None
+    status: str = "initializing"  # "running", "finished", "interrupted", "failed"
+
+
+@dataclass
+class Run:
+    """The pieces one call of the Trainer set up, shared by the fit and evaluation loops."""
+
+    hooks: HookTable
+    loaders: dict[str, Any]  # "train" / "validation" / "test" / "predict" -> prepared loader
+    stores: dict[str, MetricStore]  # "train" / "validation" / "test" -> self.log's store
+    model: torch.nn.Module  # the prepared (engine-wrapped) model: train() / eval() on it
+    run_step: Callable[..., Any]  # run_step("validation_step", batch, batch_idx)
+    training_step: Callable[..., Any] | None
+    start_time: float  # time.monotonic() at setup, for max_time
