@@ -20,7 +20,8 @@ from trainer.errors import (
 from trainer.precision import resolve_precision
 from trainer.runtime.state import DistributedType
 from trainer.strategies import STRATEGY_REGISTRY, resolve_strategy
-from trainer.strategies.deepspeed import DeepSpeedStrategy, _key_prefix
+from trainer.strategies.deepspeed import DeepSpeedStrategy
+from trainer.strategies.deepspeed_checkpoint import _key_prefix
 
 ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.skipif(
