@@ -19,7 +19,7 @@ import torch
 
 from trainer.accelerator.memory import is_out_of_memory
 from trainer.callbacks.callback import Callback
-from trainer.callbacks.lr_finder import _bad, _is_int, _run_training_steps, _TrainingState
+from trainer.callbacks.finder_steps import TrainingState, bad_argument, is_int, run_training_steps
 from trainer.errors import ConfigurationError
 
 if TYPE_CHECKING:
@@ -80,16 +80,16 @@ class BatchSizeFinder(Callback):
         batch_arg_name: str = "batch_size",
     ) -> None:
         if mode not in _MODES:
-            raise _bad("BatchSizeFinder", "mode", mode, "'power' or 'binsearch'")
+            raise bad_argument("BatchSizeFinder", "mode", mode, "'power' or 'binsearch'")
         for name, value in (
             ("steps_per_trial", steps_per_trial),
             ("init_val", init_val),
             ("max_trials", max_trials),
         ):
-            if not _is_int(value) or value < 1:
-                raise _bad("BatchSizeFinder", name, value, "an int >= 1")
+            if not is_int(value) or value < 1:
+                raise bad_argument("BatchSizeFinder", name, value, "an int >= 1")
         if not isinstance(batch_arg_name, str) or not batch_arg_name:
-            raise _bad(
+            raise bad_argument(
                 "BatchSizeFinder", "batch_arg_name", batch_arg_name, "a name, e.g. 'batch_size'"
             )
         self.mode = mode
@@ -121,7 +121,7 @@ class BatchSizeFinder(Callback):
         holders = _holders(module, trainer.datamodule, self.batch_arg_name)
         # Also fails here, before any trial, when there is no train_dataloader() to rebuild.
         dataset_size = _dataset_length(_build_loader(module, trainer.datamodule))
-        state = _TrainingState.capture(trainer, module)
+        state = TrainingState.capture(trainer, module)
 
         def trial(size: int) -> bool:
             _set_batch_size(holders, size, self.batch_arg_name)
@@ -129,7 +129,7 @@ class BatchSizeFinder(Callback):
                 _build_loader(module, trainer.datamodule)
             )
             try:
-                _run_training_steps(
+                run_training_steps(
                     trainer, module, loader, self.steps_per_trial, who="BatchSizeFinder"
                 )
                 is_fitting = True

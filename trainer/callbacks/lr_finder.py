@@ -3,28 +3,31 @@
 This module owns the range test (training steps with a growing learning rate, run through the
 Trainer's accelerator and prepared optimizer over the train dataloader), the smoothing and early
 stop, the suggestion, the plot, and putting the module, optimizer, precision and RNG state back
-as they were. It also holds what both finders share: `_TrainingState` (capture/restore)
-and `_run_training_steps`. It does not own the loop: no hook runs during the test and the
+as they were. It also holds what both finders share: `TrainingState` (capture/restore)
+and `run_training_steps`. It does not own the loop: no hook runs during the test and the
 Trainer's progress (global step, epoch) does not move.
 """
 
 from __future__ import annotations
 
-import copy
 import math
 import os
 import warnings
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass
-from functools import partial
 from typing import TYPE_CHECKING, Any
 
 import torch
 
 from trainer._imports import require
 from trainer.callbacks.callback import Callback
-from trainer.errors import ConfigurationError, HookResultError, describe
-from trainer.runtime.seed import get_rng_states, set_rng_states
+from trainer.callbacks.finder_steps import (
+    TrainingState,
+    bad_argument,
+    is_int,
+    is_number,
+    run_training_steps,
+    train_loader,
+)
+from trainer.errors import ConfigurationError
 
 if TYPE_CHECKING:
     from trainer.trainer.module import TrainModule
@@ -34,188 +37,6 @@ __all__ = ["LearningRateFinder"]
 
 _MODES = ("exponential", "linear")
 _SMOOTHING = 0.98  # weight of the running mean of the loss (Lightning's beta)
-
-
-# ---- shared by the finders ---------------------------------------------------------------------
-def _is_number(value: Any) -> bool:
-    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
-
-
-def _is_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-def _bad(owner: str, name: str, value: Any, expected: str) -> ConfigurationError:
-    """The error for a bad constructor argument: names it, shows the value, says what fits."""
-    return ConfigurationError(f"{owner}({name}={describe(value)}): expected {expected}.")
-
-
-def _to_cpu(value: Any) -> Any:
-    """A deep copy of ``value`` with every tensor on the CPU (keeps accelerator memory free)."""
-    if isinstance(value, torch.Tensor):
-        return value.detach().to("cpu", copy=True)
-    if isinstance(value, dict):
-        return {key: _to_cpu(item) for key, item in value.items()}
-    if isinstance(value, list | tuple):
-        return type(value)(_to_cpu(item) for item in value)
-    return copy.deepcopy(value)
-
-
-@dataclass
-class _TrainingState:
-    """What a finder's trial steps change, captured to be put back exactly."""
-
-    trainer: Trainer
-    module: TrainModule
-    weights: dict[str, torch.Tensor]
-    optimizers: list[dict[str, Any]]
-    precision: dict[str, Any]
-    rng: dict[str, Any]
-    accumulation: tuple[int, bool]
-    was_training: bool
-
-    @classmethod
-    def capture(cls, trainer: Trainer, module: TrainModule) -> _TrainingState:
-        gradient_state = trainer.accelerator.gradient_state
-        return cls(
-            trainer=trainer,
-            module=module,
-            weights=_to_cpu(module.state_dict()),
-            optimizers=[_to_cpu(optimizer.state_dict()) for optimizer in trainer.optimizers],
-            precision=_to_cpu(trainer.precision_plugin.state_dict()),
-            rng=get_rng_states(),
-            accumulation=(gradient_state.step, gradient_state.sync_gradients),
-            was_training=module.training,
-        )
-
-    def restore(self) -> None:
-        module = self.module
-        module.zero_grad(set_to_none=True)
-        module.load_state_dict(self.weights)
-        for optimizer, state in zip(self.trainer.optimizers, self.optimizers, strict=True):
-            optimizer.load_state_dict(copy.deepcopy(state))
-        self.trainer.precision_plugin.load_state_dict(copy.deepcopy(self.precision))
-        set_rng_states(self.rng)
-        gradient_state = self.trainer.accelerator.gradient_state
-        gradient_state.step, gradient_state.sync_gradients = self.accumulation
-        module.train(self.was_training)
-
-
-def _train_loader(trainer: Trainer) -> Any:
-    """The prepared train dataloader of the running fit."""
-    loader = trainer.train_dataloader
-    if loader is None:
-        raise ConfigurationError(
-            "the finders run at on_fit_start and need the fit's train dataloader; none is set up."
-        )
-    return loader
-
-
-def _step_function(trainer: Trainer, module: TrainModule) -> Callable[[Any, int], Any]:
-    """``training_step`` through the prepared model (DDP/FSDP wrappers see the forward)."""
-    model = trainer.model
-    return module.training_step if model is None else partial(model, "training_step")
-
-
-def _loss_of(output: Any, who: str) -> torch.Tensor | None:
-    if output is None or isinstance(output, torch.Tensor):
-        return output
-    if isinstance(output, dict) and isinstance(output.get("loss"), torch.Tensor):
-        return output["loss"]
-    raise HookResultError(
-        f"training_step returned {describe(output)} during {who}; expected a Tensor, a dict with "
-        '"loss", or None. Return the loss tensor.'
-    )
-
-
-def _cycle(loader: Any) -> Iterator[Any]:
-    """The loader's batches, over and over (a trial may need more steps than one epoch has)."""
-    while True:
-        iterator = iter(loader)
-        is_empty = True
-        try:
-            for batch in iterator:
-                is_empty = False
-                yield batch
-        finally:
-            if hasattr(iterator, "close"):
-                iterator.close()  # ends the prepared loader's iteration (accumulation bookkeeping)
-        if is_empty:
-            raise ConfigurationError(
-                "the train dataloader yielded no batch; the finders need at least one."
-            )
-
-
-def _run_training_steps(
-    trainer: Trainer,
-    module: TrainModule,
-    loader: Any,
-    num_steps: int,
-    *,
-    who: str,
-    before_step: Callable[[int], None] | None = None,
-    after_step: Callable[[int, float], bool] | None = None,
-) -> int:
-    """Run up to ``num_steps`` optimizer steps of ``training_step`` over ``loader``; no hooks.
-
-    Gradient accumulation and clipping follow the Trainer's settings. ``before_step(i)`` runs
-    before step ``i``'s first batch; ``after_step(i, loss)`` gets the step's mean loss (nan when
-    every batch was skipped) and returns True to stop. Returns the number of steps run.
-    """
-    accelerator = trainer.accelerator
-    step_function = _step_function(trainer, module)
-    is_automatic = module.automatic_optimization
-    optimizer = trainer.optimizers[0] if is_automatic else None
-    if num_steps < 1:
-        return 0
-    module.train()
-    losses: list[float] = []
-    steps = 0
-    if before_step is not None:
-        before_step(0)
-    batches = _cycle(loader)
-    try:
-        for batch_idx, batch in enumerate(batches):
-            if optimizer is None:  # manual optimization: the step does its own updates
-                with accelerator.autocast():
-                    loss = _loss_of(step_function(batch, batch_idx), who)
-                is_step = True
-            else:
-                with accelerator.accumulate(module):
-                    with accelerator.autocast():
-                        loss = _loss_of(step_function(batch, batch_idx), who)
-                    if loss is not None:
-                        accelerator.backward(loss)
-                    is_step = accelerator.sync_gradients
-                    if is_step:
-                        _clip_gradients(trainer, module.parameters())
-                        optimizer.step()
-                        optimizer.zero_grad()
-            if loss is not None:
-                losses.append(float(loss.detach()))
-            if not is_step:
-                continue
-            mean_loss = sum(losses) / len(losses) if losses else math.nan
-            losses.clear()
-            steps += 1
-            if after_step is not None and after_step(steps - 1, mean_loss):
-                break
-            if steps >= num_steps:
-                break
-            if before_step is not None:
-                before_step(steps)
-    finally:
-        batches.close()
-    return steps
-
-
-def _clip_gradients(trainer: Trainer, parameters: Iterator[torch.Tensor]) -> None:
-    accelerator, value = trainer.accelerator, trainer.gradient_clip_val
-    if value is not None:
-        is_norm = trainer.gradient_clip_algorithm == "norm"
-        (accelerator.clip_grad_norm_ if is_norm else accelerator.clip_grad_value_)(
-            parameters, value
-        )
 
 
 # ---- the range test ------------------------------------------------------------------------------
@@ -268,22 +89,26 @@ class LearningRateFinder(Callback):
         attr_name: str = "lr",
     ) -> None:
         for name, value in (("min_lr", min_lr), ("max_lr", max_lr)):
-            if not _is_number(value) or value <= 0:
-                raise _bad("LearningRateFinder", name, value, "a float > 0")
+            if not is_number(value) or value <= 0:
+                raise bad_argument("LearningRateFinder", name, value, "a float > 0")
         if not min_lr < max_lr:
-            raise _bad("LearningRateFinder", "min_lr", min_lr, f"a value below max_lr={max_lr}")
-        if not _is_int(num_training_steps) or num_training_steps < 2:
+            raise bad_argument(
+                "LearningRateFinder", "min_lr", min_lr, f"a value below max_lr={max_lr}"
+            )
+        if not is_int(num_training_steps) or num_training_steps < 2:
             steps = num_training_steps
-            raise _bad("LearningRateFinder", "num_training_steps", steps, "an int >= 2, e.g. 100")
+            raise bad_argument(
+                "LearningRateFinder", "num_training_steps", steps, "an int >= 2, e.g. 100"
+            )
         if mode not in _MODES:
-            raise _bad("LearningRateFinder", "mode", mode, "'exponential' or 'linear'")
+            raise bad_argument("LearningRateFinder", "mode", mode, "'exponential' or 'linear'")
         threshold = early_stop_threshold
-        if threshold is not None and (not _is_number(threshold) or threshold <= 0):
-            raise _bad(
+        if threshold is not None and (not is_number(threshold) or threshold <= 0):
+            raise bad_argument(
                 "LearningRateFinder", "early_stop_threshold", threshold, "a float > 0 or None"
             )
         if not isinstance(attr_name, str) or not attr_name:
-            raise _bad("LearningRateFinder", "attr_name", attr_name, "a name such as 'lr'")
+            raise bad_argument("LearningRateFinder", "attr_name", attr_name, "a name such as 'lr'")
         self.min_lr = float(min_lr)
         self.max_lr = float(max_lr)
         self.num_training_steps = num_training_steps
@@ -326,7 +151,7 @@ class LearningRateFinder(Callback):
             )
         if self.update_attr:
             self._check_attr(module)
-        loader = _train_loader(trainer)
+        loader = train_loader(trainer)
         test = _RangeTest(self.early_stop_threshold)
         schedule = self.learning_rates()
         optimizer = trainer.optimizers[0]
@@ -341,9 +166,9 @@ class LearningRateFinder(Callback):
                 test.record(schedule[step], loss), all=False
             )
 
-        state = _TrainingState.capture(trainer, module)
+        state = TrainingState.capture(trainer, module)
         try:
-            _run_training_steps(
+            run_training_steps(
                 trainer,
                 module,
                 loader,

@@ -1,40 +1,65 @@
-"""Write safetensors files while hashing them, and read them back.
+"""Write safetensors files while hashing them, and read them back: the one safetensors reader.
 
 `write_safetensors` serialises tensors in the safetensors format itself (8-byte header
 length, JSON header, raw bytes), writing each tensor's memory straight to the file while a second
 thread feeds the same bytes to sha256 — the hash costs little beyond the write. Files are fsynced.
-Reading uses the ``safetensors`` library.
+
+Reading, two ways, both here:
+
+- whole files and memory-mapped tensors (`read_safetensors`, `read_safetensors_names`,
+  `read_safetensors_tensors`) go through the ``safetensors`` library, which checks the header
+  (refusing one over 100 MB) and the offsets;
+- `parse_safetensors_header` reads the header itself, refusing one over 100 MiB or longer than
+  the file, an unknown dtype, and offsets that do not match a tensor's shape or leave the file;
+  `read_tensor_into` then copies one tensor with ``readinto`` straight into its destination, so
+  no file stays mapped (``trainer.big_modeling`` loads checkpoints tensor by tensor this way).
+
+Does not own which files make a checkpoint nor whether a path may be read (``format``,
+``paths``): callers confine paths before they get here.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 import queue
 import threading
 from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
 
+from trainer.errors import CheckpointError
+
 __all__ = [
+    "DTYPE_CODES",
     "FileRecord",
+    "SafetensorsEntry",
     "hash_file",
+    "parse_safetensors_header",
     "read_safetensors",
     "read_safetensors_names",
+    "read_safetensors_tensors",
+    "read_tensor_into",
     "shard_tensors",
     "write_safetensors",
 ]
 
-_DTYPES = {
+_MAX_HEADER = 100 * 2**20
+# torch dtype -> safetensors dtype code, for writing and (reversed) for parsing headers
+DTYPE_CODES: dict[torch.dtype, str] = {
     torch.float64: "F64", torch.float32: "F32", torch.float16: "F16", torch.bfloat16: "BF16",
     torch.int64: "I64", torch.int32: "I32", torch.int16: "I16", torch.int8: "I8", torch.uint8: "U8",
     torch.bool: "BOOL", torch.uint16: "U16", torch.uint32: "U32", torch.uint64: "U64",
 }  # fmt: skip
 if hasattr(torch, "float8_e4m3fn"):
-    _DTYPES[torch.float8_e4m3fn] = "F8_E4M3"
-    _DTYPES[torch.float8_e5m2] = "F8_E5M2"
+    DTYPE_CODES[torch.float8_e4m3fn] = "F8_E4M3"
+    DTYPE_CODES[torch.float8_e5m2] = "F8_E5M2"
+_CODE_DTYPES = {code: dtype for dtype, code in DTYPE_CODES.items()}
 
 _CHUNK = 16 * 1024 * 1024
 
@@ -84,11 +109,11 @@ def write_safetensors(
     order = sorted(tensors)
     for name in order:
         tensor = tensors[name]
-        if tensor.dtype not in _DTYPES:
+        if tensor.dtype not in DTYPE_CODES:
             raise ValueError(f"safetensors cannot store dtype {tensor.dtype} ({name!r})")
         nbytes = tensor.numel() * tensor.element_size()
         header[name] = {
-            "dtype": _DTYPES[tensor.dtype],
+            "dtype": DTYPE_CODES[tensor.dtype],
             "shape": list(tensor.shape),
             "data_offsets": [offset, offset + nbytes],
         }
@@ -146,6 +171,81 @@ def read_safetensors_names(path: str) -> tuple[dict[str, torch.Tensor], dict[str
 
 
 _STAND_IN = torch.empty(0)
+
+
+def read_safetensors_tensors(path: str, keys: list[str]) -> list[torch.Tensor]:
+    """The tensors ``keys`` of a safetensors file, in order, on the CPU and memory-mapped.
+
+    The mapping lives only as long as the returned tensors do. A key listed twice is read twice.
+    """
+    from safetensors import safe_open
+
+    with safe_open(path, framework="pt", device="cpu") as handle:
+        return [handle.get_tensor(key) for key in keys]
+
+
+@dataclass(frozen=True)
+class SafetensorsEntry:
+    """Where one tensor lies in a safetensors file, as its (checked) header says."""
+
+    key: str  # its name in the file
+    file: Path
+    dtype: torch.dtype
+    shape: tuple[int, ...]
+    offset: int  # absolute byte offset of the data in the file
+
+
+def parse_safetensors_header(path: Path) -> tuple[list[SafetensorsEntry], dict[str, str]]:
+    """The tensors (key, dtype, shape, offset) and metadata of a safetensors file; no data read.
+
+    Raises:
+        CheckpointError: the file is missing, truncated or not safetensors: its header is over
+            100 MiB or longer than the file, a dtype is unknown, or a tensor's offsets do not
+            match its shape or end past the end of the file.
+    """
+    try:
+        size = path.stat().st_size
+        with open(path, "rb") as file:
+            length = int.from_bytes(file.read(8), "little")
+            if size < 8 or length > min(size - 8, _MAX_HEADER):
+                raise ValueError(f"header length {length} does not fit a {size}-byte file")
+            header = json.loads(file.read(length))
+        if not isinstance(header, dict):
+            raise ValueError(f"its header is a JSON {type(header).__name__}, not an object")
+        metadata = header.pop("__metadata__", None) or {}
+        start = 8 + length
+        entries = []
+        for key, info in header.items():
+            dtype, shape = _CODE_DTYPES[info["dtype"]], tuple(int(d) for d in info["shape"])
+            begin, end = (int(x) for x in info["data_offsets"])
+            if begin < 0 or end - begin != dtype.itemsize * math.prod(shape) or start + end > size:
+                raise ValueError(f"{key!r} has offsets {[begin, end]} that do not match its shape")
+            entries.append(SafetensorsEntry(key, path, dtype, shape, start + begin))
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as err:
+        raise CheckpointError(f"{path} is not a readable safetensors file: {err}.") from err
+    return entries, metadata
+
+
+def read_tensor_into(path: Path, offset: int, out: torch.Tensor, *, key: str) -> None:
+    """Fill CPU, contiguous ``out`` with its bytes at ``offset`` of ``path`` (``readinto``).
+
+    ``offset`` and ``out``'s size come from `parse_safetensors_header`, which checked them.
+
+    Raises:
+        CheckpointError: the file ends before ``out`` is full.
+    """
+    nbytes = out.numel() * out.element_size()
+    if nbytes == 0:
+        return
+    view = memoryview(out.detach().reshape(-1).view(torch.uint8).numpy())
+    with open(path, "rb", buffering=0) as file:
+        file.seek(offset)
+        done = 0
+        while done < nbytes:  # read() returns at most ~2 GiB at a time
+            count = file.readinto(view[done:])
+            if not count:
+                raise CheckpointError(f"{path} is truncated: {key!r} is incomplete.")
+            done += count
 
 
 def deduplicate(tensors: dict[str, torch.Tensor]) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
