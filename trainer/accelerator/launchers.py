@@ -31,7 +31,11 @@ __all__ = [
 
 
 def launch_environment(config: LaunchConfig) -> dict[str, str]:
-    """Environment variables that tell the launched processes what was chosen."""
+    """Environment variables that tell the launched processes what was chosen.
+
+    ``gpu_ids`` other than "all" becomes ``CUDA_VISIBLE_DEVICES``, as Accelerate does;
+    ``use_cpu`` hides every GPU instead.
+    """
     env = {
         "TRAINER_STRATEGY": config.strategy,
         "ACCELERATE_MIXED_PRECISION": config.mixed_precision,
@@ -43,13 +47,21 @@ def launch_environment(config: LaunchConfig) -> dict[str, str]:
         env["TRAINER_DEEPSPEED_CONFIG"] = json.dumps(config.deepspeed_config)
     if config.use_cpu:
         env["CUDA_VISIBLE_DEVICES"] = ""
+    elif config.gpu_ids != "all":
+        env["CUDA_VISIBLE_DEVICES"] = config.gpu_ids
     return env
 
 
 def torchrun_command(
     config: LaunchConfig, script: str, script_args: list[str], *, module: bool = False
 ) -> list[str]:
-    """``python -m torch.distributed.run ...`` for ``config`` (one or several machines)."""
+    """``python -m torch.distributed.run ...`` for ``config`` (one or several machines).
+
+    Several machines meet at ``main_process_ip:main_process_port`` (default port 29500): given
+    to torchrun as the master address when ``same_network`` (machines on one local network), else
+    as the rendezvous endpoint, as Accelerate does; a ``rdzv_backend`` other than "static" always
+    gets the endpoint.
+    """
     command = [
         sys.executable,
         "-m",
@@ -61,13 +73,10 @@ def torchrun_command(
         command.append("--standalone")
     else:
         port = config.main_process_port or 29500
-        command += [
-            "--nnodes", str(config.num_machines),
-            "--node_rank", str(config.machine_rank),
-            "--master_addr", str(config.main_process_ip),
-            "--master_port", str(port),
-        ]  # fmt: skip
-        if config.rdzv_backend != "static":
+        command += ["--nnodes", str(config.num_machines), "--node_rank", str(config.machine_rank)]
+        if config.same_network:
+            command += ["--master_addr", str(config.main_process_ip), "--master_port", str(port)]
+        if config.rdzv_backend != "static" or not config.same_network:
             command += [
                 "--rdzv_backend",
                 config.rdzv_backend,

@@ -1,13 +1,18 @@
 """``trainer config``: write the launch config file, interactively or with defaults.
 
-``trainer config`` asks a few questions (number of machines and processes, distributed type,
-mixed precision, FSDP options); ``trainer config --default`` writes a config for this machine
-without asking (all GPUs with DDP, else one CPU process). Both accept ``--config_file F``.
+``trainer config`` asks a few questions (number of machines and processes, strategy, mixed
+precision, FSDP options); ``trainer config --default`` writes a config for this machine without
+asking (all GPUs with DDP, else one CPU process). Both accept ``--config_file F``.
+
+The strategy question offers every registered strategy (an Accelerate ``distributed_type`` such as
+MULTI_GPU is accepted too). The file gets the distributed_type that starts the chosen strategy, and
+a ``strategy`` key only for a strategy no distributed_type starts (``model_parallel``).
 """
 
 from __future__ import annotations
 
 import argparse
+from collections.abc import Callable
 from typing import Any
 
 __all__ = ["add_parser", "run"]
@@ -30,7 +35,10 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
 
 
 def _ask(
-    question: str, default: Any, cast: type = str, choices: tuple[str, ...] | None = None
+    question: str,
+    default: Any,
+    cast: Callable[[str], Any] = str,
+    choices: tuple[str, ...] | None = None,
 ) -> Any:
     hint = f" [{'/'.join(choices)}]" if choices else ""
     while True:
@@ -40,7 +48,7 @@ def _ask(
         try:
             value = cast(answer)
         except ValueError:
-            print(f"  please answer with a {cast.__name__}")
+            print(f"  please answer with a {getattr(cast, '__name__', 'value')}")
             continue
         if choices is None or value in choices:
             return value
@@ -54,50 +62,70 @@ def _yes(answer: str) -> bool:
 def interactive_config() -> Any:
     """Ask the questions; return a LaunchConfig."""
     from trainer.accelerator.launch_config import LaunchConfig
+    from trainer.strategies import STRATEGY_REGISTRY, distributed_type_strategies
 
+    strategy_of = distributed_type_strategies()
     machines = _ask("How many machines?", 1, int)
     rank, ip, port = 0, None, None
     if machines > 1:
         rank = _ask("The rank of this machine?", 0, int)
         ip = _ask("The IP address of the machine of rank 0?", "127.0.0.1")
         port = _ask("The port to use on it?", 29500, int)
-    kind = _ask(
-        "Which kind of distribution?",
-        "MULTI_CPU",
-        str.upper,
-        ("NO", "MULTI_CPU", "MULTI_GPU", "FSDP", "DEEPSPEED"),
+    strategy = _ask(
+        "Which strategy?",
+        strategy_of["MULTI_CPU"],
+        lambda answer: strategy_of.get(answer.upper(), answer.lower()),
+        tuple(STRATEGY_REGISTRY),
     )
-    processes = _ask("How many processes per machine?", 1 if kind == "NO" else 2, int)
+    processes = _ask(
+        "How many processes per machine?", 1 if strategy == strategy_of["NO"] else 2, int
+    )
     use_cpu = _yes(_ask("Run on CPU only?", "no"))
     precision = _ask("Mixed precision?", "no", str.lower, ("no", "fp16", "bf16", "fp8"))
-    fsdp: dict[str, Any] = {}
-    if kind == "FSDP":
-        fsdp["fsdp_version"] = 2
-        fsdp["fsdp_auto_wrap_policy"] = _ask(
-            "Auto wrap policy?",
-            "TRANSFORMER_BASED_WRAP",
-            str.upper,
-            ("TRANSFORMER_BASED_WRAP", "SIZE_BASED_WRAP", "NO_WRAP"),
-        )
-        if fsdp["fsdp_auto_wrap_policy"] == "TRANSFORMER_BASED_WRAP":
-            fsdp["fsdp_transformer_layer_cls_to_wrap"] = _ask(
-                "Layer class names to wrap (comma separated)?", ""
-            )
-        fsdp["fsdp_reshard_after_forward"] = _yes(_ask("Reshard after forward?", "yes"))
-        fsdp["fsdp_cpu_offload"] = _yes(_ask("Offload parameters to CPU?", "no"))
-        fsdp["fsdp_state_dict_type"] = _ask(
-            "State dict type?",
-            "SHARDED_STATE_DICT",
-            str.upper,
-            ("SHARDED_STATE_DICT", "FULL_STATE_DICT"),
-        )
-        fsdp["fsdp_activation_checkpointing"] = _yes(_ask("Activation checkpointing?", "no"))
-        fsdp["fsdp_cpu_ram_efficient_loading"] = _yes(_ask("CPU-RAM-efficient loading?", "no"))
+    fsdp = _ask_fsdp() if strategy == strategy_of["FSDP"] else {}
+    kind = _distributed_type(strategy, use_cpu)
     return LaunchConfig(
-        distributed_type=kind, num_machines=machines, machine_rank=rank, main_process_ip=ip,
-        main_process_port=port, num_processes=processes, use_cpu=use_cpu, mixed_precision=precision,
-        fsdp_config=fsdp,
+        distributed_type=kind, strategy=strategy, num_machines=machines, machine_rank=rank,
+        main_process_ip=ip, main_process_port=port, num_processes=processes, use_cpu=use_cpu,
+        mixed_precision=precision, fsdp_config=fsdp,
     )  # fmt: skip
+
+
+def _distributed_type(strategy: str, use_cpu: bool) -> str:
+    """The distributed_type that starts ``strategy`` (MULTI_CPU/MULTI_GPU if several or none do)."""
+    import torch
+
+    from trainer.strategies import distributed_type_strategies
+
+    several = "MULTI_CPU" if use_cpu or not torch.cuda.is_available() else "MULTI_GPU"
+    kinds = [kind for kind, name in distributed_type_strategies().items() if name == strategy]
+    return several if several in kinds or not kinds else kinds[0]
+
+
+def _ask_fsdp() -> dict[str, Any]:
+    """The FSDP questions; Accelerate's fsdp_config keys."""
+    fsdp: dict[str, Any] = {"fsdp_version": 2}
+    fsdp["fsdp_auto_wrap_policy"] = _ask(
+        "Auto wrap policy?",
+        "TRANSFORMER_BASED_WRAP",
+        str.upper,
+        ("TRANSFORMER_BASED_WRAP", "SIZE_BASED_WRAP", "NO_WRAP"),
+    )
+    if fsdp["fsdp_auto_wrap_policy"] == "TRANSFORMER_BASED_WRAP":
+        fsdp["fsdp_transformer_layer_cls_to_wrap"] = _ask(
+            "Layer class names to wrap (comma separated)?", ""
+        )
+    fsdp["fsdp_reshard_after_forward"] = _yes(_ask("Reshard after forward?", "yes"))
+    fsdp["fsdp_cpu_offload"] = _yes(_ask("Offload parameters to CPU?", "no"))
+    fsdp["fsdp_state_dict_type"] = _ask(
+        "State dict type?",
+        "SHARDED_STATE_DICT",
+        str.upper,
+        ("SHARDED_STATE_DICT", "FULL_STATE_DICT"),
+    )
+    fsdp["fsdp_activation_checkpointing"] = _yes(_ask("Activation checkpointing?", "no"))
+    fsdp["fsdp_cpu_ram_efficient_loading"] = _yes(_ask("CPU-RAM-efficient loading?", "no"))
+    return fsdp
 
 
 def default_config() -> Any:

@@ -11,11 +11,14 @@ offloaded layer needs on the execution device), and bytes for
 - training: + gradients of trainable parameters + optimizer states (AdamW: ``exp_avg`` and
   ``exp_avg_sq`` like the parameter, plus a 4-byte ``step`` per parameter tensor; SGD with
   momentum: one buffer; plain SGD: none);
-- one process under ``--strategy``: DDP replicates everything; FSDP and ZeRO-3 divide
-  parameters, gradients and states by ``--num_processes``; ZeRO-2 divides gradients and states,
-  ZeRO-1 the states only (buffers are never divided; padding is ignored).
+- one process under ``--strategy`` (any registered strategy): single, DDP and XLA replicate
+  everything; FSDP, ZeRO-3 and model_parallel (tensor parallel x FSDP) divide parameters,
+  gradients and states by ``--num_processes``; ZeRO-2 divides gradients and states, ZeRO-1 the
+  states only (buffers are never divided; padding is ignored). For megatron, ``--num_processes``
+  is the model-parallel size (tensor x pipeline): data-parallel replicas each hold a full share.
 
-These figures are exact for the tensors the model holds. Activations are not in them: they
+These figures are exact for the tensors the model holds (model_parallel and megatron shares
+assume every parameter is split evenly: the caption says so). Activations are not in them: they
 depend on batch and sequence sizes. The table's caption gives the usual estimate for inference
 (+20%), and says it is one.
 
@@ -53,7 +56,11 @@ __all__ = [
 
 DTYPES = ("float32", "float16", "bfloat16", "float64")
 OPTIMIZERS = ("adamw", "adam", "sgd", "sgd-momentum")
-STRATEGIES = ("ddp", "fsdp", "deepspeed")
+# The ZeRO stage whose division each engine's memory matches (0: every process holds it all;
+# 3: parameters, gradients and states divided); deepspeed's is --stage. Engine names are the
+# registry's: a registered name missing here is refused by name (tests keep the table complete).
+_STAGE_OF = {"single": 0, "ddp": 0, "xla": 0, "fsdp": 3, "model_parallel": 3, "megatron": 3}
+_EVEN_SPLIT_ASSUMED = ("model_parallel", "megatron")  # tensor-parallel plans may replicate some
 _STEP_BYTES = 4  # torch's Adam/AdamW keep `step` as a float32 scalar tensor per parameter
 _STATES_PER_PARAMETER = {"adamw": 2, "adam": 2, "sgd": 0, "sgd-momentum": 1}
 _ACTIVATION_ESTIMATE = 0.20  # inference activations, rule of thumb (EleutherAI), not measured
@@ -284,6 +291,8 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         >>> root.parse_args(["estimate-memory", "m:Net", "--strategy", "fsdp"]).strategy
         'fsdp'
     """
+    from trainer.strategies import STRATEGY_REGISTRY
+
     parser = subparsers.add_parser(
         "estimate-memory",
         help="memory for inference and training of a model, from its shapes alone",
@@ -305,15 +314,16 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     )  # fmt: skip
     parser.add_argument("--optimizer", choices=OPTIMIZERS, default="adamw")
     parser.add_argument(
-        "--strategy", choices=STRATEGIES, default=None, help="also show one process's share"
-    )
+        "--strategy", choices=list(STRATEGY_REGISTRY), default=None,
+        help="also show one process's share under this registered strategy",
+    )  # fmt: skip
     parser.add_argument(
         "--stage", type=int, choices=(0, 1, 2, 3), default=None,
         help="ZeRO stage for --strategy deepspeed (default 2)",
     )  # fmt: skip
     parser.add_argument(
         "--num_processes", type=int, default=1, metavar="N",
-        help="processes sharing the model (default 1)",
+        help="processes sharing the model (default 1; megatron: tensor x pipeline parallel size)",
     )  # fmt: skip
     parser.add_argument(
         "--no_split_module_classes", nargs="+", default=[], metavar="CLASS",
@@ -335,8 +345,19 @@ def _sharding(args: argparse.Namespace) -> Sharding | None:
         )
     if args.strategy is None:
         return None
-    stage = {"ddp": 0, "fsdp": 3}.get(args.strategy, 2 if args.stage is None else args.stage)
-    return Sharding(args.strategy, stage, args.num_processes)
+    if args.strategy == "deepspeed":
+        return Sharding(args.strategy, 2 if args.stage is None else args.stage, args.num_processes)
+    if args.strategy not in _STAGE_OF:
+        raise ConfigurationError(
+            f"estimate-memory: --strategy {args.strategy} is registered, but how it divides memory "
+            f"is not known here (known: deepspeed, {', '.join(_STAGE_OF)}). Use the one it works like."
+        )
+    if args.strategy == "single" and args.num_processes != 1:
+        raise ConfigurationError(
+            f"estimate-memory: --strategy single runs one process, got --num_processes "
+            f"{args.num_processes}. Use --strategy ddp for replicas on several processes."
+        )
+    return Sharding(args.strategy, _STAGE_OF[args.strategy], args.num_processes)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -383,6 +404,11 @@ def _table(target: str, e: MemoryEstimate, optimizer: str, sharding: Sharding | 
         f"+{_ACTIVATION_ESTIMATE:.0%} ({_size(activations, exact=False)}); for training they "
         "depend on the batch size."
     )
+    if sharding is not None and sharding.strategy in _EVEN_SPLIT_ASSUMED:
+        table.caption += (
+            f" The {sharding.strategy} share assumes every parameter is split evenly "
+            "(parameters the plan replicates cost more)."
+        )
     table.caption_justify = "left"
     return table
 

@@ -3,7 +3,8 @@
 The command line is torchrun's; the settings come from the flags, else the launch config file
 (``--config_file`` or the default location), in Accelerate's ``default_config.yaml`` shape.
 The launched processes learn the strategy, precision and FSDP options from the environment, so a
-bare ``Accelerator()`` or ``Trainer(strategy="auto")`` picks them up.
+bare ``Accelerator()`` or ``Trainer(strategy="auto")`` picks them up. ``--strategy`` takes any
+registered strategy name.
 
 Examples:
     $ trainer launch --num_processes 2 train.py --epochs 3
@@ -13,7 +14,6 @@ Examples:
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import os
 import subprocess
 import sys
@@ -33,6 +33,8 @@ _OVERRIDES = (
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     """Register ``launch``."""
+    from trainer.strategies import STRATEGY_REGISTRY
+
     parser = subparsers.add_parser(
         "launch",
         help="run a script on several processes/machines via torchrun",
@@ -42,7 +44,14 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     parser.add_argument(
         "--config_file",
         default=None,
-        help="launch config YAML (default: the file `trainer config` wrote)",
+        help=(
+            "launch config YAML in Accelerate's shape (default: the file `trainer config` wrote). "
+            "A key set to something trainer launch would not act on is an error naming the fix: "
+            "dynamo_config (compile with Trainer(compile=...)), megatron_lm_config (pass "
+            "MegatronStrategy(...)), the TPU, SageMaker, debug and CPU-affinity keys, and "
+            "fsdp_config/deepspeed_config for another strategy. gpu_ids sets "
+            "CUDA_VISIBLE_DEVICES; same_network: false meets at the rendezvous endpoint"
+        ),
     )
     parser.add_argument("--num_processes", type=int, default=None, help="processes per machine")
     parser.add_argument("--num_machines", type=int, default=None)
@@ -52,9 +61,9 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     parser.add_argument("--mixed_precision", choices=["no", "fp16", "bf16", "fp8"], default=None)
     parser.add_argument(
         "--strategy",
-        choices=["single", "ddp", "fsdp", "deepspeed"],
+        choices=list(STRATEGY_REGISTRY),
         default=None,
-        help="overrides distributed_type",
+        help="overrides the strategy the config's distributed_type starts",
     )
     parser.add_argument("--cpu", action="store_true", help="run on CPU even if GPUs are present")
     parser.add_argument(
@@ -67,24 +76,37 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
 
 
 def resolve_config(args: argparse.Namespace) -> Any:
-    """The launch config: file (or defaults) with the command-line flags on top."""
-    from trainer.accelerator.launch_config import LaunchConfig, load_launch_config
+    """The launch config: file (or defaults) with the command-line flags on top.
 
-    config = load_launch_config(args.config_file)
-    changes = {name: getattr(args, name) for name in _OVERRIDES if getattr(args, name) is not None}
+    ``--strategy`` also sets the distributed_type that starts it, when one does; a config with
+    several processes and distributed_type NO runs DDP (MULTI_CPU).
+    """
+    from trainer.accelerator.launch_config import (
+        LaunchConfig,
+        default_config_path,
+        load_launch_config,
+    )
+    from trainer.strategies import distributed_type_strategies
+
+    strategy_of = distributed_type_strategies()
+    values = load_launch_config(args.config_file).to_dict()  # no strategy key unless explicit
+    values.update(
+        {name: getattr(args, name) for name in _OVERRIDES if getattr(args, name) is not None}
+    )
     if args.strategy is not None:
-        changes["distributed_type"] = {
-            "single": "NO",
-            "ddp": "MULTI_CPU",
-            "fsdp": "FSDP",
-            "deepspeed": "DEEPSPEED",
-        }[args.strategy]
+        values["strategy"] = args.strategy
+        starting = [kind for kind, name in strategy_of.items() if name == args.strategy]
+        if starting and values["distributed_type"] not in starting:
+            values["distributed_type"] = starting[0]
+    if values.get("strategy") == strategy_of.get(values["distributed_type"]):
+        del values["strategy"]  # implied, so it follows the distributed_type below
     if args.cpu:
-        changes["use_cpu"] = True
-    merged = dataclasses.replace(config, **changes) if changes else config
-    if merged.distributed_type == "NO" and merged.num_processes * merged.num_machines > 1:
-        merged = dataclasses.replace(merged, distributed_type="MULTI_CPU")
-    return LaunchConfig(**merged.to_dict())  # re-check the merged values
+        values["use_cpu"] = True
+    if values["distributed_type"] == "NO" and values["num_processes"] * values["num_machines"] > 1:
+        values["distributed_type"] = "MULTI_CPU"
+    file = args.config_file or (default_config_path() if default_config_path().is_file() else None)
+    source = f"launch config file {file}" if file else "launch config"
+    return LaunchConfig(**values, where=f"{source} with the command-line flags")
 
 
 def run(args: argparse.Namespace) -> int:

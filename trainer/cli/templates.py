@@ -110,7 +110,7 @@ def find_templates_root() -> Path:
                 "templates/ directory of a trainer checkout, or unset it."
             )
         return path
-    package_dir = Path(__file__).resolve().parent
+    package_dir = Path(__file__).resolve().parent.parent  # trainer/, from trainer/cli/
     candidates = (package_dir / "_templates", package_dir.parent / "templates")
     for candidate in candidates:
         if candidate.is_dir():

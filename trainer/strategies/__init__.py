@@ -27,6 +27,7 @@ __all__ = [
     "Strategy",
     "XLAStrategy",
     "detect_environment",
+    "distributed_type_strategies",
     "register_strategy",
     "resolve_strategy",
 ]
@@ -46,6 +47,28 @@ STRATEGY_REGISTRY: dict[str, str | Callable[..., Strategy]] = {
 def register_strategy(name: str, target: str | Callable[..., Strategy]) -> None:
     """Make ``strategy=name`` build ``target`` ("package.module:Class" or a factory)."""
     STRATEGY_REGISTRY[name] = target
+
+
+def distributed_type_strategies() -> dict[str, str]:
+    """Each Accelerate launch-config ``distributed_type`` and the registered strategy it starts.
+
+    ``trainer launch`` tells the launched processes this name (``TRAINER_STRATEGY``). A strategy
+    no ``distributed_type`` maps to (``"model_parallel"``, or one added with `register_strategy`)
+    is chosen by its name instead: ``trainer launch --strategy``, or ``strategy:`` in the file.
+
+    Examples:
+        >>> distributed_type_strategies()["MEGATRON_LM"]
+        'megatron'
+    """
+    return {
+        "NO": "single",
+        "MULTI_CPU": "ddp",
+        "MULTI_GPU": "ddp",
+        "FSDP": "fsdp",
+        "DEEPSPEED": "deepspeed",
+        "MEGATRON_LM": "megatron",
+        "XLA": "xla",
+    }
 
 
 def _auto_strategy_name() -> str:
