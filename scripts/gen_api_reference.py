@@ -145,6 +145,18 @@ def _page_of(qualified: str, exported_from: str) -> Page:
     )
 
 
+# Facades whose public methods live partly in base classes (docs/layout.md): show those too.
+WITH_INHERITED_MEMBERS = frozenset(
+    {"trainer.accelerator.accelerator.Accelerator", "trainer.trainer.trainer.Trainer"}
+)
+
+
+def _directive(qualified: str) -> str:
+    if qualified in WITH_INHERITED_MEMBERS:
+        return f"::: {qualified}\n    options:\n      inherited_members: true\n"
+    return f"::: {qualified}\n"
+
+
 def render() -> dict[str, str]:
     """The text of every page, keyed by file name (the index included)."""
     entries: dict[str, list[str]] = {page.file: list(page.extra) for page in PAGES}
@@ -162,7 +174,7 @@ def render() -> dict[str, str]:
     for page in PAGES:
         names = sorted(entries[page.file], key=lambda q: q.rsplit(".", 1)[1].lower())
         body = [f"{header}# {page.title}\n", page.intro + "\n"]
-        body += [f"::: {qualified}\n" for qualified in names]
+        body += [_directive(qualified) for qualified in names]
         pages[page.file] = "\n".join(body)
         shown = ", ".join(f"`{q.rsplit('.', 1)[1]}`" for q in names)
         index.append(f"| [{page.title}]({page.file}) | {shown} |")

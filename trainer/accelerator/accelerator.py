@@ -10,13 +10,14 @@ from __future__ import annotations
 
 import contextlib
 import os
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Iterable, Iterator
 from typing import TYPE_CHECKING, Any
 
 import torch
 from torch.utils.data import DataLoader
 
-from trainer.accelerator import collectives
+from trainer.accelerator.checkpoint_api import CheckpointAPI
+from trainer.accelerator.model_wrappers import AutocastForward, build_strategy
 from trainer.accelerator.optimizer import (
     AcceleratedOptimizer,
     AcceleratedScheduler,
@@ -24,6 +25,7 @@ from trainer.accelerator.optimizer import (
     use_replaced_parameters,
     warn_on_eps_below_dtype,
 )
+from trainer.accelerator.process_api import ProcessAPI
 from trainer.data.loader import DataLoaderShard, skip_first_batches
 from trainer.errors import ConfigurationError, describe
 from trainer.precision import Precision, resolve_precision
@@ -33,13 +35,15 @@ from trainer.runtime.configs import (
     ProjectConfiguration,
 )
 from trainer.runtime.gradient_state import GradientState
-from trainer.runtime.state import DistributedType, PartialState
-from trainer.strategies import Strategy, _auto_strategy_name, resolve_strategy
+from trainer.runtime.state import PartialState
+from trainer.strategies import Strategy
 
 if TYPE_CHECKING:
     from trainer.plugins import AsyncCheckpointIO
 
 __all__ = ["Accelerator"]
+
+_NOTHING = contextlib.nullcontext()  # reusable: entering it has no state
 
 _SCHEDULER_TYPES: tuple[type, ...] = (
     torch.optim.lr_scheduler.LRScheduler,
@@ -47,7 +51,7 @@ _SCHEDULER_TYPES: tuple[type, ...] = (
 )
 
 
-class Accelerator:
+class Accelerator(ProcessAPI, CheckpointAPI):
     """Runs a hand-written training loop on any strategy and precision.
 
     Args:
@@ -121,7 +125,7 @@ class Accelerator:
         if mixed_precision is None:
             mixed_precision = os.environ.get("ACCELERATE_MIXED_PRECISION", "no")
         precision = resolve_precision(mixed_precision, argument="mixed_precision")
-        self.strategy = _build_strategy(strategy, cpu)
+        self.strategy = build_strategy(strategy, cpu)
         self.strategy.precision = precision
         self.strategy.setup_environment()
         self.state = PartialState(cpu=cpu)
@@ -151,42 +155,6 @@ class Accelerator:
     def precision(self) -> Precision:
         """The Precision plugin in use."""
         return self.strategy.precision
-
-    @property
-    def device(self) -> torch.device:
-        return self.strategy.root_device
-
-    @property
-    def process_index(self) -> int:
-        return self.strategy.global_rank
-
-    @property
-    def local_process_index(self) -> int:
-        return self.strategy.local_rank
-
-    @property
-    def num_processes(self) -> int:
-        return self.strategy.world_size
-
-    @property
-    def is_main_process(self) -> bool:
-        return self.strategy.global_rank == 0
-
-    @property
-    def is_local_main_process(self) -> bool:
-        return self.strategy.local_rank == 0
-
-    @property
-    def is_last_process(self) -> bool:
-        return self.process_index == self.num_processes - 1
-
-    @property
-    def distributed_type(self) -> DistributedType:
-        return self.strategy.distributed_type
-
-    @property
-    def use_distributed(self) -> bool:
-        return self.num_processes > 1
 
     @property
     def mixed_precision(self) -> str:
@@ -271,7 +239,7 @@ class Accelerator:
         )
         if self.precision.compute_dtype != torch.float32 and self.precision.param_dtype is None:
             # Mixed modes: the forward runs under autocast without the user writing it.
-            model.forward = _autocast_forward(model.forward, self.precision)
+            model.forward = AutocastForward(model.forward, self.precision)
         if self.dynamo_backend is not None:
             model = torch.compile(model, backend=self.dynamo_backend)
         self._models.append(model)
@@ -414,151 +382,13 @@ class Accelerator:
         """The user's module inside compile, engine and autocast wrappers."""
         model = getattr(model, "_orig_mod", model)  # torch.compile
         model = self.strategy.unwrap_module(model)
-        if not keep_fp32_wrapper and isinstance(model.forward, _AutocastForward):
+        if not keep_fp32_wrapper and isinstance(model.forward, AutocastForward):
             model.forward = model.forward.original
         return model
-
-    # ---- collectives --------------------------------------------------------------------
-    def gather(self, tensor: Any) -> Any:
-        """Concatenate ``tensor`` (or a nest of them) from every process along dim 0.
-
-        0-dim tensors become shape ``(num_processes,)``.
-        """
-        return collectives.gather(self.strategy, tensor)
-
-    def gather_for_metrics(self, input_data: Any, use_gather_object: bool = False) -> Any:
-        """Gather for metric computation, dropping the samples ``even_batches`` duplicated.
-
-        With 2 processes, batch size 5 and 9 samples, the last gathered batch holds 10 rows of
-        which the last one repeats the first sample; it is dropped so the metric sees 9.
-        """
-        return collectives.gather_for_metrics(
-            self.strategy, self.gradient_state, input_data, use_gather_object=use_gather_object
-        )
-
-    def reduce(self, tensor: Any, reduction: str = "sum", scale: float = 1.0) -> Any:
-        """Reduce ``tensor`` (or a nest) over processes with "sum", "mean" or "none"."""
-        return collectives.reduce(self.strategy, tensor, reduction, scale)
-
-    def pad_across_processes(
-        self, tensor: Any, dim: int = 0, pad_index: int = 0, pad_first: bool = False
-    ) -> Any:
-        """Pad ``tensor`` along ``dim`` to the largest size on any process, so it can be gathered."""
-        return collectives.pad_across_processes(self.strategy, tensor, dim, pad_index, pad_first)
-
-    def broadcast(self, tensor: Any, from_process: int = 0) -> Any:
-        """Give every process the value of ``tensor`` (or a nest) on ``from_process``."""
-        return collectives.broadcast(self.strategy, tensor, from_process)
-
-    def wait_for_everyone(self) -> None:
-        """Block until every process reaches this point."""
-        self.strategy.barrier()
-
-    def split_between_processes(
-        self, inputs: Any, apply_padding: bool = False
-    ) -> contextlib.AbstractContextManager[Any]:
-        """Context manager giving each process its slice of ``inputs`` (see PartialState)."""
-        return self.state.split_between_processes(inputs, apply_padding=apply_padding)
-
-    def main_process_first(self) -> contextlib.AbstractContextManager[None]:
-        """Run the block on the main process first (e.g. to download or preprocess once)."""
-        return self.state.main_process_first()
-
-    def local_main_process_first(self) -> contextlib.AbstractContextManager[None]:
-        """Run the block on each machine's main process first."""
-        return self.state.local_main_process_first()
-
-    def print(self, *args: Any, **kwargs: Any) -> None:
-        """``print`` once per machine (on the local main process)."""
-        if self.is_local_main_process:
-            print(*args, **kwargs)
-
-    def on_main_process(self, function: Callable[..., Any]) -> Callable[..., Any]:
-        """Decorator: run ``function`` on the main process only (returns None elsewhere)."""
-
-        def wrapper(*args: Any, **kwargs: Any) -> Any:
-            return function(*args, **kwargs) if self.is_main_process else None
-
-        return wrapper
 
     def skip_first_batches(self, dataloader: Any, num_batches: int = 0) -> Any:
         """A loader that resumes ``dataloader`` at batch ``num_batches``."""
         return skip_first_batches(dataloader, num_batches)
-
-    # ---- checkpoints --------------------------------------------------------------------
-    def save_state(
-        self,
-        output_dir: str | os.PathLike[str] | None = None,
-        safe_serialization: bool = True,
-        *,
-        checkpoint_io: AsyncCheckpointIO | None = None,
-    ) -> str:
-        """Save every prepared object, registered object and RNG state to ``output_dir``.
-
-        The directory is a checkpoint (see docs/checkpointing.md), written atomically. With
-        ``ProjectConfiguration(automatic_checkpoint_naming=True)`` it is
-        ``<project_dir>/checkpoints/checkpoint_<N>`` and the oldest beyond ``total_limit`` are
-        removed after the new one is complete. Returns the directory.
-
-        With ``checkpoint_io=trainer.plugins.AsyncCheckpointIO()`` the state is copied to host
-        memory and written in the background: the call returns at once, the directory appears
-        (and ``total_limit`` pruning runs) once it is complete. The next ``save_state``,
-        ``load_state``, ``end_training`` and ``checkpoint_io.wait()`` wait for it and raise its
-        failure (a ``CheckpointError`` naming the directory).
-        """
-        from trainer.checkpoint.accelerator_state import save_accelerator_state
-
-        if checkpoint_io is not None:
-            self._checkpoint_io = checkpoint_io
-        return os.fspath(save_accelerator_state(self, output_dir, checkpoint_io=checkpoint_io))
-
-    def load_state(self, input_dir: str | os.PathLike[str] | None = None) -> str:
-        """Restore what ``save_state`` wrote (the newest automatic checkpoint when None).
-
-        Prepare (and register) the same objects in the same order first. Returns the directory.
-        """
-        from trainer.checkpoint.accelerator_state import load_accelerator_state
-
-        if self._checkpoint_io is not None:  # a background save_state completes first
-            self._checkpoint_io.wait()
-        return os.fspath(load_accelerator_state(self, input_dir))
-
-    def register_for_checkpointing(self, *objects: Any) -> None:
-        """Include ``objects`` (each with ``state_dict`` / ``load_state_dict``) in ``save_state``."""
-        invalid = [
-            f"{i}: {type(o).__name__}"
-            for i, o in enumerate(objects)
-            if not (hasattr(o, "state_dict") and hasattr(o, "load_state_dict"))
-        ]
-        if invalid:
-            raise ConfigurationError(
-                f"register_for_checkpointing: these objects have no state_dict/load_state_dict: {invalid}. Give them both methods."
-            )
-        self._custom_objects.extend(objects)
-
-    def save_model(
-        self,
-        model: torch.nn.Module,
-        save_directory: str | os.PathLike[str],
-        max_shard_size: int | str = "10GB",
-        safe_serialization: bool = True,
-    ) -> None:
-        """Write ``model``'s weights (unwrapped, gathered) to ``save_directory`` on the main process.
-
-        ``model.safetensors``, or ``model-0000i-of-0000N.safetensors`` plus
-        ``model.safetensors.index.json`` beyond ``max_shard_size`` (e.g. "10GB", "500MB").
-        """
-        from trainer.checkpoint.accelerator_state import save_model_weights
-
-        state_dict = self.get_state_dict(model)
-        if self.is_main_process:
-            save_model_weights(
-                state_dict,
-                save_directory,
-                max_shard_size=max_shard_size,
-                safe_serialization=safe_serialization,
-            )
-        self.wait_for_everyone()
 
     # ---- trackers -----------------------------------------------------------------------
     def init_trackers(
@@ -636,34 +466,3 @@ class Accelerator:
             f"Accelerator(strategy={self.strategy!r}, mixed_precision={self.mixed_precision!r}, "
             f"gradient_accumulation_steps={self.gradient_accumulation_steps})"
         )
-
-
-def _build_strategy(strategy: str | Strategy | None, cpu: bool) -> Strategy:
-    """The strategy for ``strategy`` (auto: from the launcher's environment), on CPU if asked."""
-    if isinstance(strategy, Strategy):
-        return strategy
-    name = _auto_strategy_name() if strategy in (None, "auto") else strategy
-    if not cpu:
-        return resolve_strategy(name)
-    return resolve_strategy(
-        name, **({"device": "cpu"} if name == "single" else {"accelerator": "cpu"})
-    )
-
-
-_NOTHING = contextlib.nullcontext()  # reusable: entering it has no state
-
-
-class _AutocastForward:
-    """A model's forward run under the precision plugin's autocast (kept unwrappable)."""
-
-    def __init__(self, original: Callable[..., Any], precision: Precision) -> None:
-        self.original = original
-        self.precision = precision
-
-    def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        with self.precision.autocast():
-            return self.original(*args, **kwargs)
-
-
-def _autocast_forward(forward: Callable[..., Any], precision: Precision) -> _AutocastForward:
-    return _AutocastForward(forward, precision)

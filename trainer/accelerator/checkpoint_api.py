@@ -1,0 +1,107 @@
+"""The Accelerator's checkpoint verbs: ``save_state``, ``load_state``, ``register_for_checkpointing``, ``save_model``.
+
+`CheckpointAPI` is a base of `trainer.accelerator.Accelerator`. What goes into the directory
+and how it is written and verified is ``trainer.checkpoint.accelerator_state``; this class only
+checks arguments and waits for a background save where Accelerate's semantics need it.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from trainer.errors import ConfigurationError
+
+if TYPE_CHECKING:
+    from trainer.plugins import AsyncCheckpointIO
+
+__all__ = ["CheckpointAPI"]
+
+
+class CheckpointAPI:
+    """Saving and restoring everything an Accelerator prepared or was given to track."""
+
+    _checkpoint_io: AsyncCheckpointIO | None  # set by the Accelerator's constructor
+    _custom_objects: list[Any]
+    is_main_process: bool
+
+    get_state_dict: Callable[..., dict[str, torch.Tensor]]  # the Accelerator's
+    wait_for_everyone: Callable[[], None]  # ProcessAPI's
+
+    # ---- checkpoints --------------------------------------------------------------------
+    def save_state(
+        self,
+        output_dir: str | os.PathLike[str] | None = None,
+        safe_serialization: bool = True,
+        *,
+        checkpoint_io: AsyncCheckpointIO | None = None,
+    ) -> str:
+        """Save every prepared object, registered object and RNG state to ``output_dir``.
+
+        The directory is a checkpoint (see docs/checkpointing.md), written atomically. With
+        ``ProjectConfiguration(automatic_checkpoint_naming=True)`` it is
+        ``<project_dir>/checkpoints/checkpoint_<N>`` and the oldest beyond ``total_limit`` are
+        removed after the new one is complete. Returns the directory.
+
+        With ``checkpoint_io=trainer.plugins.AsyncCheckpointIO()`` the state is copied to host
+        memory and written in the background: the call returns at once, the directory appears
+        (and ``total_limit`` pruning runs) once it is complete. The next ``save_state``,
+        ``load_state``, ``end_training`` and ``checkpoint_io.wait()`` wait for it and raise its
+        failure (a ``CheckpointError`` naming the directory).
+        """
+        from trainer.checkpoint.accelerator_state import save_accelerator_state
+
+        if checkpoint_io is not None:
+            self._checkpoint_io = checkpoint_io
+        return os.fspath(save_accelerator_state(self, output_dir, checkpoint_io=checkpoint_io))
+
+    def load_state(self, input_dir: str | os.PathLike[str] | None = None) -> str:
+        """Restore what ``save_state`` wrote (the newest automatic checkpoint when None).
+
+        Prepare (and register) the same objects in the same order first. Returns the directory.
+        """
+        from trainer.checkpoint.accelerator_state import load_accelerator_state
+
+        if self._checkpoint_io is not None:  # a background save_state completes first
+            self._checkpoint_io.wait()
+        return os.fspath(load_accelerator_state(self, input_dir))
+
+    def register_for_checkpointing(self, *objects: Any) -> None:
+        """Include ``objects`` (each with ``state_dict`` / ``load_state_dict``) in ``save_state``."""
+        invalid = [
+            f"{i}: {type(o).__name__}"
+            for i, o in enumerate(objects)
+            if not (hasattr(o, "state_dict") and hasattr(o, "load_state_dict"))
+        ]
+        if invalid:
+            raise ConfigurationError(
+                f"register_for_checkpointing: these objects have no state_dict/load_state_dict: {invalid}. Give them both methods."
+            )
+        self._custom_objects.extend(objects)
+
+    def save_model(
+        self,
+        model: torch.nn.Module,
+        save_directory: str | os.PathLike[str],
+        max_shard_size: int | str = "10GB",
+        safe_serialization: bool = True,
+    ) -> None:
+        """Write ``model``'s weights (unwrapped, gathered) to ``save_directory`` on the main process.
+
+        ``model.safetensors``, or ``model-0000i-of-0000N.safetensors`` plus
+        ``model.safetensors.index.json`` beyond ``max_shard_size`` (e.g. "10GB", "500MB").
+        """
+        from trainer.checkpoint.accelerator_state import save_model_weights
+
+        state_dict = self.get_state_dict(model)
+        if self.is_main_process:
+            save_model_weights(
+                state_dict,
+                save_directory,
+                max_shard_size=max_shard_size,
+                safe_serialization=safe_serialization,
+            )
+        self.wait_for_everyone()

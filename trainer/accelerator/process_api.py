@@ -1,0 +1,134 @@
+"""The Accelerator's process verbs: who this process is, collectives, and running code on some processes.
+
+`ProcessAPI` is the base of `trainer.accelerator.Accelerator`: the facts about the processes
+(``process_index``, ``num_processes``, ``is_main_process`` ...), the collectives over them
+(``gather``, ``gather_for_metrics``, ``reduce``, ``broadcast``, ``pad_across_processes``) and
+control (``wait_for_everyone``, ``split_between_processes``, ``main_process_first``,
+``on_main_process``). Everything delegates to the Strategy (``trainer.accelerator.collectives``)
+or to ``PartialState``; nothing here prepares, trains or saves.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from trainer.accelerator import collectives
+
+if TYPE_CHECKING:
+    from trainer.runtime.gradient_state import GradientState
+    from trainer.runtime.state import DistributedType, PartialState
+    from trainer.strategies import Strategy
+
+__all__ = ["ProcessAPI"]
+
+
+class ProcessAPI:
+    """Accelerate's process facts, collectives and process control, over ``self.strategy``."""
+
+    strategy: Strategy  # set by the Accelerator's constructor
+    state: PartialState
+    gradient_state: GradientState
+
+    # ---- facts ------------------------------------------------------------------------------
+    @property
+    def device(self) -> torch.device:
+        return self.strategy.root_device
+
+    @property
+    def process_index(self) -> int:
+        return self.strategy.global_rank
+
+    @property
+    def local_process_index(self) -> int:
+        return self.strategy.local_rank
+
+    @property
+    def num_processes(self) -> int:
+        return self.strategy.world_size
+
+    @property
+    def is_main_process(self) -> bool:
+        return self.strategy.global_rank == 0
+
+    @property
+    def is_local_main_process(self) -> bool:
+        return self.strategy.local_rank == 0
+
+    @property
+    def is_last_process(self) -> bool:
+        return self.process_index == self.num_processes - 1
+
+    @property
+    def distributed_type(self) -> DistributedType:
+        return self.strategy.distributed_type
+
+    @property
+    def use_distributed(self) -> bool:
+        return self.num_processes > 1
+
+    # ---- collectives --------------------------------------------------------------------
+    def gather(self, tensor: Any) -> Any:
+        """Concatenate ``tensor`` (or a nest of them) from every process along dim 0.
+
+        0-dim tensors become shape ``(num_processes,)``.
+        """
+        return collectives.gather(self.strategy, tensor)
+
+    def gather_for_metrics(self, input_data: Any, use_gather_object: bool = False) -> Any:
+        """Gather for metric computation, dropping the samples ``even_batches`` duplicated.
+
+        With 2 processes, batch size 5 and 9 samples, the last gathered batch holds 10 rows of
+        which the last one repeats the first sample; it is dropped so the metric sees 9.
+        """
+        return collectives.gather_for_metrics(
+            self.strategy, self.gradient_state, input_data, use_gather_object=use_gather_object
+        )
+
+    def reduce(self, tensor: Any, reduction: str = "sum", scale: float = 1.0) -> Any:
+        """Reduce ``tensor`` (or a nest) over processes with "sum", "mean" or "none"."""
+        return collectives.reduce(self.strategy, tensor, reduction, scale)
+
+    def pad_across_processes(
+        self, tensor: Any, dim: int = 0, pad_index: int = 0, pad_first: bool = False
+    ) -> Any:
+        """Pad ``tensor`` along ``dim`` to the largest size on any process, so it can be gathered."""
+        return collectives.pad_across_processes(self.strategy, tensor, dim, pad_index, pad_first)
+
+    def broadcast(self, tensor: Any, from_process: int = 0) -> Any:
+        """Give every process the value of ``tensor`` (or a nest) on ``from_process``."""
+        return collectives.broadcast(self.strategy, tensor, from_process)
+
+    def wait_for_everyone(self) -> None:
+        """Block until every process reaches this point."""
+        self.strategy.barrier()
+
+    def split_between_processes(
+        self, inputs: Any, apply_padding: bool = False
+    ) -> contextlib.AbstractContextManager[Any]:
+        """Context manager giving each process its slice of ``inputs`` (see PartialState)."""
+        return self.state.split_between_processes(inputs, apply_padding=apply_padding)
+
+    def main_process_first(self) -> contextlib.AbstractContextManager[None]:
+        """Run the block on the main process first (e.g. to download or preprocess once)."""
+        return self.state.main_process_first()
+
+    def local_main_process_first(self) -> contextlib.AbstractContextManager[None]:
+        """Run the block on each machine's main process first."""
+        return self.state.local_main_process_first()
+
+    def print(self, *args: Any, **kwargs: Any) -> None:
+        """``print`` once per machine (on the local main process)."""
+        if self.is_local_main_process:
+            print(*args, **kwargs)
+
+    def on_main_process(self, function: Callable[..., Any]) -> Callable[..., Any]:
+        """Decorator: run ``function`` on the main process only (returns None elsewhere)."""
+
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            return function(*args, **kwargs) if self.is_main_process else None
+
+        return wrapper
