@@ -93,7 +93,6 @@ def test_layers_import_downwards_only() -> None:
     assert not wrong, "upward imports:\n" + "\n".join(wrong)
 
 
-@pytest.mark.xfail(strict=True, reason="#16: the splits of the long modules are under way")
 def test_no_module_over_500_lines() -> None:
     long = {
         str(p.relative_to(PACKAGE.parent)): n

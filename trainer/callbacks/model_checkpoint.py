@@ -5,7 +5,9 @@ this callback decides when, names the directory from a template, keeps the ``sav
 ``monitor`` and deletes a checkpoint only after its replacement is complete. ``save_last`` keeps a
 real checkpoint directory ``last`` (no symbolic link: it survives copies), swapped in atomically.
 The state it restores on resume is checked: only checkpoint folders inside ``dirpath`` are ever
-tracked, so only those are ever deleted. Confinement itself lives in ``trainer/checkpoint/paths``.
+tracked, so only those are ever deleted. Those checks (restored state, deletion, replacing
+``last``) live in ``trainer/callbacks/checkpoint_folder.py``; confinement itself in
+``trainer/checkpoint/paths``.
 """
 
 from __future__ import annotations
@@ -14,24 +16,21 @@ import copy
 import math
 import os
 import re
-import shutil
 import time
-import warnings
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
 
 from trainer.callbacks.callback import Callback
-from trainer.checkpoint.atomic import (
-    MANIFEST,
-    discard_directory,
-    process_tag,
-    refusal_to_replace,
-    remove_stale_temporaries,
-    replace_directory,
+from trainer.callbacks.checkpoint_folder import (
+    adopt_path,
+    checked_state,
+    delete_checkpoint,
+    refusal_for_last,
+    swap_in_last,
 )
-from trainer.checkpoint.paths import is_inside, resolve_inside
+from trainer.checkpoint.atomic import process_tag, remove_stale_temporaries
 from trainer.errors import CheckpointError, ConfigurationError, describe
 
 if TYPE_CHECKING:
@@ -45,7 +44,6 @@ _FIELD = re.compile(r"\{([^{}:]+)(:[^{}]*)?\}")
 LAST_NAME = "last"  # the real checkpoint directory save_last keeps (Lightning: last.ckpt)
 _BOOKKEEPING = ("best_k_models", "best_model_path", "best_model_score", "last_model_path")
 _BOOKKEEPING += ("_saved", "_last_saved_step")
-_LINK_TEXT_MAX = 4096  # a `last` file this small is a link flattened by a copy tool
 
 
 class ModelCheckpoint(Callback):
@@ -154,13 +152,17 @@ class ModelCheckpoint(Callback):
             CheckpointError: a field has the wrong type, or a path leaves ``dirpath`` or goes
                 through a symbolic link; the message names the field and the value.
         """
-        state = _checked_state(state_dict, self.state_key)
+        state = checked_state(state_dict, self.state_key)
         saved_dirpath = state.get("dirpath") or self.dirpath
-        if self.dirpath is None or saved_dirpath is None:
+        dirpath = self.dirpath
+        if dirpath is None or saved_dirpath is None:
             return  # no folder to confine to: nothing of it is ours to rank or delete
+        source = f"ModelCheckpoint state ({self.state_key})"
 
         def adopt(field: str, path: str) -> str:
-            return self._adopt(field, path, saved_dirpath)
+            return adopt_path(
+                field, path, saved_dirpath=saved_dirpath, dirpath=dirpath, source=source
+            )
 
         self.best_k_models = {
             kept: score
@@ -173,30 +175,6 @@ class ModelCheckpoint(Callback):
         self.best_model_score = None if score is None else torch.tensor(score)
         self.last_model_path = adopt("last_model_path", state.get("last_model_path", ""))
         self._last_saved_step = state.get("last_saved_step", -1)
-
-    def _adopt(self, field: str, path: str, saved_dirpath: str) -> str:
-        """``path`` (from a checkpoint) as a checkpoint folder in ``dirpath``, or "" (dropped)."""
-        if not path:
-            return ""
-        source = f"ModelCheckpoint state ({self.state_key})"
-        if not is_inside(saved_dirpath, path) or _same(saved_dirpath, path):
-            raise CheckpointError(
-                f"{source}, field {field!r}: the path {path!r} is outside the checkpoint folder "
-                f"{saved_dirpath!r}. Refusing to track it (rotation would delete it); the "
-                "checkpoint may have been tampered with. Resume from another checkpoint."
-            )
-        relative = os.path.relpath(os.path.abspath(path), os.path.abspath(saved_dirpath))
-        target = resolve_inside(self.dirpath, relative, source=source, field=field)
-        if not target.is_dir():
-            return ""  # deleted since (rotated out, removed by hand)
-        if not (target / MANIFEST).is_file():
-            warnings.warn(
-                f"{source}, field {field!r}: {str(target)!r} is not a checkpoint (no {MANIFEST}); "
-                "it is no longer tracked and will not be deleted.",
-                stacklevel=2,
-            )
-            return ""
-        return str(target)
 
     # ---- when ---------------------------------------------------------------------------------
     def setup(self, trainer: Trainer, module: TrainModule, stage: str) -> None:
@@ -370,17 +348,8 @@ class ModelCheckpoint(Callback):
 
     def _delete(self, path: str) -> None:
         """Remove a checkpoint that left the top k: only a checkpoint folder inside dirpath."""
-        if path in (self.last_model_path, *self.best_k_models, *self._saved):
-            return
-        folder = Path(path)
-        if (
-            is_inside(self.dirpath, folder)
-            and not _same(self.dirpath, path)
-            and not folder.is_symlink()
-            and (folder / MANIFEST).is_file()
-        ):
-            # Renamed to a temporary name first: a crash mid-removal leaves no half checkpoint.
-            discard_directory(folder)
+        if path not in (self.last_model_path, *self.best_k_models, *self._saved):
+            delete_checkpoint(path, self.dirpath)
 
     def _save_last(self, trainer: Trainer, pending: PendingSave | None) -> PendingSave | None:
         """Write the checkpoint again as ``dirpath/last``, swapped in with no moment without it.
@@ -392,7 +361,7 @@ class ModelCheckpoint(Callback):
         """
         final = Path(self.dirpath) / LAST_NAME
         name, refusal = trainer.strategy.broadcast(
-            (f".{LAST_NAME}.tmp-{process_tag()}", _refusal_for_last(final))
+            (f".{LAST_NAME}.tmp-{process_tag()}", refusal_for_last(final))
             if trainer.is_global_zero
             else None
         )
@@ -403,11 +372,16 @@ class ModelCheckpoint(Callback):
             pending.also_write(staged)
         else:
             pending = trainer.save_checkpoint(staged, weights_only=self.save_weights_only)
+
+        def swap() -> None:
+            if trainer.is_global_zero:  # the others wrote their part; process 0 exchanges
+                swap_in_last(staged, final)
+
         if pending is None:
-            _swap_in_last(trainer, staged, final)
+            swap()
             trainer.strategy.barrier()
             return None
-        pending.then(lambda: _swap_in_last(trainer, staged, final))
+        pending.then(swap)
         return pending
 
     def format_name(self, epoch: int, step: int, metrics: dict[str, Any]) -> str:
@@ -459,78 +433,3 @@ def _seconds(value: Any) -> float | None:
     raise ConfigurationError(
         f"ModelCheckpoint(train_time_interval={describe(value)}): expected a timedelta or seconds."
     )
-
-
-def _same(a: str, b: str) -> bool:
-    return os.path.normpath(os.path.abspath(a)) == os.path.normpath(os.path.abspath(b))
-
-
-def _is_number(value: object) -> bool:
-    return isinstance(value, int | float) and not isinstance(value, bool)
-
-
-def _checked_state(state: object, key: str) -> dict[str, Any]:
-    """``state`` with each field's type checked (a checkpoint is untrusted input)."""
-
-    def refuse(field: str, value: object, expected: str) -> CheckpointError:
-        return CheckpointError(
-            f"ModelCheckpoint state ({key}), field {field!r}: expected {expected}, received "
-            f"{describe(value)}. The checkpoint is corrupt or was not written by this "
-            "ModelCheckpoint; resume from another checkpoint."
-        )
-
-    if not isinstance(state, dict):
-        raise refuse("<state>", state, "a dict")
-    checks: dict[str, tuple[Any, str]] = {
-        "dirpath": (lambda v: v is None or isinstance(v, str), "a str or None"),
-        "best_model_path": (lambda v: isinstance(v, str), "a str"),
-        "last_model_path": (lambda v: isinstance(v, str), "a str"),
-        "best_model_score": (lambda v: v is None or _is_number(v), "a number or None"),
-        "saved": (
-            lambda v: isinstance(v, list) and all(isinstance(p, str) for p in v),
-            "a list of str",
-        ),
-        "best_k_models": (
-            lambda v: (
-                isinstance(v, dict)
-                and all(isinstance(p, str) and _is_number(s) for p, s in v.items())
-            ),
-            "a dict of str paths to numbers",
-        ),
-        "last_saved_step": (lambda v: isinstance(v, int) and not isinstance(v, bool), "an int"),
-    }
-    for field, (is_valid, expected) in checks.items():
-        if field in state and not is_valid(state[field]):
-            raise refuse(field, state[field], expected)
-    return state
-
-
-def _refusal_for_last(final: Path) -> str | None:
-    """Why ``last`` may not be replaced, or None (a link, a small file, a checkpoint, nothing)."""
-    if final.is_symlink() or not final.exists():
-        return None
-    if final.is_file() and final.stat().st_size <= _LINK_TEXT_MAX:
-        return None
-    return refusal_to_replace(final)
-
-
-def _swap_in_last(trainer: Trainer, staged: Path, final: Path) -> None:
-    """On process 0: make the complete ``staged`` copy be ``last`` (one atomic exchange)."""
-    if not trainer.is_global_zero:
-        return
-    try:
-        replace_directory(staged, final)  # one atomic exchange where the OS has it
-    except OSError as err:
-        _remove(staged)
-        raise CheckpointError(
-            f"ModelCheckpoint: replacing {str(final)!r} failed: {err}. The previous "
-            "`last`, if any, is intact."
-        ) from err
-
-
-def _remove(path: Path) -> None:
-    """Remove a temporary or replaced entry of any kind (folder, file, link)."""
-    if path.is_dir() and not path.is_symlink():
-        shutil.rmtree(path, ignore_errors=True)
-    elif os.path.lexists(path):
-        os.unlink(path)

@@ -15,11 +15,14 @@ top level, and, for a sharded save, the engine's own files under one of `ENGINE_
 for ``torch.distributed.checkpoint``, ``deepspeed/``), which only that engine's no-code reader
 opens. A manifest that lists any other file (a ``.bin``, a ``.pkl``, another folder) is refused,
 even when its hashes match: re-hashing is no way to smuggle a file into a checkpoint.
+
+This module owns what goes in which file and reading it back. The manifest itself (the allowed
+file names, writing it, reading it, checking the files' sizes and hashes against it) lives in
+``trainer/checkpoint/manifest.py``; its names used elsewhere stay importable from here.
 """
 
 from __future__ import annotations
 
-import datetime as dt
 import json
 import os
 import re
@@ -33,16 +36,28 @@ import torch
 
 from trainer.checkpoint.atomic import MANIFEST, atomic_directory, is_temporary
 from trainer.checkpoint.codec import decode, encode
-from trainer.checkpoint.paths import refuse_links
-from trainer.checkpoint.schema import (
-    check_manifest,
-    check_model_index,
-    check_state,
-    check_tensor_aliases,
+from trainer.checkpoint.manifest import (
+    ENGINE_DIRS,
+    FORMAT_NAME,
+    FORMAT_VERSION,
+    MODEL_FILE,
+    MODEL_INDEX,
+    OPTIMIZER_FILE,
+    STATE_FILE,
+    STATE_TENSORS,
+    check_hashes,
+    check_listing,
+    is_format_file,
+    load_json,
+    read_manifest,
+    record_present_files,
+    start_hashing,
+    write_json,
+    write_manifest,
 )
+from trainer.checkpoint.schema import check_model_index, check_state, check_tensor_aliases
 from trainer.checkpoint.tensor_files import (
     deduplicate,
-    hash_file,
     read_safetensors,
     read_safetensors_names,
     shard_tensors,
@@ -66,19 +81,6 @@ __all__ = [
     "write_model_files",
 ]
 
-FORMAT_NAME = "trainer-checkpoint"
-FORMAT_VERSION = 1
-MODEL_FILE = "model.safetensors"
-MODEL_INDEX = "model.safetensors.index.json"
-OPTIMIZER_FILE = "optimizer.safetensors"
-STATE_FILE = "state.json"
-STATE_TENSORS = "state.safetensors"
-_SHARD_RE = re.compile(r"model-(\d{5})-of-(\d{5})\.safetensors")
-_TOP_LEVEL_FILES = frozenset({MODEL_FILE, MODEL_INDEX, OPTIMIZER_FILE, STATE_FILE, STATE_TENSORS})
-# Sub-folders that hold a sharded engine's own files, written next to ours by
-# `trainer.checkpoint.sharded.save_staged_checkpoint`: DCP shards (``sharded.DCP_DIR``) and
-# DeepSpeed's (``trainer.strategies.deepspeed.ENGINE_DIR``). A new engine adds its folder here.
-ENGINE_DIRS = ("dcp", "deepspeed")
 _SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGT]?i?B)?\s*$", re.IGNORECASE)
 _UNITS = {
     "B": 1,
@@ -133,19 +135,8 @@ def write_model_files(
         indent=2,
         sort_keys=True,
     )
-    records[MODEL_INDEX] = _write_json(directory / MODEL_INDEX, index_text)
+    records[MODEL_INDEX] = write_json(directory / MODEL_INDEX, index_text)
     return records
-
-
-def _write_json(path: Path, text: str) -> dict[str, Any]:
-    data = text.encode("utf-8")
-    with open(path, "wb") as file:
-        file.write(data)
-        file.flush()
-        os.fsync(file.fileno())
-    import hashlib
-
-    return {"size": len(data), "sha256": hashlib.sha256(data).hexdigest()}
 
 
 def write_checkpoint(
@@ -193,18 +184,7 @@ def write_checkpoint_files(
     if optimizer_states is not None:
         document["optimizer_states"] = encode(optimizer_states, optimizer_tensors, "optimizer")
     document.update(encode(rest, state_tensors, "state"))
-    present = _list_files(directory)
-    for name in present:
-        if not is_format_file(name):
-            raise CheckpointError(
-                f"cannot write checkpoint {directory}: it already holds {name}, which is not a "
-                f"file of the checkpoint format (a sharded engine's files go under one of "
-                f"{', '.join(f'{d}/' for d in ENGINE_DIRS)}; see trainer.checkpoint.format."
-                "ENGINE_DIRS). A manifest listing it would be refused on load."
-            )
-    records: dict[str, dict[str, Any]] = {
-        name: hash_file(str(directory / name)) for name in present
-    }
+    records = record_present_files(directory)
     # The tensor files are written concurrently: each hashes on its own thread, so a model
     # and its optimizer state use both cores.
     with ThreadPoolExecutor(max_workers=3) as pool:
@@ -223,100 +203,14 @@ def write_checkpoint_files(
                 )
         for job in jobs:
             records.update(job.result())
-    records[STATE_FILE] = _write_json(directory / STATE_FILE, json.dumps(document, indent=1))
-    manifest = {
-        "format": FORMAT_NAME,
-        "format_version": FORMAT_VERSION,
-        "created": dt.datetime.now(dt.timezone.utc).isoformat(),
-        "world_size": world_size,
-        "epoch": rest.get("epoch"),
-        "global_step": rest.get("global_step"),
-        "files": dict(sorted(records.items())),
-    }
-    _write_json(directory / MANIFEST, json.dumps(manifest, indent=1))
-
-
-def _list_files(directory: Path) -> list[str]:
-    """Every file under ``directory`` (relative, "/"-separated), the manifest excluded."""
-    found = []
-    for root, _, names in os.walk(directory):
-        for name in names:
-            relative = os.path.relpath(os.path.join(root, name), directory).replace(os.sep, "/")
-            if relative != MANIFEST:
-                found.append(relative)
-    return sorted(found)
-
-
-def is_format_file(name: str) -> bool:
-    """Whether ``name`` (relative, "/"-separated, as a manifest lists it) is a file of the format.
-
-    At the top level: ``model.safetensors``, ``model-0000i-of-0000N.safetensors``,
-    ``model.safetensors.index.json``, ``optimizer.safetensors``, ``state.json`` and
-    ``state.safetensors``. Below it: any file inside one of `ENGINE_DIRS` (a sharded engine's
-    shards, which only that engine's no-code reader opens). Nothing else.
-
-    Example:
-        >>> is_format_file("model-00001-of-00003.safetensors"), is_format_file("optimizer.bin")
-        (True, False)
-    """
-    parts = name.split("/")
-    if any(part in ("", ".", "..") or "\\" in part for part in parts):
-        return False  # only plain names: "dcp/../optimizer.bin" is not inside dcp/
-    if len(parts) > 1:
-        return parts[0] in ENGINE_DIRS
-    return name in _TOP_LEVEL_FILES or _SHARD_RE.fullmatch(name) is not None
-
-
-def read_manifest(path: str | os.PathLike[str]) -> dict[str, Any]:
-    """The parsed, checked manifest of a checkpoint directory (files not yet verified).
-
-    The folder may hold no symbolic link; every record is type- and range-checked
-    (`trainer.checkpoint.schema.check_manifest`), every file name stays inside the folder, and
-    every listed file is one the format defines (`is_format_file`).
-    """
-    directory = Path(path)
-    manifest_path = directory / MANIFEST
-    if not directory.is_dir():
-        raise CheckpointError(f"checkpoint {directory} does not exist or is not a directory.")
-    refuse_links(directory)
-    if not manifest_path.is_file():
-        raise CheckpointError(
-            f"{directory} is not a trainer checkpoint: it has no {MANIFEST} (an unfinished or foreign directory)."
-        )
-    manifest = _load_json(manifest_path)
-    if not isinstance(manifest, dict) or manifest.get("format") != FORMAT_NAME:
-        raise CheckpointError(
-            f"{manifest_path} is not a trainer checkpoint manifest (format {manifest.get('format') if isinstance(manifest, dict) else None!r})."
-        )
-    if manifest.get("format_version") != FORMAT_VERSION or isinstance(
-        manifest.get("format_version"), bool
-    ):
-        raise CheckpointError(
-            f"{manifest_path} has format version {manifest.get('format_version')!r}; this trainer reads version {FORMAT_VERSION}. Use the trainer version that wrote it."
-        )
-    check_manifest(manifest, directory=directory, source=manifest_path)
-    for name in sorted(manifest["files"]):
-        if not is_format_file(name):
-            raise CheckpointError(
-                f"checkpoint {directory}: {MANIFEST} lists {name}, which is not a file of the "
-                "checkpoint format (safetensors and JSON files with fixed names, and a sharded "
-                f"engine's files under {' or '.join(f'{d}/' for d in ENGINE_DIRS)}). Refusing "
-                "the checkpoint: it was altered after saving. Remove the file and its manifest "
-                "entry, or use another checkpoint."
-            )
-    return manifest
-
-
-def _load_json(path: Path) -> Any:
-    """A JSON file of a checkpoint; NaN and Infinity literals (never written) are refused."""
-    try:
-        return json.loads(path.read_text(encoding="utf-8"), parse_constant=_refuse_constant)
-    except (OSError, UnicodeDecodeError, ValueError, RecursionError) as err:
-        raise CheckpointError(f"{path} is unreadable or corrupt: {err}.") from err
-
-
-def _refuse_constant(name: str) -> Any:
-    raise ValueError(f"the literal {name} is not valid JSON")
+    records[STATE_FILE] = write_json(directory / STATE_FILE, json.dumps(document, indent=1))
+    write_manifest(
+        directory,
+        records,
+        world_size=world_size,
+        epoch=rest.get("epoch"),
+        global_step=rest.get("global_step"),
+    )
 
 
 def verify_checkpoint(path: str | os.PathLike[str]) -> dict[str, Any]:
@@ -331,9 +225,9 @@ def verify_checkpoint(path: str | os.PathLike[str]) -> dict[str, Any]:
             or the file, field and value that is invalid.
     """
     directory = Path(path)
-    manifest = _check_listing(directory)
+    manifest = check_listing(directory)
     with ThreadPoolExecutor(max_workers=4) as pool:
-        _check_hashes(directory, manifest, _start_hashing(pool, directory, manifest))
+        check_hashes(directory, manifest, start_hashing(pool, directory, manifest))
     try:
         _read_state(directory, manifest["files"], read_safetensors)  # RNG states tried for real
         _model_tensors(directory, manifest["files"], read_safetensors_names)
@@ -345,43 +239,6 @@ def verify_checkpoint(path: str | os.PathLike[str]) -> dict[str, Any]:
             "use another checkpoint."
         ) from err
     return manifest
-
-
-def _check_listing(directory: Path) -> dict[str, Any]:
-    """The manifest, after checking presence, extras and sizes of the files (no reading)."""
-    manifest = read_manifest(directory)
-    expected: dict[str, dict[str, Any]] = manifest["files"]
-    present = set(_list_files(directory))
-    for name in sorted(expected):
-        if name not in present:
-            raise CheckpointError(f"checkpoint {directory} is incomplete: {name} is missing.")
-    for name in sorted(present - set(expected)):
-        raise CheckpointError(
-            f"checkpoint {directory} holds a file its manifest does not list: {name}. Remove it or re-save."
-        )
-    for name, record in expected.items():
-        size = (directory / name).stat().st_size
-        if size != record.get("size"):
-            raise CheckpointError(
-                f"checkpoint file {directory / name} has {size} bytes; the manifest says {record.get('size')} (truncated or altered)."
-            )
-    return manifest
-
-
-def _start_hashing(
-    pool: ThreadPoolExecutor, directory: Path, manifest: dict[str, Any]
-) -> dict[str, Any]:
-    return {
-        name: pool.submit(hash_file, str(directory / name)) for name in sorted(manifest["files"])
-    }
-
-
-def _check_hashes(directory: Path, manifest: dict[str, Any], futures: dict[str, Any]) -> None:
-    for name, future in futures.items():
-        if future.result()["sha256"] != manifest["files"][name].get("sha256"):
-            raise CheckpointError(
-                f"checkpoint file {directory / name} does not match its sha256 in the manifest (corrupt or altered)."
-            )
 
 
 def is_checkpoint_dir(path: str | os.PathLike[str]) -> bool:
@@ -415,7 +272,7 @@ def _model_tensors(directory: Path, files: Mapping[str, Any], read: _Reader) -> 
             raise CheckpointError(f"{source}: field {field!r} is not JSON ({err}).") from err
     elif MODEL_INDEX in files:
         source, field = directory / MODEL_INDEX, "metadata.aliases"
-        index = _load_json(source)
+        index = load_json(source)
         tensors = {}
         for shard in check_model_index(index, directory=directory, source=source, listed=files):
             tensors.update(read(str(directory / shard))[0])
@@ -439,7 +296,7 @@ def _read_state(directory: Path, files: Mapping[str, Any], read: _Reader) -> tup
             f"{directory / MANIFEST}: field 'files' does not list {STATE_FILE}. A checkpoint "
             "always has one; the manifest is corrupt or was edited. Use another checkpoint."
         )
-    document = _load_json(source)
+    document = load_json(source)
     state_tensors = read(str(directory / STATE_TENSORS))[0] if STATE_TENSORS in files else {}
     optimizer_doc = document.pop("optimizer_states", None) if isinstance(document, dict) else None
     state = decode(document, state_tensors, source=str(source))
@@ -470,11 +327,11 @@ def read_checkpoint(
             message names the file, the field and the value).
     """
     directory = Path(path)
-    manifest = _check_listing(directory) if verify else read_manifest(directory)
+    manifest = check_listing(directory) if verify else read_manifest(directory)
     files = manifest["files"]
     with ThreadPoolExecutor(max_workers=4) as pool:
         # Hash on worker threads while the tensors are read; nothing is returned unverified.
-        futures = _start_hashing(pool, directory, manifest) if verify else {}
+        futures = start_hashing(pool, directory, manifest) if verify else {}
         try:
             checkpoint, optimizer_doc = _read_state(
                 directory, files, lambda name: read_safetensors(name, device)
@@ -487,12 +344,12 @@ def read_checkpoint(
             )
             model = load_model_weights(directory, files, device)
         except CheckpointError:  # an altered file is reported as such, before what it holds
-            _check_hashes(directory, manifest, futures)
+            check_hashes(directory, manifest, futures)
             raise
         except Exception as err:  # a damaged file: report the integrity failure when that is why
-            _check_hashes(directory, manifest, futures)
+            check_hashes(directory, manifest, futures)
             raise CheckpointError(f"checkpoint {directory} could not be read: {err}.") from err
-        _check_hashes(directory, manifest, futures)
+        check_hashes(directory, manifest, futures)
     checkpoint["state_dict"] = model
     if optimizer_doc is not None:
         checkpoint["optimizer_states"] = decode(

@@ -1,12 +1,14 @@
 """The MLflow logger: one MLflow run per fit, in a local folder, a database or on a server.
 
-This module owns the tracking URI (a folder, ``file:``, ``sqlite:///...`` or a server URL), the
-experiment and run (created through ``mlflow.tracking.MlflowClient`` at the first write, so
+This module owns the logger's arguments, when the run starts (at the first write, so
 ``import trainer`` never imports mlflow), metrics buffered and written with ``log_batch`` (one
 request per flush, not one per value), parameters, the run's final status, checkpoint
 directories as artifacts, and the run id that a checkpoint records so a resumed fit continues
-the same run. It does not decide when metrics are logged or what they are called (the Trainer
-does), nor which rank writes (the Trainer calls loggers on global rank zero only).
+the same run. The tracking URI (a folder, ``file:``, ``sqlite:///...`` or a server URL), the
+``mlflow.tracking.MlflowClient`` and creating or reopening the experiment and run live in
+``trainer/loggers/_mlflow_store.py``. It does not decide when metrics are logged or what they
+are called (the Trainer does), nor which rank writes (the Trainer calls loggers on global rank
+zero only).
 
 MLflow 3 refuses its folder ("file store") backend unless ``MLFLOW_ALLOW_FILE_STORE=true``;
 for a folder or ``file:`` URI this logger sets that variable in the process environment (if
@@ -29,9 +31,7 @@ import contextlib
 import operator
 import os
 import re
-import tempfile
 import time
-import urllib.parse
 import warnings
 import weakref
 from collections.abc import Mapping
@@ -40,6 +40,13 @@ from typing import Any
 
 from trainer._imports import is_available, require
 from trainer.errors import CheckpointError, ConfigurationError, describe
+from trainer.loggers._mlflow_store import (
+    absolute_uri,
+    create_run,
+    file_store_path,
+    make_client,
+    reopen_run,
+)
 from trainer.loggers.logger import Logger, metric_as_float
 from trainer.loggers.tensorboard import _as_dict, _flatten_params
 from trainer.loggers.wandb import _checkpoints_to_log
@@ -47,12 +54,10 @@ from trainer.loggers.wandb import _checkpoints_to_log
 __all__ = ["MLFlowLogger"]
 
 _STATUSES = {"success": "FINISHED", "failed": "FAILED", "interrupted": "KILLED"}
-_DATABASE_SCHEMES = ("sqlite", "postgresql", "mysql", "mssql")
 _MAX_METRICS_PER_BATCH = 1000  # MLflow's limit per log_batch request
 _MAX_PARAMS_PER_BATCH = 100
 _INVALID_NAME_CHARS = re.compile(r"[^\w/.\- :]")  # what MLflow accepts in metric/param names
 _RUN_ID = re.compile(r"[A-Za-z0-9][\w\-]{0,255}", re.ASCII)  # MLflow's own run id check
-_SQLITE_PATH = re.compile(r"(sqlite(?:\+\w+)?:///)([^?]*)(\?.*)?")  # prefix, path, query
 
 
 class MLFlowLogger(Logger):
@@ -126,14 +131,14 @@ class MLFlowLogger(Logger):
                     "e.g. tracking_uri='sqlite:///mlflow.db' or save_dir='./mlruns'."
                 )
             tracking_uri = Path(save_dir).resolve().as_uri()
-        self._tracking_uri = _absolute_uri(tracking_uri)
+        self._tracking_uri = absolute_uri(tracking_uri)
         self._experiment_name = experiment_name
         self._run_name = run_name
         self._tags = {str(key): str(value) for key, value in (tags or {}).items()}
         self._log_model = log_model
         self._prefix = prefix
         self._artifact_location = (
-            _absolute_uri(artifact_location) if artifact_location is not None else None
+            absolute_uri(artifact_location) if artifact_location is not None else None
         )
         self._run_id = run_id
         self._is_run_id_given = run_id is not None
@@ -181,7 +186,7 @@ class MLFlowLogger(Logger):
     @property
     def save_dir(self) -> str | None:
         """The file store's folder, or None for databases and servers."""
-        return _file_store_path(self._tracking_uri)
+        return file_store_path(self._tracking_uri)
 
     @property
     def log_dir(self) -> str | None:
@@ -192,63 +197,32 @@ class MLFlowLogger(Logger):
     def experiment(self) -> Any:
         """The ``mlflow.tracking.MlflowClient``; creates the experiment and run at first use."""
         if self._client is None:
-            client = self._make_client()
+            client = make_client(self._tracking_uri)
             self._open_run(client)
             self._client = client
         return self._client
 
-    def _make_client(self) -> Any:
-        require("mlflow", extra="mlflow", feature="MLFlowLogger")
-        scheme = urllib.parse.urlparse(self._tracking_uri).scheme.split("+")[0]
-        if scheme in _DATABASE_SCHEMES:
-            for module in ("sqlalchemy", "alembic"):
-                require(module, extra="mlflow", feature=f"MLFlowLogger({scheme} tracking_uri)")
-        _check_store_writable(self._tracking_uri)
-        if _file_store_path(self._tracking_uri) is not None:
-            os.environ.setdefault("MLFLOW_ALLOW_FILE_STORE", "true")
-        from mlflow.tracking import MlflowClient
-
-        return MlflowClient(tracking_uri=self._tracking_uri)
-
     def _open_run(self, client: Any) -> None:
         """Reopen ``run_id`` (marking it RUNNING) or create a run in the named experiment."""
-        from mlflow.exceptions import MlflowException
-
         if self._run_id is not None:
-            try:
-                run = client.get_run(self._run_id)
-            except MlflowException as err:
-                if not self._is_run_from_checkpoint:
-                    raise ConfigurationError(
-                        f"MLFlowLogger(run_id={self._run_id!r}): no such run at "
-                        f"{self._tracking_uri} ({err}). Pass an existing run id, or None."
-                    ) from err
-                warnings.warn(
-                    f"MLFlowLogger: the checkpoint's run {self._run_id} is not in "
-                    f"{self._tracking_uri}; starting a new run.",
-                    stacklevel=3,
-                )
-            else:
-                self._experiment_id = run.info.experiment_id
-                client.update_run(self._run_id, status="RUNNING")
-                if self._is_run_from_checkpoint and self._checkpoint_step is not None:
-                    _warn_about_points_after(client, self._run_id, self._checkpoint_step)
+            experiment_id = reopen_run(
+                client,
+                self._run_id,
+                tracking_uri=self._tracking_uri,
+                is_from_checkpoint=self._is_run_from_checkpoint,
+                checkpoint_step=self._checkpoint_step,
+            )
+            if experiment_id is not None:
+                self._experiment_id = experiment_id
                 return
-        experiment = client.get_experiment_by_name(self._experiment_name)
-        if experiment is None:
-            self._experiment_id = client.create_experiment(
-                self._experiment_name, artifact_location=self._artifact_location
-            )
-        elif experiment.lifecycle_stage == "deleted":
-            raise ConfigurationError(
-                f"MLFlowLogger(experiment_name={self._experiment_name!r}): the experiment is "
-                f"deleted in {self._tracking_uri}. Restore it (client.restore_experiment), "
-                f"delete it permanently, or pick another name."
-            )
-        else:
-            self._experiment_id = experiment.experiment_id
-        run = client.create_run(self._experiment_id, tags=self._tags, run_name=self._run_name)
-        self._run_id = run.info.run_id
+        self._experiment_id, self._run_id = create_run(
+            client,
+            experiment_name=self._experiment_name,
+            tracking_uri=self._tracking_uri,
+            artifact_location=self._artifact_location,
+            tags=self._tags,
+            run_name=self._run_name,
+        )
 
     # ---- what ----------------------------------------------------------------------------------
     def log_metrics(self, metrics: Mapping[str, Any], step: int | None = None) -> None:
@@ -427,109 +401,6 @@ def _save_at_exit(reference: weakref.ReferenceType[MLFlowLogger]) -> None:
     logger = reference()
     if logger is not None and logger._pending:
         logger.save()
-
-
-def _warn_about_points_after(client: Any, run_id: str, checkpoint_step: int) -> None:
-    """Say which steps the reopened run holds past the checkpoint (MLflow cannot delete them)
-    and which it lacks before it (queued when the process stopped)."""
-    steps: set[int] = set()
-    for key in client.get_run(run_id).data.metrics:
-        steps.update(metric.step for metric in client.get_metric_history(run_id, key))
-    after = sorted(step for step in steps if step > checkpoint_step)
-    if after:
-        warnings.warn(
-            f"MLFlowLogger: run {run_id} already holds points logged after step "
-            f"{checkpoint_step}, the last step of the checkpoint being resumed (steps "
-            f"{after[0]} to {after[-1]}, {len(after)} steps, written before the process "
-            "stopped). MLflow cannot delete metric points: the steps logged again will hold "
-            "two values each (tell them apart by timestamp).",
-            stacklevel=5,
-        )
-    if checkpoint_step not in steps:
-        last = max((step for step in steps if step < checkpoint_step), default=None)
-        held = f"ends at step {last}" if last is not None else "holds no points"
-        warnings.warn(
-            f"MLFlowLogger: run {run_id} {held}, but the checkpoint being resumed was saved "
-            f"after step {checkpoint_step} was logged: the points logged up to step "
-            f"{checkpoint_step} after that were lost (still queued when the process stopped) "
-            "and are not logged again. Checkpoints written by this version write them first.",
-            stacklevel=5,
-        )
-
-
-def _absolute_uri(uri: str) -> str:
-    """``uri`` with a relative local path made absolute (plain folder, ``file:``, ``sqlite:///``).
-
-    MLflow resolves such paths against the working directory at each use, so a run built in one
-    folder would land in another after an ``os.chdir``.
-    """
-    sqlite = _SQLITE_PATH.fullmatch(uri)
-    if sqlite is not None:
-        prefix, path, query = sqlite.group(1), sqlite.group(2), sqlite.group(3) or ""
-        if path in ("", ":memory:") or os.path.isabs(path):
-            return uri
-        return f"{prefix}{os.path.abspath(path)}{query}"
-    parsed = urllib.parse.urlparse(uri)
-    path = _file_store_path(uri)
-    if path is None or os.path.isabs(path):
-        return uri
-    if parsed.scheme == "file":
-        return Path(os.path.abspath(path)).as_uri()
-    return os.path.abspath(path)
-
-
-def _local_store_path(uri: str) -> tuple[str, str] | None:
-    """``(folder to write in, what it is)`` of a local store: a file-store folder or the folder
-    of a sqlite file; None for servers, other databases and in-memory sqlite."""
-    sqlite = _SQLITE_PATH.fullmatch(uri)
-    if sqlite is not None:
-        path = sqlite.group(2)
-        if path in ("", ":memory:"):
-            return None
-        return os.path.dirname(os.path.abspath(path)), f"the sqlite database {path!r}"
-    folder = _file_store_path(uri)
-    return (folder, f"the file store {folder!r}") if folder is not None else None
-
-
-def _check_store_writable(uri: str) -> None:
-    """Create and remove a file in a local store's folder before MLflow opens it.
-
-    MLflow retries a sqlite database it cannot write for about 100 s before failing; as root,
-    permission bits say nothing (os.access is True), so only a real write tells.
-
-    Raises:
-        ConfigurationError: naming the tracking URI, the folder and the OS error.
-    """
-    local = _local_store_path(uri)
-    if local is None:
-        return
-    folder, what = local
-    try:
-        os.makedirs(folder, exist_ok=True)
-        with tempfile.NamedTemporaryFile(dir=folder, prefix=".trainer-write-check-"):
-            pass
-        sqlite = _SQLITE_PATH.fullmatch(uri)
-        if sqlite is not None and os.path.exists(sqlite.group(2)):
-            os.close(os.open(sqlite.group(2), os.O_RDWR))
-    except OSError as err:
-        raise ConfigurationError(
-            f"MLFlowLogger(tracking_uri={uri!r}): cannot write {what} in the folder "
-            f"{folder!r} ({err.strerror or err}; errno {err.errno}). The disk is read-only or "
-            "the path is not a writable folder. Pass a tracking_uri on a writable disk, e.g. "
-            "tracking_uri='sqlite:////tmp/mlflow.db' or save_dir='./mlruns'."
-        ) from err
-
-
-def _file_store_path(uri: str) -> str | None:
-    """The folder of a file-store URI (a plain path or ``file:``), else None."""
-    parsed = urllib.parse.urlparse(uri)
-    if parsed.scheme == "file":
-        from urllib.request import url2pathname
-
-        return url2pathname(parsed.path)
-    if parsed.scheme == "" or (len(parsed.scheme) == 1 and os.name == "nt"):  # C:\... on Windows
-        return uri
-    return None
 
 
 def _check_installed() -> None:

@@ -1,0 +1,165 @@
+"""What ModelCheckpoint may do to the entries of its ``dirpath``, trusting nothing it finds there.
+
+This module owns the checks behind ModelCheckpoint's changes to disk: the state a resumed run
+restores (each field's type checked, each path confined to ``dirpath`` and required to be a
+checkpoint before it is tracked), deleting a checkpoint that left the top k (only a real
+checkpoint folder inside ``dirpath``), and swapping a complete copy in as ``last`` (refusing a
+foreign folder there). It does not decide when to save, what to keep or which checkpoint is best
+(``model_checkpoint.py``), nor how a folder is written, confined or replaced atomically
+(``trainer/checkpoint/atomic.py``, ``trainer/checkpoint/paths.py``).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import warnings
+from pathlib import Path
+from typing import Any
+
+from trainer.checkpoint.atomic import (
+    MANIFEST,
+    discard_directory,
+    refusal_to_replace,
+    replace_directory,
+)
+from trainer.checkpoint.paths import is_inside, resolve_inside
+from trainer.errors import CheckpointError, describe
+
+__all__ = [
+    "adopt_path",
+    "checked_state",
+    "delete_checkpoint",
+    "is_same_path",
+    "refusal_for_last",
+    "swap_in_last",
+]
+
+_LINK_TEXT_MAX = 4096  # a `last` file this small is a link flattened by a copy tool
+
+
+def is_same_path(a: str | os.PathLike[str], b: str | os.PathLike[str]) -> bool:
+    """Whether ``a`` and ``b`` name the same entry once made absolute and normalised."""
+    return os.path.normpath(os.path.abspath(a)) == os.path.normpath(os.path.abspath(b))
+
+
+# ---- restoring -----------------------------------------------------------------------------------
+def checked_state(state: object, key: str) -> dict[str, Any]:
+    """``state`` with each field's type checked (a checkpoint is untrusted input)."""
+
+    def refuse(field: str, value: object, expected: str) -> CheckpointError:
+        return CheckpointError(
+            f"ModelCheckpoint state ({key}), field {field!r}: expected {expected}, received "
+            f"{describe(value)}. The checkpoint is corrupt or was not written by this "
+            "ModelCheckpoint; resume from another checkpoint."
+        )
+
+    if not isinstance(state, dict):
+        raise refuse("<state>", state, "a dict")
+    checks: dict[str, tuple[Any, str]] = {
+        "dirpath": (lambda v: v is None or isinstance(v, str), "a str or None"),
+        "best_model_path": (lambda v: isinstance(v, str), "a str"),
+        "last_model_path": (lambda v: isinstance(v, str), "a str"),
+        "best_model_score": (lambda v: v is None or _is_number(v), "a number or None"),
+        "saved": (
+            lambda v: isinstance(v, list) and all(isinstance(p, str) for p in v),
+            "a list of str",
+        ),
+        "best_k_models": (
+            lambda v: (
+                isinstance(v, dict)
+                and all(isinstance(p, str) and _is_number(s) for p, s in v.items())
+            ),
+            "a dict of str paths to numbers",
+        ),
+        "last_saved_step": (lambda v: isinstance(v, int) and not isinstance(v, bool), "an int"),
+    }
+    for field, (is_valid, expected) in checks.items():
+        if field in state and not is_valid(state[field]):
+            raise refuse(field, state[field], expected)
+    return state
+
+
+def _is_number(value: object) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+def adopt_path(field: str, path: str, *, saved_dirpath: str, dirpath: str, source: str) -> str:
+    """``path`` (from a checkpoint) as a checkpoint folder in ``dirpath``, or "" (dropped).
+
+    ``path`` must lie inside ``saved_dirpath`` (the folder it was saved in); it is looked up by
+    its name relative to that folder in ``dirpath`` (so a copied or moved run keeps its ranking).
+    A folder that is gone is dropped; one without a manifest is dropped with a warning.
+
+    Raises:
+        CheckpointError: ``path`` leaves ``saved_dirpath``, or its counterpart in ``dirpath``
+            goes through a symbolic link or ``..``; the message names ``source`` and ``field``.
+    """
+    if not path:
+        return ""
+    if not is_inside(saved_dirpath, path) or is_same_path(saved_dirpath, path):
+        raise CheckpointError(
+            f"{source}, field {field!r}: the path {path!r} is outside the checkpoint folder "
+            f"{saved_dirpath!r}. Refusing to track it (rotation would delete it); the "
+            "checkpoint may have been tampered with. Resume from another checkpoint."
+        )
+    relative = os.path.relpath(os.path.abspath(path), os.path.abspath(saved_dirpath))
+    target = resolve_inside(dirpath, relative, source=source, field=field)
+    if not target.is_dir():
+        return ""  # deleted since (rotated out, removed by hand)
+    if not (target / MANIFEST).is_file():
+        warnings.warn(
+            f"{source}, field {field!r}: {str(target)!r} is not a checkpoint (no {MANIFEST}); "
+            "it is no longer tracked and will not be deleted.",
+            stacklevel=2,
+        )
+        return ""
+    return str(target)
+
+
+# ---- changing ------------------------------------------------------------------------------------
+def delete_checkpoint(path: str, dirpath: str) -> None:
+    """Remove ``path`` only if it is a checkpoint folder (no link) inside ``dirpath``."""
+    folder = Path(path)
+    if (
+        is_inside(dirpath, folder)
+        and not is_same_path(dirpath, path)
+        and not folder.is_symlink()
+        and (folder / MANIFEST).is_file()
+    ):
+        # Renamed to a temporary name first: a crash mid-removal leaves no half checkpoint.
+        discard_directory(folder)
+
+
+def refusal_for_last(final: Path) -> str | None:
+    """Why ``last`` may not be replaced, or None (a link, a small file, a checkpoint, nothing)."""
+    if final.is_symlink() or not final.exists():
+        return None
+    if final.is_file() and final.stat().st_size <= _LINK_TEXT_MAX:
+        return None
+    return refusal_to_replace(final)
+
+
+def swap_in_last(staged: Path, final: Path) -> None:
+    """Make the complete ``staged`` copy be ``final`` (``last``) in one atomic exchange.
+
+    Raises:
+        CheckpointError: the exchange failed; ``staged`` is removed and the previous ``last``,
+            if any, is intact.
+    """
+    try:
+        replace_directory(staged, final)  # one atomic exchange where the OS has it
+    except OSError as err:
+        _remove(staged)
+        raise CheckpointError(
+            f"ModelCheckpoint: replacing {str(final)!r} failed: {err}. The previous "
+            "`last`, if any, is intact."
+        ) from err
+
+
+def _remove(path: Path) -> None:
+    """Remove a temporary or replaced entry of any kind (folder, file, link)."""
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path, ignore_errors=True)
+    elif os.path.lexists(path):
+        os.unlink(path)

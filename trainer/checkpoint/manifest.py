@@ -1,0 +1,237 @@
+"""The manifest of a checkpoint directory: the files the format allows, and files checked against it.
+
+This module owns the format's name and version, the names of the files a checkpoint may hold
+(`is_format_file`), writing ``manifest.json`` over the files written (`record_present_files`,
+`write_manifest`), reading and checking it (`read_manifest`), and checking the files it lists:
+presence, no extras and sizes (`check_listing`), then sha256 (`start_hashing` on worker threads,
+`check_hashes`). It does not read or write tensors or ``state.json`` (``format.py``), nor make a
+directory appear atomically (``atomic.py``).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import hashlib
+import json
+import os
+import re
+from concurrent.futures import Future, ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+from trainer.checkpoint.atomic import MANIFEST
+from trainer.checkpoint.paths import refuse_links
+from trainer.checkpoint.schema import check_manifest
+from trainer.checkpoint.tensor_files import hash_file
+from trainer.errors import CheckpointError
+
+__all__ = [
+    "ENGINE_DIRS",
+    "FORMAT_NAME",
+    "FORMAT_VERSION",
+    "MODEL_FILE",
+    "MODEL_INDEX",
+    "OPTIMIZER_FILE",
+    "STATE_FILE",
+    "STATE_TENSORS",
+    "check_hashes",
+    "check_listing",
+    "is_format_file",
+    "list_files",
+    "load_json",
+    "read_manifest",
+    "record_present_files",
+    "start_hashing",
+    "write_json",
+    "write_manifest",
+]
+
+FORMAT_NAME = "trainer-checkpoint"
+FORMAT_VERSION = 1
+MODEL_FILE = "model.safetensors"
+MODEL_INDEX = "model.safetensors.index.json"
+OPTIMIZER_FILE = "optimizer.safetensors"
+STATE_FILE = "state.json"
+STATE_TENSORS = "state.safetensors"
+_SHARD_RE = re.compile(r"model-(\d{5})-of-(\d{5})\.safetensors")
+_TOP_LEVEL_FILES = frozenset({MODEL_FILE, MODEL_INDEX, OPTIMIZER_FILE, STATE_FILE, STATE_TENSORS})
+# Sub-folders that hold a sharded engine's own files, written next to ours by
+# `trainer.checkpoint.sharded.save_staged_checkpoint`: DCP shards (``sharded.DCP_DIR``) and
+# DeepSpeed's (``trainer.strategies.deepspeed.ENGINE_DIR``). A new engine adds its folder here.
+ENGINE_DIRS = ("dcp", "deepspeed")
+
+
+def is_format_file(name: str) -> bool:
+    """Whether ``name`` (relative, "/"-separated, as a manifest lists it) is a file of the format.
+
+    At the top level: ``model.safetensors``, ``model-0000i-of-0000N.safetensors``,
+    ``model.safetensors.index.json``, ``optimizer.safetensors``, ``state.json`` and
+    ``state.safetensors``. Below it: any file inside one of `ENGINE_DIRS` (a sharded engine's
+    shards, which only that engine's no-code reader opens). Nothing else.
+
+    Example:
+        >>> is_format_file("model-00001-of-00003.safetensors"), is_format_file("optimizer.bin")
+        (True, False)
+    """
+    parts = name.split("/")
+    if any(part in ("", ".", "..") or "\\" in part for part in parts):
+        return False  # only plain names: "dcp/../optimizer.bin" is not inside dcp/
+    if len(parts) > 1:
+        return parts[0] in ENGINE_DIRS
+    return name in _TOP_LEVEL_FILES or _SHARD_RE.fullmatch(name) is not None
+
+
+def list_files(directory: Path) -> list[str]:
+    """Every file under ``directory`` (relative, "/"-separated), the manifest excluded."""
+    found = []
+    for root, _, names in os.walk(directory):
+        for name in names:
+            relative = os.path.relpath(os.path.join(root, name), directory).replace(os.sep, "/")
+            if relative != MANIFEST:
+                found.append(relative)
+    return sorted(found)
+
+
+# ---- writing -------------------------------------------------------------------------------------
+def write_json(path: Path, text: str) -> dict[str, Any]:
+    """Write ``text`` to ``path`` and fsync it; return its manifest record (size, sha256)."""
+    data = text.encode("utf-8")
+    with open(path, "wb") as file:
+        file.write(data)
+        file.flush()
+        os.fsync(file.fileno())
+    return {"size": len(data), "sha256": hashlib.sha256(data).hexdigest()}
+
+
+def record_present_files(directory: Path) -> dict[str, dict[str, Any]]:
+    """The manifest records of the files already in ``directory`` (a sharded engine's shards).
+
+    Raises:
+        CheckpointError: one of them is not a file of the format (a manifest listing it would
+            be refused on load).
+    """
+    present = list_files(directory)
+    for name in present:
+        if not is_format_file(name):
+            raise CheckpointError(
+                f"cannot write checkpoint {directory}: it already holds {name}, which is not a "
+                f"file of the checkpoint format (a sharded engine's files go under one of "
+                f"{', '.join(f'{d}/' for d in ENGINE_DIRS)}; see trainer.checkpoint.format."
+                "ENGINE_DIRS). A manifest listing it would be refused on load."
+            )
+    return {name: hash_file(str(directory / name)) for name in present}
+
+
+def write_manifest(
+    directory: Path,
+    records: dict[str, dict[str, Any]],
+    *,
+    world_size: int,
+    epoch: Any,
+    global_step: Any,
+) -> None:
+    """Write ``manifest.json`` listing ``records``; written last, it makes the folder a checkpoint."""
+    manifest = {
+        "format": FORMAT_NAME,
+        "format_version": FORMAT_VERSION,
+        "created": dt.datetime.now(dt.timezone.utc).isoformat(),
+        "world_size": world_size,
+        "epoch": epoch,
+        "global_step": global_step,
+        "files": dict(sorted(records.items())),
+    }
+    write_json(directory / MANIFEST, json.dumps(manifest, indent=1))
+
+
+# ---- reading and checking ------------------------------------------------------------------------
+def read_manifest(path: str | os.PathLike[str]) -> dict[str, Any]:
+    """The parsed, checked manifest of a checkpoint directory (files not yet verified).
+
+    The folder may hold no symbolic link; every record is type- and range-checked
+    (`trainer.checkpoint.schema.check_manifest`), every file name stays inside the folder, and
+    every listed file is one the format defines (`is_format_file`).
+    """
+    directory = Path(path)
+    manifest_path = directory / MANIFEST
+    if not directory.is_dir():
+        raise CheckpointError(f"checkpoint {directory} does not exist or is not a directory.")
+    refuse_links(directory)
+    if not manifest_path.is_file():
+        raise CheckpointError(
+            f"{directory} is not a trainer checkpoint: it has no {MANIFEST} (an unfinished or foreign directory)."
+        )
+    manifest = load_json(manifest_path)
+    if not isinstance(manifest, dict) or manifest.get("format") != FORMAT_NAME:
+        raise CheckpointError(
+            f"{manifest_path} is not a trainer checkpoint manifest (format {manifest.get('format') if isinstance(manifest, dict) else None!r})."
+        )
+    if manifest.get("format_version") != FORMAT_VERSION or isinstance(
+        manifest.get("format_version"), bool
+    ):
+        raise CheckpointError(
+            f"{manifest_path} has format version {manifest.get('format_version')!r}; this trainer reads version {FORMAT_VERSION}. Use the trainer version that wrote it."
+        )
+    check_manifest(manifest, directory=directory, source=manifest_path)
+    for name in sorted(manifest["files"]):
+        if not is_format_file(name):
+            raise CheckpointError(
+                f"checkpoint {directory}: {MANIFEST} lists {name}, which is not a file of the "
+                "checkpoint format (safetensors and JSON files with fixed names, and a sharded "
+                f"engine's files under {' or '.join(f'{d}/' for d in ENGINE_DIRS)}). Refusing "
+                "the checkpoint: it was altered after saving. Remove the file and its manifest "
+                "entry, or use another checkpoint."
+            )
+    return manifest
+
+
+def load_json(path: Path) -> Any:
+    """A JSON file of a checkpoint; NaN and Infinity literals (never written) are refused."""
+    try:
+        return json.loads(path.read_text(encoding="utf-8"), parse_constant=_refuse_constant)
+    except (OSError, UnicodeDecodeError, ValueError, RecursionError) as err:
+        raise CheckpointError(f"{path} is unreadable or corrupt: {err}.") from err
+
+
+def _refuse_constant(name: str) -> Any:
+    raise ValueError(f"the literal {name} is not valid JSON")
+
+
+def check_listing(directory: Path) -> dict[str, Any]:
+    """The manifest, after checking presence, extras and sizes of the files (no reading)."""
+    manifest = read_manifest(directory)
+    expected: dict[str, dict[str, Any]] = manifest["files"]
+    present = set(list_files(directory))
+    for name in sorted(expected):
+        if name not in present:
+            raise CheckpointError(f"checkpoint {directory} is incomplete: {name} is missing.")
+    for name in sorted(present - set(expected)):
+        raise CheckpointError(
+            f"checkpoint {directory} holds a file its manifest does not list: {name}. Remove it or re-save."
+        )
+    for name, record in expected.items():
+        size = (directory / name).stat().st_size
+        if size != record.get("size"):
+            raise CheckpointError(
+                f"checkpoint file {directory / name} has {size} bytes; the manifest says {record.get('size')} (truncated or altered)."
+            )
+    return manifest
+
+
+def start_hashing(
+    pool: ThreadPoolExecutor, directory: Path, manifest: dict[str, Any]
+) -> dict[str, Future[Any]]:
+    """Hash every listed file on ``pool``, so the caller reads while the hashes are computed."""
+    return {
+        name: pool.submit(hash_file, str(directory / name)) for name in sorted(manifest["files"])
+    }
+
+
+def check_hashes(
+    directory: Path, manifest: dict[str, Any], futures: dict[str, Future[Any]]
+) -> None:
+    """Wait for `start_hashing`'s results; refuse the first file whose sha256 differs."""
+    for name, future in futures.items():
+        if future.result()["sha256"] != manifest["files"][name].get("sha256"):
+            raise CheckpointError(
+                f"checkpoint file {directory / name} does not match its sha256 in the manifest (corrupt or altered)."
+            )
