@@ -54,16 +54,22 @@ class Stack(trainer.TrainModule):
 
 
 class TimedCheckpoint(ModelCheckpoint):
-    """ModelCheckpoint that records how long each save held the training loop."""
+    """ModelCheckpoint that records how long each save held the training loop.
 
-    def __init__(self, **kwargs: Any) -> None:
-        super().__init__(**kwargs)
+    It times the public hook that saves every ``every_n_train_steps`` (``on_train_batch_end``),
+    on the steps where a save is due, so it does not depend on how the callback is built inside.
+    """
+
+    def __init__(self, *, every_n_train_steps: int, **kwargs: Any) -> None:
+        super().__init__(every_n_train_steps=every_n_train_steps, **kwargs)
+        self.every = every_n_train_steps
         self.blocked_s: list[float] = []
 
-    def save(self, trainer: trainer.Trainer) -> None:
+    def on_train_batch_end(self, trainer: trainer.Trainer, *args: Any, **kwargs: Any) -> None:
         start = time.perf_counter()
-        super().save(trainer)
-        self.blocked_s.append(time.perf_counter() - start)
+        super().on_train_batch_end(trainer, *args, **kwargs)
+        if trainer.global_step > 0 and trainer.global_step % self.every == 0:
+            self.blocked_s.append(time.perf_counter() - start)
 
 
 def run_once(variant: str, args: argparse.Namespace, directory: str) -> dict[str, Any]:

@@ -7,8 +7,9 @@ Run it with torchrun (gloo on CPU here; NCCL on GPUs):
     torchrun --standalone --nproc_per_node 2 benchmarks/bench_distributed.py memory --engine fsdp
 
 ``throughput`` times, in one job and interleaved over rounds, a raw DDP loop, Trainer(strategy=
-"ddp"), a raw FSDP2 loop (fully_shard on each block and the root) and Trainer(strategy=FSDPStrategy)
-on the same MLP and data (batch 32 per process). ``memory`` builds a ~50M-parameter MLP with
+"ddp"), Lightning's Trainer(strategy="ddp") and a hand-written loop on Hugging Face Accelerate
+(those two when installed), a raw FSDP2 loop (fully_shard on each block and the root) and
+Trainer(strategy=FSDPStrategy) on the same MLP and data (batch 32 per process). ``memory`` builds a ~50M-parameter MLP with
 AdamW under one engine, trains 3 steps, and prints each rank's peak RSS growth (ru_maxrss minus
 the RSS before the model was built). FSDP builds on the meta device on rank 1 and receives
 rank 0's weights (cpu_ram_efficient_loading), as a real large-model run would.
@@ -22,11 +23,13 @@ docs/performance.md).
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
 import resource
 import statistics
 import time
+import warnings
 
 import torch
 import torch.distributed as dist
@@ -108,6 +111,59 @@ def with_trainer(strategy: object, width: int, depth: int, dataset: TensorDatase
     return time.perf_counter() - start
 
 
+def with_lightning(width: int, depth: int, dataset: TensorDataset) -> float:
+    import logging
+
+    import lightning.pytorch as pl
+
+    logging.getLogger("lightning.pytorch").setLevel(logging.ERROR)
+    warnings.filterwarnings("ignore", module=r"lightning(\.|$)")
+
+    class LitModule(pl.LightningModule):
+        def __init__(self) -> None:
+            super().__init__()
+            self.net = mlp(width, depth)
+
+        def training_step(self, batch, batch_idx):
+            x, y = batch
+            return torch.nn.functional.mse_loss(self.net(x), y)
+
+        def configure_optimizers(self):
+            return torch.optim.AdamW(self.parameters(), lr=1e-3)
+
+    torch.manual_seed(0)
+    fit = pl.Trainer(
+        accelerator="cpu", devices=dist.get_world_size(), strategy="ddp", max_epochs=1,
+        enable_progress_bar=False, enable_model_summary=False, logger=False,
+        enable_checkpointing=False, use_distributed_sampler=True,
+    )  # fmt: skip
+    loader = DataLoader(dataset, batch_size=32)
+    dist.barrier()
+    start = time.perf_counter()
+    fit.fit(LitModule(), loader)
+    dist.barrier()
+    return time.perf_counter() - start
+
+
+def with_hf_accelerate(width: int, depth: int, dataset: TensorDataset) -> float:
+    from accelerate import Accelerator
+
+    torch.manual_seed(0)
+    model = mlp(width, depth)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    loader = DataLoader(dataset, batch_size=32)
+    dist.barrier()
+    start = time.perf_counter()
+    accelerator = Accelerator(cpu=True)
+    model, optimizer, loader = accelerator.prepare(model, optimizer, loader)
+    for x, y in loader:
+        optimizer.zero_grad()
+        accelerator.backward(torch.nn.functional.mse_loss(model(x), y))
+        optimizer.step()
+    dist.barrier()
+    return time.perf_counter() - start
+
+
 def throughput(steps: int, rounds: int, width: int, depth: int) -> None:
     world = dist.get_world_size() if dist.is_initialized() else int(os.environ["WORLD_SIZE"])
     dataset = data(steps, width, world)
@@ -115,14 +171,22 @@ def throughput(steps: int, rounds: int, width: int, depth: int) -> None:
     variants = {
         "raw DDP": lambda: raw_ddp(width, depth, dataset),
         "Trainer ddp": lambda: with_trainer(DDPStrategy("cpu"), width, depth, dataset),
+        "Lightning ddp": lambda: with_lightning(width, depth, dataset),
+        "Accelerate ddp": lambda: with_hf_accelerate(width, depth, dataset),
         "raw FSDP2": lambda: raw_fsdp(width, depth, dataset),
         "Trainer fsdp": lambda: with_trainer(
             FSDPStrategy("cpu", auto_wrap_policy={torch.nn.Linear}), width, depth, dataset
         ),
     }
-    for _ in range(rounds):
-        for name, run in variants.items():
-            times.setdefault(name, []).append(run())
+    for framework, name in (("lightning", "Lightning ddp"), ("accelerate", "Accelerate ddp")):
+        if importlib.util.find_spec(framework) is None:
+            del variants[name]
+    names = list(variants)
+    for index in range(rounds):  # interleaved, the order rotated by one each round
+        for name in names[index % len(names) :] + names[: index % len(names)]:
+            times.setdefault(name, []).append(variants[name]())
+            torch.set_num_threads(1)  # whatever a framework set, the next run gets one thread
+    times = {name: times[name] for name in names}
     if int(os.environ["RANK"]) == 0:
         params = sum(p.numel() for p in mlp(width, depth).parameters())
         print(

@@ -13,15 +13,18 @@ fresh model with the same seed:
 - ``trainer_csv``: the same with ``CSVLogger``.
 - ``trainer_all_loggers``: the same with ``CSVLogger``, ``TensorBoardLogger``, ``WandbLogger``
   (offline) and ``MLFlowLogger`` (a sqlite store) at once.
+- ``lightning_no_logger`` and ``lightning_all_loggers``: the same two runs with
+  ``lightning.pytorch.Trainer`` and Lightning's own four loggers (`benchmarks.frameworks`),
+  when Lightning is installed.
 
-Every Trainer variant uses ``log_every_n_steps=50``, no progress bar, no model summary, no
+Every Trainer variant (trainer's and Lightning's) uses ``log_every_n_steps=50``, no progress bar, no model summary, no
 checkpointing and no sanity steps (measured by bench_overhead and bench_checkpoint), and a
 module with one hyperparameter, so each tracker starts its run in ``fit``'s setup (as in real
 use) rather than inside the loop. Rounds are interleaved, in a rotated order each round, so
 machine drift hits every variant; ratios are against the same round's ``raw`` run.
 
 - ``loop``: from ``on_train_start`` to ``on_train_end``: the per-step cost, the figure the
-  target (>= 0.9x the raw loop's steps/s) is about.
+  target (>= 0.93x the raw loop's steps/s, trainer's variants) is about.
 - ``total``: ``Trainer(...)`` and the whole ``fit``: adds each tracker's one-time start (wandb's
   service and run, MLflow's run) and finish (the last writes, closing the runs), shown as
   ``setup + teardown ms``.
@@ -50,6 +53,7 @@ from typing import Any
 import torch
 from torch.utils.data import TensorDataset
 
+from benchmarks import frameworks
 from benchmarks.bench_overhead import (
     BATCH_SIZE,
     CLOCKS,
@@ -59,6 +63,7 @@ from benchmarks.bench_overhead import (
     _LoggingModule,
     _run_trainer,
     _stdout_to,
+    _versions,
     build_dataset,
     build_net,
     build_optimizer,
@@ -68,8 +73,15 @@ from trainer.loggers import CSVLogger, Logger, MLFlowLogger, TensorBoardLogger, 
 
 __all__ = ["VARIANTS", "main", "run_benchmark"]
 
-VARIANTS = ("raw", "trainer_no_logger", "trainer_csv", "trainer_all_loggers")
-TARGET_LOOP_RATIO = 0.90  # steps/s of the training loop, as a fraction of the raw loop's
+VARIANTS = (
+    "raw",
+    "trainer_no_logger",
+    "trainer_csv",
+    "trainer_all_loggers",
+    "lightning_no_logger",
+    "lightning_all_loggers",
+)
+TARGET_LOOP_RATIO = 0.93  # trainer's steps/s in the training loop, as a fraction of the raw loop's
 LOG_EVERY_N_STEPS = 50
 
 
@@ -110,12 +122,47 @@ def _make_runners(tracking_uri: str) -> dict[str, Callable[[TensorDataset, int, 
 
         return run
 
+    def lightning_run(
+        loggers: Callable[[str], Any],
+    ) -> Callable[[TensorDataset, int, str], RunTimes]:
+        def run(dataset: TensorDataset, steps: int, workdir: str) -> RunTimes:
+            return frameworks.run_lightning(
+                dataset,
+                steps,
+                is_logging=True,
+                hparams=True,
+                logger=loggers(workdir),
+                log_every_n_steps=LOG_EVERY_N_STEPS,
+                enable_progress_bar=False,
+                enable_model_summary=False,
+                enable_checkpointing=False,
+                num_sanity_val_steps=0,
+                default_root_dir=workdir,
+            )
+
+        return run
+
     return {
         "raw": run_raw,
         "trainer_no_logger": trainer_run(lambda workdir: False),
         "trainer_csv": trainer_run(lambda workdir: CSVLogger(workdir)),
         "trainer_all_loggers": trainer_run(lambda workdir: _all_loggers(workdir, tracking_uri)),
+        "lightning_no_logger": lightning_run(lambda workdir: False),
+        "lightning_all_loggers": lightning_run(
+            lambda workdir: frameworks.lightning_loggers(workdir, tracking_uri)
+        ),
     }
+
+
+def _variants(frameworks_wanted: str) -> tuple[str, ...]:
+    """Trainer's variants, and Lightning's when installed and wanted."""
+    has_lightning = frameworks_wanted == "all" and frameworks.is_available("lightning")
+    return tuple(name for name in VARIANTS if has_lightning or not name.startswith("lightning"))
+
+
+def _no_logger_of(name: str) -> str:
+    """The run without a logger of the same framework: what a logger's own share is taken from."""
+    return "lightning_no_logger" if name.startswith("lightning") else "trainer_no_logger"
 
 
 @contextlib.contextmanager
@@ -141,8 +188,11 @@ def _offline_wandb(folder: str) -> Any:
                 os.environ[key] = value
 
 
-def run_benchmark(*, steps: int, rounds: int, threads: int = 1) -> dict[str, Any]:
+def run_benchmark(
+    *, steps: int, rounds: int, threads: int = 1, frameworks_wanted: str = "all"
+) -> dict[str, Any]:
     """Run every variant ``rounds`` times, interleaved; return the figures as a JSON-able dict."""
+    names = _variants(frameworks_wanted)
     torch.set_num_threads(threads)
     load_at_start = _load_average()
     build_optimizer(build_net().parameters())  # pay torch 2.13's one-time torch._dynamo import
@@ -150,15 +200,15 @@ def run_benchmark(*, steps: int, rounds: int, threads: int = 1) -> dict[str, Any
         tracking_uri = f"sqlite:///{os.path.join(root, 'mlflow.db')}"
         runners = _make_runners(tracking_uri)
         warmup = build_dataset(min(steps, 2 * LOG_EVERY_N_STEPS))
-        for name in VARIANTS:  # untimed: imports, wandb's service, MLflow's schema
+        for name in names:  # untimed: imports, wandb's service, MLflow's schema
             _run_once(runners[name], warmup, len(warmup) // BATCH_SIZE)
         dataset = build_dataset(steps)
         per_round: list[dict[str, RunTimes]] = []
         for index in range(rounds):
-            order = VARIANTS[index % len(VARIANTS) :] + VARIANTS[: index % len(VARIANTS)]
+            order = names[index % len(names) :] + names[: index % len(names)]
             per_round.append({name: _run_once(runners[name], dataset, steps) for name in order})
         call_costs = measure_call_costs(root, tracking_uri)
-    return _summarize(per_round, steps=steps, rounds=rounds, threads=threads) | {
+    return _summarize(per_round, names, steps=steps, rounds=rounds, threads=threads) | {
         "load_average_start": load_at_start,
         "load_average_end": _load_average(),
         "log_metrics_call_us": call_costs,
@@ -198,23 +248,32 @@ def _run_once(
     runner: Callable[[TensorDataset, int, str], RunTimes], dataset: TensorDataset, steps: int
 ) -> RunTimes:
     gc.collect()
-    with tempfile.TemporaryDirectory(prefix="bench_run_") as workdir, _stdout_to(os.devnull):
-        return runner(dataset, steps, workdir)
+    threads = torch.get_num_threads()
+    try:
+        with tempfile.TemporaryDirectory(prefix="bench_run_") as workdir, _stdout_to(os.devnull):
+            return runner(dataset, steps, workdir)
+    finally:
+        torch.set_num_threads(threads)
 
 
 def _summarize(
-    per_round: list[dict[str, RunTimes]], *, steps: int, rounds: int, threads: int
+    per_round: list[dict[str, RunTimes]],
+    names: tuple[str, ...],
+    *,
+    steps: int,
+    rounds: int,
+    threads: int,
 ) -> dict[str, Any]:
     reference = per_round[0]["raw"].params
     variants: dict[str, Any] = {}
-    for name in VARIANTS:
+    for name in names:
         figures: dict[str, Any] = {
             clock: _clock_figures(per_round, name, CLOCKS.index(clock), steps) for clock in CLOCKS
         }
-        for clock in CLOCKS:  # the loggers' own share: against the Trainer without a logger
+        for clock in CLOCKS:  # the loggers' own share: against the same Trainer without one
             index = CLOCKS.index(clock)
             figures[clock]["loop_ratio_vs_no_logger_median"] = statistics.median(
-                times["trainer_no_logger"].loop_s(index) / times[name].loop_s(index)
+                times[_no_logger_of(name)].loop_s(index) / times[name].loop_s(index)
                 for times in per_round
             )
         figures["max_abs_param_diff_vs_raw"] = max(
@@ -233,6 +292,7 @@ def _summarize(
             "python": sys.version.split()[0],
             "cpu_count": os.cpu_count(),
             "target_loop_ratio": TARGET_LOOP_RATIO,
+            "versions": _versions(names),
         },
         "variants": variants,
     }
@@ -246,7 +306,8 @@ def format_table(result: dict[str, Any]) -> str:
         f"{config['steps']:,} steps, log_every_n_steps={config['log_every_n_steps']}, "
         f"{config['rounds']} rounds, {config['threads']} thread(s), torch {config['torch']}, "
         f"{config['cpu_count']} CPUs, load average (1/5/15 min) {result['load_average_start']} "
-        f"at the start, {result['load_average_end']} at the end",
+        f"at the start, {result['load_average_end']} at the end; "
+        + ", ".join(f"{name} {version}" for name, version in config["versions"].items()),
     ]
     for clock, title in zip(CLOCKS, ("Wall clock (perf_counter)", "CPU time (process_time)")):
         lines += [
@@ -261,7 +322,7 @@ def format_table(result: dict[str, Any]) -> str:
         for name, figures in result["variants"].items():
             row = figures[clock]
             verdict = "—"
-            if name != "raw":
+            if name.startswith("trainer"):
                 is_met = row["loop_ratio_median"] >= config["target_loop_ratio"]
                 verdict = "met" if is_met else "NOT met"
             lines.append(
@@ -295,6 +356,12 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--rounds", type=int, default=5, help="interleaved repeats")
     parser.add_argument("--threads", type=int, default=1, help="torch.set_num_threads")
     parser.add_argument("--json", metavar="PATH", help="also write the figures as JSON")
+    parser.add_argument(
+        "--frameworks",
+        choices=("all", "trainer"),
+        default="all",
+        help="all: also Lightning where installed; trainer: raw and trainer only",
+    )
     args = parser.parse_args(argv)
     for option in ("steps", "rounds", "threads"):
         if getattr(args, option) < 1:
@@ -304,7 +371,12 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = _parse_args(argv)
-    result = run_benchmark(steps=args.steps, rounds=args.rounds, threads=args.threads)
+    result = run_benchmark(
+        steps=args.steps,
+        rounds=args.rounds,
+        threads=args.threads,
+        frameworks_wanted=args.frameworks,
+    )
     print(format_table(result))
     if args.json:
         with open(args.json, "w", encoding="utf-8") as file:

@@ -1,38 +1,45 @@
-"""Per-step overhead of ``Trainer`` and of a hand-written ``Accelerator`` loop against raw PyTorch.
+"""Per-step overhead of ``Trainer``, Lightning, and hand-written Accelerator loops against raw PyTorch.
 
 This script owns the overhead measurement and its report (a markdown table, optionally JSON). It
 does not test correctness beyond one check that every variant ends with the same parameters.
 
-Everything runs in one process on one CPU thread. The model is a 2,762-parameter MLP
-(64→32→16→8→2, ReLU), the data 32 x ``--steps`` synthetic samples (seed 0) in a ``TensorDataset``
-read by ``DataLoader(batch_size=32, shuffle=False)``, so one epoch is exactly ``--steps``
-optimizer steps of plain SGD (lr 0.05). The variants, each on a fresh model with the same seed:
+Everything runs in one process on one CPU thread, with the workload of `benchmarks.workload`: a
+2,762-parameter MLP (64→32→16→8→2, ReLU), 32 x ``--steps`` synthetic samples (seed 0) read by
+``DataLoader(batch_size=32, shuffle=False)``, so one epoch is exactly ``--steps`` optimizer steps
+of plain SGD (lr 0.05). The variants, each on a fresh model with the same seed, in pairs that do
+the same thing in trainer and in the framework it is compared with (`benchmarks.frameworks`):
 
 - ``raw``: ``for x, y in loader: opt.zero_grad(); loss = ...; loss.backward(); opt.step()``
-- ``trainer_quiet``: ``Trainer.fit`` with logger, progress bar, model summary, checkpointing
-  and sanity steps off, and no validation loader.
-- ``trainer_logging``: ``Trainer.fit`` whose ``training_step`` calls
-  ``self.log("loss", loss, prog_bar=True)`` every step, with the default RichProgressBar, the
-  default CSVLogger (``log_every_n_steps=50``, in a temporary folder) and the default model
-  summary. The bar writes to ``os.devnull`` unless ``--show-progress``: not a terminal, so it
-  prints a plain line every 50 steps, as in CI.
-- ``accelerator``: ``Accelerator(cpu=True)``, ``prepare``, then ``accelerator.backward``,
-  ``optimizer.step``, ``optimizer.zero_grad``.
+- ``trainer_quiet`` / ``lightning_quiet``: ``Trainer.fit`` with logger, progress bar, model
+  summary, checkpointing and sanity steps off, and no validation loader.
+- ``trainer_logging`` / ``lightning_logging``: ``Trainer.fit`` whose ``training_step`` calls
+  ``self.log("loss", loss, prog_bar=True)`` every step, with the defaults otherwise: the
+  progress bar (trainer's RichProgressBar, Lightning's TQDM bar), the model summary and the
+  checkpoint at the end of the epoch, plus a CSVLogger (``log_every_n_steps=50``); all files go
+  to a temporary folder. The bars write to ``os.devnull`` unless ``--show-progress``: not a
+  terminal, as in CI.
+- ``accelerator`` / ``hf_accelerate``: ``Accelerator(cpu=True)``, ``prepare``, then
+  ``accelerator.backward``, ``optimizer.step``, ``optimizer.zero_grad``: trainer's Accelerator,
+  then Hugging Face Accelerate's.
 
-Each round runs every variant once, in that order, so machine drift hits all of them; ratios are
-taken against the ``raw`` run of the same round. Two spans are timed per run, each on two clocks:
-the wall clock (``time.perf_counter()``) and this process's CPU time (``time.process_time()``,
-which leaves out time spent waiting for a core on a busy machine).
+The Lightning and Accelerate variants run when those packages are installed (``pip install -e
+'.[dev]'``); ``--frameworks trainer`` leaves them out. Each round runs every variant once, the
+order rotated by one each round, so machine drift hits all of them; ratios are taken against the
+``raw`` run of the same round, and the tables give the minimum and the median over rounds. Two
+spans are timed per run, each on two clocks: the wall clock (``time.perf_counter()``) and this
+process's CPU time (``time.process_time()``, which leaves out time spent waiting for a core on a
+busy machine).
 
 - ``total``: everything after the model and the DataLoader exist:
-  for the Trainer, ``Trainer(...)`` and the whole ``fit`` (setup, ``configure_optimizers``,
-  teardown, CSV flush); for the Accelerator, ``Accelerator(...)``, ``prepare`` and the loop; for
-  raw, building the optimizer and the loop.
-- ``loop``: the training loop alone. For the Trainer, a callback reads the clocks at
+  for a Trainer, ``Trainer(...)`` and the whole ``fit`` (setup, ``configure_optimizers``,
+  teardown, CSV flush, checkpoint); for an Accelerator, ``Accelerator(...)``, ``prepare`` and the
+  loop; for raw, building the optimizer and the loop.
+- ``loop``: the training loop alone. For a Trainer, a callback reads the clocks at
   ``on_train_start`` and ``on_train_end``; for the others, around the ``for`` loop.
 
 Before timing, one optimizer is built (torch 2.13 imports ``torch._dynamo``, ~1 s, the first
-time any optimizer is created) and every variant runs once untimed (lazy imports: rich, yaml).
+time any optimizer is created) and every variant runs once untimed (lazy imports: rich, yaml,
+Lightning's and Accelerate's own).
 
 Run: ``python -m benchmarks.bench_overhead --steps 2000 --rounds 5 --json overhead.json``
 """
@@ -40,103 +47,53 @@ Run: ``python -m benchmarks.bench_overhead --steps 2000 --rounds 5 --json overhe
 from __future__ import annotations
 
 import argparse
-import contextlib
 import gc
-import itertools
 import json
 import os
 import statistics
 import sys
 import tempfile
-import time
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from collections.abc import Callable
 from typing import Any
 
 import torch
 import torch.nn.functional as F
-from torch.utils.data import DataLoader, TensorDataset
+from torch.utils.data import TensorDataset
 
+from benchmarks import frameworks
+from benchmarks.workload import (
+    BATCH_SIZE,
+    CLOCKS,
+    RunTimes,
+    build_dataset,
+    build_loader,
+    build_net,
+    build_optimizer,
+    flat_params,
+    output_to,
+    read_clocks,
+)
 from trainer import Accelerator, Trainer, TrainModule
 from trainer.callbacks.callback import Callback
 
-__all__ = ["VARIANTS", "main", "run_benchmark"]
+__all__ = ["BATCH_SIZE", "CLOCKS", "VARIANTS", "RunTimes", "main", "run_benchmark"]
 
-BATCH_SIZE = 32
-IN_FEATURES = 64
-LAYER_SIZES = (IN_FEATURES, 32, 16, 8, 2)
-LEARNING_RATE = 0.05
-SEED = 0
-VARIANTS = ("raw", "trainer_quiet", "trainer_logging", "accelerator")
 # The issue's targets: steps/s as a fraction of the raw loop's (None: measured, no target).
 TARGETS: dict[str, float | None] = {
     "raw": None,
-    "trainer_quiet": 0.95,
-    "trainer_logging": 0.90,
-    "accelerator": None,
+    "trainer_quiet": 0.97,
+    "lightning_quiet": None,
+    "trainer_logging": 0.95,
+    "lightning_logging": None,
+    "accelerator": 1.00,
+    "hf_accelerate": None,
 }
-
-
-CLOCKS = ("wall", "cpu")
-
-
-def read_clocks() -> tuple[float, float]:
-    """``(perf_counter, process_time)``: wall seconds, and CPU seconds of this process.
-
-    On a shared machine the wall clock also counts time the process waited for a core; CPU
-    time does not, so it shows the framework's own cost even when the machine is busy.
-    """
-    return time.perf_counter(), time.process_time()
-
-
-@dataclass
-class RunTimes:
-    """Clock readings of one variant in one round, and its parameters afterwards."""
-
-    start: tuple[float, float]
-    loop_start: tuple[float, float]
-    loop_end: tuple[float, float]
-    end: tuple[float, float]
-    params: torch.Tensor
-
-    def total_s(self, clock: int) -> float:
-        return self.end[clock] - self.start[clock]
-
-    def loop_s(self, clock: int) -> float:
-        return self.loop_end[clock] - self.loop_start[clock]
-
-
-# ---- the model and the data -------------------------------------------------------------------
-def build_net() -> torch.nn.Sequential:
-    """The MLP, seeded so every variant starts from the same weights."""
-    torch.manual_seed(SEED)
-    layers: list[torch.nn.Module] = []
-    for index, (n_in, n_out) in enumerate(itertools.pairwise(LAYER_SIZES)):
-        layers.append(torch.nn.Linear(n_in, n_out))
-        if index < len(LAYER_SIZES) - 2:
-            layers.append(torch.nn.ReLU())
-    return torch.nn.Sequential(*layers)
-
-
-def build_optimizer(params: Iterator[torch.nn.Parameter]) -> torch.optim.Optimizer:
-    return torch.optim.SGD(params, lr=LEARNING_RATE)
-
-
-def build_dataset(steps: int) -> TensorDataset:
-    """``steps`` batches of synthetic inputs and two-class labels (fixed seed)."""
-    generator = torch.Generator().manual_seed(SEED)
-    count = steps * BATCH_SIZE
-    x = torch.randn(count, IN_FEATURES, generator=generator)
-    y = torch.randint(0, LAYER_SIZES[-1], (count,), generator=generator)
-    return TensorDataset(x, y)
-
-
-def build_loader(dataset: TensorDataset) -> DataLoader:
-    return DataLoader(dataset, batch_size=BATCH_SIZE, shuffle=False)
-
-
-def flat_params(module: torch.nn.Module) -> torch.Tensor:
-    return torch.cat([p.detach().reshape(-1) for p in module.parameters()])
+VARIANTS = tuple(TARGETS)
+FRAMEWORK_OF = {
+    "lightning_quiet": "lightning",
+    "lightning_logging": "lightning",
+    "hf_accelerate": "accelerate",
+}
 
 
 class _QuietModule(TrainModule):
@@ -218,14 +175,9 @@ def run_trainer_quiet(dataset: TensorDataset, steps: int, workdir: str) -> RunTi
 
 
 def run_trainer_logging(dataset: TensorDataset, steps: int, workdir: str) -> RunTimes:
-    # Checkpointing is measured by bench_checkpoint.py; here only logging and the bar are added.
+    # The defaults (bar, summary, a checkpoint at the end) with a CSVLogger, as Lightning's.
     return _run_trainer(
-        _LoggingModule(),
-        dataset,
-        steps,
-        log_every_n_steps=50,
-        enable_checkpointing=False,
-        default_root_dir=workdir,
+        _LoggingModule(), dataset, steps, log_every_n_steps=50, default_root_dir=workdir
     )
 
 
@@ -248,47 +200,85 @@ def run_accelerator(dataset: TensorDataset, steps: int, workdir: str) -> RunTime
 RUNNERS: dict[str, Callable[[TensorDataset, int, str], RunTimes]] = {
     "raw": run_raw,
     "trainer_quiet": run_trainer_quiet,
+    "lightning_quiet": frameworks.run_lightning_quiet,
     "trainer_logging": run_trainer_logging,
+    "lightning_logging": frameworks.run_lightning_logging,
     "accelerator": run_accelerator,
+    "hf_accelerate": frameworks.run_hf_accelerate,
 }
 
 
 # ---- measuring --------------------------------------------------------------------------------
-@contextlib.contextmanager
-def _stdout_to(path: str | None) -> Iterator[None]:
-    """Send stdout (the progress bar and model summary) to ``path`` during a run; None: leave it."""
-    if path is None:
-        yield
-        return
-    with open(path, "w", encoding="utf-8") as sink, contextlib.redirect_stdout(sink):
-        yield
+_stdout_to = output_to  # the name bench_loggers imports
 
 
 def _run_once(name: str, dataset: TensorDataset, steps: int, sink: str | None) -> RunTimes:
     gc.collect()
-    with tempfile.TemporaryDirectory(prefix=f"bench_{name}_") as workdir:
-        with _stdout_to(sink):
+    threads = torch.get_num_threads()
+    try:
+        with tempfile.TemporaryDirectory(prefix=f"bench_{name}_") as workdir, output_to(sink):
             return RUNNERS[name](dataset, steps, workdir)
+    finally:
+        torch.set_num_threads(threads)  # a framework may change it; the next run gets the same
+
+
+def select_variants(frameworks_wanted: str = "all") -> tuple[str, ...]:
+    """The variants to run: trainer's and raw, plus Lightning's and Accelerate's when installed.
+
+    ``frameworks_wanted="trainer"`` leaves the other frameworks out.
+    """
+    return tuple(
+        name
+        for name in VARIANTS
+        if name not in FRAMEWORK_OF
+        or (frameworks_wanted == "all" and frameworks.is_available(FRAMEWORK_OF[name]))
+    )
+
+
+def rotated(names: tuple[str, ...], round_index: int) -> tuple[str, ...]:
+    """``names`` starting at position ``round_index``: each variant takes each slot in turn."""
+    shift = round_index % len(names)
+    return names[shift:] + names[:shift]
 
 
 def run_benchmark(
-    *, steps: int, rounds: int, threads: int = 1, show_progress: bool = False
+    *,
+    steps: int,
+    rounds: int,
+    threads: int = 1,
+    show_progress: bool = False,
+    frameworks_wanted: str = "all",
 ) -> dict[str, Any]:
     """Run every variant ``rounds`` times, interleaved; return the figures as a JSON-able dict."""
     torch.set_num_threads(threads)
     load_at_start = _load_average()
     build_optimizer(build_net().parameters())  # pay torch 2.13's one-time torch._dynamo import
     sink = None if show_progress else os.devnull
+    names = select_variants(frameworks_wanted)
     warmup = build_dataset(min(steps, 50))
-    for name in VARIANTS:  # untimed: lazy imports (rich, yaml) and first-call costs
+    for name in names:  # untimed: lazy imports (rich, yaml, the frameworks) and first calls
         _run_once(name, warmup, len(warmup) // BATCH_SIZE, sink)
     dataset = build_dataset(steps)
     per_round: list[dict[str, RunTimes]] = []
-    for _ in range(rounds):
-        per_round.append({name: _run_once(name, dataset, steps, sink) for name in VARIANTS})
-    result = _summarize(per_round, steps=steps, rounds=rounds, threads=threads)
+    for index in range(rounds):
+        per_round.append(
+            {name: _run_once(name, dataset, steps, sink) for name in rotated(names, index)}
+        )
+    result = _summarize(per_round, names, steps=steps, rounds=rounds, threads=threads)
     result["config"]["load_average_start"] = load_at_start
     return result
+
+
+def _versions(names: tuple[str, ...]) -> dict[str, str]:
+    """The version of each framework that ran."""
+    import importlib.metadata
+
+    found = {"trainer": importlib.metadata.version("trainer")}
+    for name in names:
+        package = FRAMEWORK_OF.get(name, "lightning" if name.startswith("lightning_") else None)
+        if package is not None:
+            found[package] = importlib.metadata.version(package)
+    return found
 
 
 def _load_average() -> list[float] | None:
@@ -297,11 +287,16 @@ def _load_average() -> list[float] | None:
 
 
 def _summarize(
-    per_round: list[dict[str, RunTimes]], *, steps: int, rounds: int, threads: int
+    per_round: list[dict[str, RunTimes]],
+    names: tuple[str, ...],
+    *,
+    steps: int,
+    rounds: int,
+    threads: int,
 ) -> dict[str, Any]:
     reference = per_round[0]["raw"].params
     variants: dict[str, Any] = {}
-    for name in VARIANTS:
+    for name in names:
         runs = [times[name] for times in per_round]
         variants[name] = {
             clock: _clock_figures(per_round, name, CLOCKS.index(clock), steps) for clock in CLOCKS
@@ -321,6 +316,7 @@ def _summarize(
             "python": sys.version.split()[0],
             "cpu_count": os.cpu_count(),
             "load_average_end": _load_average(),
+            "versions": _versions(names),
         },
         "variants": variants,
     }
@@ -364,7 +360,8 @@ def format_table(result: dict[str, Any]) -> str:
         f"{config['parameters']:,}-parameter MLP, batch {config['batch_size']}, "
         f"{config['steps']:,} steps, {config['rounds']} rounds, {config['threads']} thread(s), "
         f"torch {config['torch']}, {config['cpu_count']} CPUs, load average (1/5/15 min) "
-        f"{config['load_average_start']} at the start, {config['load_average_end']} at the end",
+        f"{config['load_average_start']} at the start, {config['load_average_end']} at the end; "
+        + ", ".join(f"{name} {version}" for name, version in config["versions"].items()),
     ]
     for clock, title in zip(CLOCKS, ("Wall clock (perf_counter)", "CPU time (process_time)")):
         lines += [
@@ -400,7 +397,13 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--show-progress",
         action="store_true",
-        help="leave stdout alone during Trainer runs (on a terminal the live bar draws)",
+        help="leave stdout and stderr alone during runs (on a terminal the live bars draw)",
+    )
+    parser.add_argument(
+        "--frameworks",
+        choices=("all", "trainer"),
+        default="all",
+        help="all: also Lightning and Accelerate where installed; trainer: raw and trainer only",
     )
     args = parser.parse_args(argv)
     for option in ("steps", "rounds", "threads"):
@@ -412,7 +415,11 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     args = _parse_args(argv)
     result = run_benchmark(
-        steps=args.steps, rounds=args.rounds, threads=args.threads, show_progress=args.show_progress
+        steps=args.steps,
+        rounds=args.rounds,
+        threads=args.threads,
+        show_progress=args.show_progress,
+        frameworks_wanted=args.frameworks,
     )
     print(format_table(result))
     if args.json:

@@ -62,7 +62,13 @@ PAGES = (
             "trainer.accelerator",
             "trainer.runtime.state",
             "trainer.runtime.configs",
+            "trainer.runtime.engine_plugins",
+            "trainer.runtime.kwargs_handlers",
             "trainer.data.loader",
+        ),
+        (
+            "trainer.accelerator.parallelism.strategy_for_parallelism",
+            "trainer.accelerator.parallelism.maybe_context_parallel",
         ),
     ),
     Page(

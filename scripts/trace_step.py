@@ -47,7 +47,7 @@ class Tracer(Callback):
         self.files: Counter[str] = Counter()
         self.entries: Counter[str] = Counter()
 
-    def _profile(self, frame, event, arg):  # noqa: ANN001, ANN202
+    def _profile(self, frame, event, arg):
         if event != "call":
             return
         path = Path(frame.f_code.co_filename).resolve()
@@ -59,11 +59,11 @@ class Tracer(Callback):
         if caller is None or Path(caller.f_code.co_filename).resolve() != path:
             self.entries[name] += 1
 
-    def on_train_epoch_start(self, trainer, module):  # noqa: ANN001, ANN201
+    def on_train_epoch_start(self, trainer, module):
         if trainer.current_epoch == 1:
             sys.setprofile(self._profile)
 
-    def on_train_end(self, trainer, module):  # noqa: ANN001, ANN201
+    def on_train_end(self, trainer, module):
         sys.setprofile(None)
 
 

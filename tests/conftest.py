@@ -81,3 +81,10 @@ def quiet_trainer(tmp_path, **kwargs) -> trainer.Trainer:
 @pytest.fixture
 def loader() -> DataLoader:
     return make_loader()
+
+
+@pytest.fixture(autouse=True)
+def _not_inside_a_scheduler_job(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Tests that send SIGUSR1 to themselves must not requeue a real SLURM job running the suite."""
+    for name in ("SLURM_JOB_ID", "SLURM_JOBID", "SLURM_NTASKS", "SLURM_PROCID"):
+        monkeypatch.delenv(name, raising=False)

@@ -10,7 +10,10 @@ from __future__ import annotations
 from trainer import _old_paths
 from trainer.accelerator.accelerator import Accelerator
 from trainer.accelerator.launchers import debug_launcher, notebook_launcher
+from trainer.accelerator.local_sgd import LocalSGD
 from trainer.accelerator.memory import find_executable_batch_size
+from trainer.accelerator.parallelism import ParallelismConfig
+from trainer.accelerator.pipelining import prepare_pippy
 from trainer.big_modeling.api import (
     cpu_offload,
     cpu_offload_with_hook,
@@ -22,6 +25,7 @@ from trainer.big_modeling.api import (
     load_checkpoint_and_dispatch,
     load_checkpoint_in_model,
 )
+from trainer.big_modeling.quantization import BnbQuantizationConfig, load_and_quantize_model
 from trainer.data.loader import skip_first_batches
 from trainer.errors import (
     AnomalyError,
@@ -37,6 +41,24 @@ from trainer.runtime.configs import (
     GradientAccumulationPlugin,
     ProjectConfiguration,
 )
+from trainer.runtime.engine_plugins import (
+    DeepSpeedPlugin,
+    FullyShardedDataParallelPlugin,
+    MegatronLMPlugin,
+    TorchDynamoPlugin,
+)
+from trainer.runtime.kwargs_handlers import (
+    AORecipeKwargs,
+    AutocastKwargs,
+    DDPCommunicationHookType,
+    DistributedDataParallelKwargs,
+    FP8RecipeKwargs,
+    GradScalerKwargs,
+    InitProcessGroupKwargs,
+    KwargsHandler,
+    ProfileKwargs,
+    TERecipeKwargs,
+)
 from trainer.runtime.seed import seed_everything, synchronize_rng_states
 from trainer.runtime.state import DistributedType, LoggerType, PartialState, PrecisionType
 from trainer.trainer.module import DataModule, TrainModule
@@ -45,21 +67,38 @@ from trainer.trainer.trainer import Trainer
 __version__ = "0.1.0"
 
 __all__ = [
+    "AORecipeKwargs",
     "Accelerator",
     "AnomalyError",
+    "AutocastKwargs",
+    "BnbQuantizationConfig",
     "CheckpointError",
     "ConfigurationError",
+    "DDPCommunicationHookType",
     "DataLoaderConfiguration",
     "DataModule",
+    "DeepSpeedPlugin",
+    "DistributedDataParallelKwargs",
     "DistributedType",
+    "FP8RecipeKwargs",
+    "FullyShardedDataParallelPlugin",
+    "GradScalerKwargs",
     "GradientAccumulationPlugin",
     "HookResultError",
+    "InitProcessGroupKwargs",
+    "KwargsHandler",
+    "LocalSGD",
     "LoggerType",
+    "MegatronLMPlugin",
     "MissingDependencyError",
+    "ParallelismConfig",
     "PartialState",
     "PrecisionType",
+    "ProfileKwargs",
     "ProjectConfiguration",
     "StrategyError",
+    "TERecipeKwargs",
+    "TorchDynamoPlugin",
     "TrainModule",
     "Trainer",
     "TrainerError",
@@ -72,9 +111,11 @@ __all__ = [
     "infer_auto_device_map",
     "init_empty_weights",
     "init_on_device",
+    "load_and_quantize_model",
     "load_checkpoint_and_dispatch",
     "load_checkpoint_in_model",
     "notebook_launcher",
+    "prepare_pippy",
     "seed_everything",
     "skip_first_batches",
     "synchronize_rng_states",

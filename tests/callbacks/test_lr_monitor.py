@@ -80,7 +80,7 @@ def test_step_scheduler_is_logged_every_logging_step(tmp_path):
     assert logger.values("lr-SGD") == [(0, 0.1), (1, 0.05), (2, 0.025), (3, 0.0125)]
 
 
-def test_log_every_n_steps_and_accumulation_log_each_step_once(tmp_path):
+def test_log_every_n_steps_and_accumulation_log_each_batch_of_a_due_step(tmp_path):
     logger = RecordingLogger()
     monitor = LearningRateMonitor(logging_interval="step")
     module = ScheduledModule("step")
@@ -90,13 +90,15 @@ def test_log_every_n_steps_and_accumulation_log_each_step_once(tmp_path):
     logger = RecordingLogger()
     fit(tmp_path, module, LearningRateMonitor(logging_interval="step"), logger,
         max_epochs=1, accumulate_grad_batches=2)  # fmt: skip
-    assert [step for step, _ in logger.values("lr-SGD")] == [0, 1]
+    # Lightning's rule is checked per batch: both batches of each step log it
+    assert [step for step, _ in logger.values("lr-SGD")] == [0, 0, 1, 1]
 
 
-def test_logging_interval_epoch_ignores_step_schedulers(tmp_path):
+def test_logging_interval_epoch_logs_step_schedulers_at_epoch_start(tmp_path):
     logger = RecordingLogger()
     fit(tmp_path, ScheduledModule("step"), LearningRateMonitor("epoch"), logger)
-    assert logger.values("lr-SGD") == []
+    # as Lightning: "epoch" logs every optimizer at each epoch start, whatever its interval
+    assert [step for step, _ in logger.values("lr-SGD")] == [0, 4, 8]
 
 
 def test_param_groups_momentum_and_weight_decay(tmp_path):

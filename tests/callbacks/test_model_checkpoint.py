@@ -101,8 +101,11 @@ def test_a_file_named_last_is_replaced_but_a_foreign_folder_is_refused(tmp_path)
     other = tmp_path / "other"
     (other / "checkpoints" / "last").mkdir(parents=True)
     (other / "checkpoints" / "last" / "notes.txt").write_text("mine")
+    # The version counter (Lightning's default) leaves a taken name alone: `last-v1` instead.
+    callback = _fit(other, max_epochs=1)
+    assert Path(callback.last_model_path).name == "last-v1"
     with pytest.raises(trainer.CheckpointError, match="last.*notes.txt"):
-        _fit(other, max_epochs=1)
+        _fit(other, max_epochs=1, enable_version_counter=False)
     assert (other / "checkpoints" / "last" / "notes.txt").read_text() == "mine"
 
 

@@ -61,7 +61,7 @@ def test_dry_run_several_machines_from_a_config_file(tmp_path):
             {
                 "distributed_type": "MULTI_GPU",
                 "num_machines": 2,
-                "num_processes": 4,
+                "num_processes": 8,  # the total over both machines, as in Accelerate
                 "machine_rank": 1,
                 "main_process_ip": "10.0.0.1",
                 "main_process_port": 29600,

@@ -222,7 +222,12 @@ def test_gpu_ids_select_the_visible_gpus():
 
 
 def test_same_network_false_meets_at_the_rendezvous_endpoint():
-    layout = {"num_machines": 2, "machine_rank": 1, "main_process_ip": "10.0.0.1"}
+    layout = {
+        "num_machines": 2,
+        "num_processes": 2,
+        "machine_rank": 1,
+        "main_process_ip": "10.0.0.1",
+    }
     same = " ".join(torchrun_command(LaunchConfig(**layout), "train.py", []))
     assert "--master_addr 10.0.0.1 --master_port 29500 train.py" in same
     apart = " ".join(torchrun_command(LaunchConfig(**layout, same_network=False), "train.py", []))

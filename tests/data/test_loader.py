@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 from torch.utils.data import DataLoader, IterableDataset
 
@@ -84,3 +85,28 @@ def test_a_complete_pass_advances_the_epoch_and_a_break_does_not():
     replay = DataLoaderShard(DataLoader(range(12), batch_size=4, shuffle=True))
     replay.load_state_dict({"seed": 7, "epoch": 1})
     assert _order(replay) == epoch1  # the order is a function of (seed, epoch) alone
+
+
+def test_a_stateful_loader_resumes_from_its_own_state_and_ignores_the_skip():
+    stateful = pytest.importorskip("torchdata.stateful_dataloader")
+
+    def prepared() -> DataLoaderShard:
+        shard = DataLoaderShard(
+            stateful.StatefulDataLoader(list(range(12)), batch_size=2, shuffle=True)
+        )
+        shard.seed = 3
+        return shard
+
+    first = prepared()
+    batches = iter(first)
+    taken = [next(batches).tolist() for _ in range(2)]
+    state = first.state_dict()  # 2 batches yielded; the one read ahead is not counted
+    rest = [b.tolist() for b in batches]
+    assert state["epoch"] == 0 and state["loader"]["_iterator_finished"] is False
+    assert first.state_dict()["loader"]["_iterator_finished"] is True
+
+    again = prepared()
+    again.load_state_dict(state)
+    again.skip_batches = 2  # what the Trainer sets: the loader's own position wins
+    assert [b.tolist() for b in again] == rest
+    assert sorted(i for b in taken + rest for i in b) == list(range(12))

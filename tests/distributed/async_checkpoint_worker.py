@@ -1,7 +1,7 @@
 """A 2-process DDP job (torchrun, gloo on CPU) with or without background checkpoint saves.
 
 ``python async_checkpoint_worker.py ROOT MODE [--sync]``: tests/faults/distributed_job.py's
-regression (3 epochs, 6 steps each), ``ModelCheckpoint(every_n_train_steps=2, save_top_k=2,
+regression (3 epochs, 6 steps each), ``ModelCheckpoint(every_n_train_steps=2, save_top_k=2, monitor="step", mode="max",
 save_last=True)`` into ROOT/checkpoints, ``plugins=[AsyncCheckpointIO()]`` unless ``--sync``.
 MODE "full" runs to the end, "first-half" stops after step 7, "resume" continues from "last".
 Process 0 writes the final weights to ROOT/final-MODE.safetensors and, per process, what its
@@ -28,6 +28,8 @@ def main(root: str, mode: str, *flags: str) -> None:
         dirpath=os.path.join(root, "checkpoints"),
         every_n_train_steps=2,
         save_top_k=2,
+        monitor="step",
+        mode="max",
         save_last=True,
     )
     torch.manual_seed(0)

@@ -216,7 +216,7 @@ def test_one_save_in_flight_the_next_waits_and_the_wait_is_recorded(tmp_path, mo
 
     monkeypatch.setattr(async_checkpoint, "write_checkpoint", slow)
     io = AsyncCheckpointIO()
-    callback = ModelCheckpoint(every_n_train_steps=1, save_top_k=2)
+    callback = ModelCheckpoint(every_n_train_steps=1, save_top_k=2, monitor="step", mode="max")
     t = quiet_trainer(
         tmp_path, max_steps=4, callbacks=[callback], enable_checkpointing=True, plugins=[io]
     )

@@ -17,7 +17,9 @@ import torch
 from torch.utils.data import DataLoader
 
 from trainer.accelerator.checkpoint_api import CheckpointAPI
-from trainer.accelerator.model_wrappers import AutocastForward, build_strategy
+from trainer.accelerator.engine_plugins import setup_engine
+from trainer.accelerator.kwargs_handlers import profile_session
+from trainer.accelerator.model_wrappers import AutocastForward
 from trainer.accelerator.optimizer import (
     AcceleratedOptimizer,
     AcceleratedScheduler,
@@ -27,19 +29,23 @@ from trainer.accelerator.optimizer import (
 )
 from trainer.accelerator.process_api import ProcessAPI
 from trainer.data.loader import DataLoaderShard, skip_first_batches
-from trainer.errors import ConfigurationError, describe
-from trainer.precision import Precision, resolve_precision
+from trainer.data.rebuild import to_stateful_loader
+from trainer.errors import ConfigurationError
+from trainer.precision import Precision
 from trainer.runtime.configs import (
     DataLoaderConfiguration,
     GradientAccumulationPlugin,
     ProjectConfiguration,
 )
 from trainer.runtime.gradient_state import GradientState
+from trainer.runtime.kwargs_handlers import ProfileKwargs
 from trainer.runtime.state import PartialState
 from trainer.strategies import Strategy
 
 if TYPE_CHECKING:
+    from trainer.accelerator.parallelism import ParallelismConfig
     from trainer.plugins import AsyncCheckpointIO
+    from trainer.runtime import engine_plugins as plugins
 
 __all__ = ["Accelerator"]
 
@@ -69,8 +75,11 @@ class Accelerator(ProcessAPI, CheckpointAPI):
         gradient_accumulation_plugin: full accumulation options (exclusive with the steps arg).
         step_scheduler_with_optimizer: prepared schedulers step only with a real optimizer step.
         rng_types: generators synchronised across processes at each epoch.
-        kwargs_handlers: reserved for engine options (must be empty for now).
+        kwargs_handlers: Accelerate's handlers (``DistributedDataParallelKwargs``,
+            ``ProfileKwargs``...), also attributes (``ddp_handler``, ``profile_handler``...).
         dynamo_backend: compile prepared models with ``torch.compile(backend=...)``.
+        deepspeed_plugin, fsdp_plugin, megatron_lm_plugin, parallelism_config, dynamo_plugin:
+            Accelerate's engine options, instead of ``strategy`` (``dynamo_backend``).
         device_placement: move models and batches to ``self.device``.
 
     Examples:
@@ -101,32 +110,30 @@ class Accelerator(ProcessAPI, CheckpointAPI):
         kwargs_handlers: list[Any] | None = None,
         dynamo_backend: str | None = None,
         device_placement: bool = True,
+        deepspeed_plugin: plugins.DeepSpeedPlugin | None = None,
+        fsdp_plugin: plugins.FullyShardedDataParallelPlugin | None = None,
+        megatron_lm_plugin: plugins.MegatronLMPlugin | None = None,
+        dynamo_plugin: plugins.TorchDynamoPlugin | None = None,
+        parallelism_config: ParallelismConfig | None = None,
     ) -> None:
-        if gradient_accumulation_plugin is not None and gradient_accumulation_steps != 1:
-            raise ConfigurationError(
-                "Accelerator: pass either gradient_accumulation_steps or "
-                "gradient_accumulation_plugin, not both (received steps="
-                f"{gradient_accumulation_steps} and a plugin)."
-            )
-        if kwargs_handlers:
-            raise ConfigurationError(
-                f"Accelerator(kwargs_handlers={describe(kwargs_handlers)}): engine kwargs "
-                "handlers are not supported yet; configure the Strategy instance instead."
-            )
-        plugin = gradient_accumulation_plugin or GradientAccumulationPlugin(
-            num_steps=gradient_accumulation_steps
-        )
+        engine = setup_engine(
+            strategy, cpu=cpu, mixed_precision=mixed_precision,
+            gradient_accumulation_steps=gradient_accumulation_steps,
+            gradient_accumulation_plugin=gradient_accumulation_plugin,
+            deepspeed_plugin=deepspeed_plugin, fsdp_plugin=fsdp_plugin,
+            megatron_lm_plugin=megatron_lm_plugin, dynamo_plugin=dynamo_plugin,
+            dynamo_backend=dynamo_backend, parallelism_config=parallelism_config,
+            kwargs_handlers=kwargs_handlers,
+        )  # fmt: skip
+        plugin = engine.accumulation
         self.dataloader_config = dataloader_config or DataLoaderConfiguration(
             split_batches=split_batches
         )
         self.project_configuration = project_config or ProjectConfiguration(project_dir=project_dir)
         if project_dir is not None and self.project_configuration.project_dir is None:
             self.project_configuration.set_directories(project_dir)
-        if mixed_precision is None:
-            mixed_precision = os.environ.get("ACCELERATE_MIXED_PRECISION", "no")
-        precision = resolve_precision(mixed_precision, argument="mixed_precision")
-        self.strategy = build_strategy(strategy, cpu)
-        self.strategy.precision = precision
+        self.strategy = engine.strategy
+        self.strategy.precision = engine.precision
         self.strategy.setup_environment()
         self.state = PartialState(cpu=cpu)
         self.gradient_state = GradientState(
@@ -137,7 +144,12 @@ class Accelerator(ProcessAPI, CheckpointAPI):
         )
         self.step_scheduler_with_optimizer = step_scheduler_with_optimizer
         self.rng_types = rng_types
-        self.dynamo_backend = None if dynamo_backend in (None, "no", "NO") else dynamo_backend
+        self.dynamo_plugin = engine.dynamo_plugin
+        self.dynamo_backend = self.dynamo_plugin.backend if self.dynamo_plugin else None
+        self.deepspeed_plugin, self.fsdp_plugin = deepspeed_plugin, fsdp_plugin
+        self.megatron_lm_plugin, self.parallelism_config = megatron_lm_plugin, parallelism_config
+        self.profile_handler: ProfileKwargs | None = None
+        vars(self).update(engine.handlers)  # Accelerate's ddp_handler, scaler_handler, ...
         self.device_placement = device_placement
         self._checkpoint_io: AsyncCheckpointIO | None = None  # the last save_state's, if any
         self.log_with = log_with
@@ -240,8 +252,8 @@ class Accelerator(ProcessAPI, CheckpointAPI):
         if self.precision.compute_dtype != torch.float32 and self.precision.param_dtype is None:
             # Mixed modes: the forward runs under autocast without the user writing it.
             model.forward = AutocastForward(model.forward, self.precision)
-        if self.dynamo_backend is not None:
-            model = torch.compile(model, backend=self.dynamo_backend)
+        if self.dynamo_plugin is not None:
+            model = torch.compile(model, **self.dynamo_plugin.compile_kwargs())
         self._models.append(model)
         return model
 
@@ -249,6 +261,8 @@ class Accelerator(ProcessAPI, CheckpointAPI):
         self, data_loader: DataLoader, device_placement: bool | None = None, *, shard: bool = True
     ) -> DataLoaderShard:
         """Wrap a DataLoader for this process: placement, end-of-data tracking, input cast."""
+        if self.dataloader_config.use_stateful_dataloader:
+            data_loader = to_stateful_loader(data_loader)
         remainder = -1
         if (
             self.num_processes > 1 and shard
@@ -270,6 +284,7 @@ class Accelerator(ProcessAPI, CheckpointAPI):
             transform=self.precision.convert_input
             if self.precision.param_dtype is not None
             else None,
+            process_index=self.strategy.distributed_sampler_kwargs["rank"],
         )
         shard.remainder = remainder
         if self.dataloader_config.use_seedable_sampler or self.num_processes > 1:
@@ -349,6 +364,17 @@ class Accelerator(ProcessAPI, CheckpointAPI):
     def autocast(self) -> contextlib.AbstractContextManager[Any]:
         """Run the block under the precision plugin's autocast (no-op for true precisions)."""
         return self.precision.autocast()
+
+    def profile(
+        self, profile_handler: ProfileKwargs | None = None
+    ) -> contextlib.AbstractContextManager[torch.profiler.profile]:
+        """Record the block with ``torch.profiler`` and yield the profiler.
+
+        ``profile_handler`` (else the Accelerator's ``ProfileKwargs``) sets what is recorded;
+        with its ``output_trace_dir`` every process writes ``profile_<process_index>.json``.
+        """
+        handler = profile_handler or self.profile_handler or ProfileKwargs()
+        return profile_session(handler, self.process_index, self.wait_for_everyone)
 
     def unscale_gradients(self, optimizer: torch.optim.Optimizer | None = None) -> None:
         """Undo loss scaling on the gradients of ``optimizer`` (or of every prepared one)."""

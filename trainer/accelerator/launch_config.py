@@ -4,7 +4,10 @@
 writes it. The default location is ``$XDG_CACHE_HOME/trainer/default_config.yaml`` (else
 ``~/.cache/trainer/default_config.yaml``).
 
-Every key is acted on or refused. The process layout becomes torchrun's command line and the
+``num_processes`` has Accelerate's meaning: the total over all ``num_machines`` machines (each
+machine runs ``num_processes / num_machines``, `LaunchConfig.processes_per_machine`), so a file
+written by ``accelerate config`` starts the same world size under ``trainer launch`` as under
+``accelerate launch``. Every key is acted on or refused. The process layout becomes torchrun's command line and the
 rest becomes environment variables the launched processes read (``launchers``). The keys that
 Accelerate writes for features trainer does not have (SageMaker, TPU pods, CPU affinity, its
 debug mode, ``megatron_lm_config``, ``dynamo_config``) are accepted only with the value that
@@ -87,6 +90,9 @@ _ENGINE_OPTIONS = {"fsdp_config": "FSDP", "deepspeed_config": "DEEPSPEED"}
 class LaunchConfig:
     """What ``trainer launch`` needs to start a job; field names are Accelerate's.
 
+    ``num_processes`` is the total over all machines, as in Accelerate: 2 machines and
+    ``num_processes: 16`` start 8 processes on each (`processes_per_machine`).
+
     ``strategy`` is trainer's own key: a registered strategy name that overrides the one
     ``distributed_type`` starts (``"model_parallel"`` has no distributed_type of its own). Left
     empty it is filled in from ``distributed_type``, and `to_dict` leaves it out again, so a file
@@ -136,16 +142,7 @@ class LaunchConfig:
             raise ConfigurationError(
                 f"{where}: mixed_precision={self.mixed_precision!r}; expected one of {_PRECISIONS}."
             )
-        for name in ("num_machines", "num_processes"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or value < 1:
-                raise ConfigurationError(
-                    f"{where}: {name}={describe(value)}; expected an int >= 1."
-                )
-        if self.num_machines > 1 and not self.main_process_ip:
-            raise ConfigurationError(
-                f"{where}: num_machines > 1 needs main_process_ip (the address of machine_rank 0)."
-            )
+        _check_layout(self, where)
         self.gpu_ids = "all" if self.gpu_ids is None else "".join(str(self.gpu_ids).split())
         for name in (*_ENGINE_OPTIONS, "megatron_lm_config", "dynamo_config"):
             value = {} if getattr(self, name) is None else getattr(self, name)
@@ -156,12 +153,46 @@ class LaunchConfig:
             setattr(self, name, value)
         _refuse_unused(self, where)
 
+    @property
+    def processes_per_machine(self) -> int:
+        """``num_processes / num_machines``: what torchrun starts on each machine."""
+        return self.num_processes // self.num_machines
+
     def to_dict(self) -> dict[str, Any]:
         """The keys as a file holds them: ``strategy`` only where distributed_type does not imply it."""
         data = dataclasses.asdict(self)
         if data["strategy"] == _STRATEGY_OF[self.distributed_type]:
             del data["strategy"]
         return data
+
+
+def _check_layout(config: LaunchConfig, where: str) -> None:
+    """Machines and processes: counts >= 1, a total that divides by the machines, a valid rank."""
+    for name in ("num_machines", "num_processes"):
+        value = getattr(config, name)
+        if not isinstance(value, int) or value < 1:
+            raise ConfigurationError(f"{where}: {name}={describe(value)}; expected an int >= 1.")
+    if config.num_machines > 1 and not config.main_process_ip:
+        raise ConfigurationError(
+            f"{where}: num_machines > 1 needs main_process_ip (the address of machine_rank 0)."
+        )
+    if config.num_processes % config.num_machines:
+        per = max(1, round(config.num_processes / config.num_machines))
+        raise ConfigurationError(
+            f"{where}: num_processes={config.num_processes} is not a multiple of "
+            f"num_machines={config.num_machines}. num_processes is the total over all machines "
+            "(Accelerate's meaning) and every machine runs num_processes / num_machines. "
+            f"Write a multiple of {config.num_machines}, e.g. num_processes: "
+            f"{config.num_machines * per} for {per} per machine."
+        )
+    if (
+        not isinstance(config.machine_rank, int)
+        or not 0 <= config.machine_rank < config.num_machines
+    ):
+        raise ConfigurationError(
+            f"{where}: machine_rank={describe(config.machine_rank)}; expected an int from 0 to "
+            f"num_machines - 1 = {config.num_machines - 1} (this machine's place in the job)."
+        )
 
 
 def _checked_strategy(strategy: str | None, distributed_type: str, where: str) -> str:

@@ -1,24 +1,31 @@
 """Starting processes, always through torch's own launcher (torchrun's elastic agent).
 
-``torchrun_command`` builds the command line ``trainer launch`` runs; ``notebook_launcher`` and
-``debug_launcher`` start a function in N processes with ``torch.distributed.launcher.api``;
-``relaunch_with_torchrun`` re-runs the current script under torchrun when a Trainer asks for
-several devices outside a launcher (like Lightning's subprocess launcher). No home-made process
-manager: rendezvous, worker monitoring and failure handling are torchrun's.
+``torchrun_command`` builds the command line ``trainer launch`` runs, and `run_torchrun` runs that
+command's agent in this process, so that the signal a scheduler sends the launcher reaches the
+training processes: SIGTERM and SIGUSR1 are passed on to them (they save a checkpoint and exit 0,
+`trainer.trainer.preemption`), and the launcher exits with their status — 0 whichever process got
+the signal. On several machines the launchers also watch each other through the rendezvous
+store (`trainer.accelerator.machine_watch`). ``notebook_launcher`` and ``debug_launcher`` start a
+function in N processes with ``torch.distributed.launcher.api``; ``relaunch_with_torchrun``
+re-runs the current script under torchrun when a Trainer asks for several devices outside a
+launcher (like Lightning's subprocess launcher). No home-made process manager: rendezvous,
+worker monitoring, restarts and failure handling are torchrun's.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import signal
 import socket
-import subprocess
 import sys
+import threading
 import uuid
 from collections.abc import Callable
 from typing import Any
 
 from trainer.accelerator.launch_config import LaunchConfig
+from trainer.accelerator.machine_watch import MachineWatch, training_processes
 from trainer.errors import ConfigurationError, StrategyError
 
 __all__ = [
@@ -26,8 +33,18 @@ __all__ = [
     "launch_environment",
     "notebook_launcher",
     "relaunch_with_torchrun",
+    "run_torchrun",
     "torchrun_command",
 ]
+
+# Signals the launcher passes on to the training processes instead of stopping them (torchrun's
+# agent would stop them and exit 1); torchrun keeps handling the others.
+_FORWARDED = tuple(
+    getattr(signal, name) for name in ("SIGTERM", "SIGUSR1") if hasattr(signal, name)
+)
+_TORCHRUN_HANDLES = ",".join(
+    name for name in ("SIGINT", "SIGHUP", "SIGQUIT") if hasattr(signal, name)
+)
 
 
 def launch_environment(config: LaunchConfig) -> dict[str, str]:
@@ -53,39 +70,131 @@ def launch_environment(config: LaunchConfig) -> dict[str, str]:
 
 
 def torchrun_command(
-    config: LaunchConfig, script: str, script_args: list[str], *, module: bool = False
+    config: LaunchConfig,
+    script: str,
+    script_args: list[str],
+    *,
+    module: bool = False,
+    max_restarts: int = 0,
 ) -> list[str]:
     """``python -m torch.distributed.run ...`` for ``config`` (one or several machines).
 
-    Several machines meet at ``main_process_ip:main_process_port`` (default port 29500): given
-    to torchrun as the master address when ``same_network`` (machines on one local network), else
-    as the rendezvous endpoint, as Accelerate does; a ``rdzv_backend`` other than "static" always
-    gets the endpoint.
+    Each machine starts ``config.processes_per_machine`` processes (``num_processes`` is the
+    total, as in Accelerate). Several machines meet at ``main_process_ip:main_process_port``
+    (default port 29500): torchrun's master address for the static rendezvous on one network
+    (``same_network``), else the rendezvous endpoint of ``rdzv_backend``, as Accelerate does.
+    ``max_restarts`` > 0 lets torchrun restart the processes of every machine that many times
+    after a failure.
+
+    Examples:
+        >>> config = LaunchConfig(num_machines=2, num_processes=16, main_process_ip="10.0.0.1")
+        >>> " ".join(torchrun_command(config, "train.py", [])[3:])
+        '--nproc_per_node 8 --nnodes 2 --node_rank 0 --master_addr 10.0.0.1 --master_port 29500 train.py'
     """
     command = [
         sys.executable,
         "-m",
         "torch.distributed.run",
         "--nproc_per_node",
-        str(config.num_processes),
+        str(config.processes_per_machine),
     ]
     if config.num_machines == 1 and not config.main_process_ip:
         command.append("--standalone")
     else:
         port = config.main_process_port or 29500
-        command += ["--nnodes", str(config.num_machines), "--node_rank", str(config.machine_rank)]
-        if config.same_network:
+        command += ["--nnodes", str(config.num_machines)]
+        if config.rdzv_backend == "static" and config.same_network:
+            command += ["--node_rank", str(config.machine_rank)]
             command += ["--master_addr", str(config.main_process_ip), "--master_port", str(port)]
-        if config.rdzv_backend != "static" or not config.same_network:
+        else:
+            if config.rdzv_backend == "static":  # other backends number the machines themselves
+                command += ["--node_rank", str(config.machine_rank)]
             command += [
                 "--rdzv_backend",
                 config.rdzv_backend,
                 "--rdzv_endpoint",
                 f"{config.main_process_ip}:{port}",
             ]
+    if max_restarts:
+        command += ["--max_restarts", str(max_restarts)]
     if module:
         command.append("-m")
     return [*command, script, *script_args]
+
+
+def run_torchrun(
+    command: list[str], env: dict[str, str], *, watch: MachineWatch | None = None
+) -> int:
+    """Run a `torchrun_command` with torchrun's agent in this process; return the exit status.
+
+    SIGTERM and SIGUSR1 sent to this process are passed on to the training processes, which
+    save a preemption checkpoint and exit with 0, so the launcher exits 0 too: the status is the
+    same whether the scheduler signalled the launcher, the training processes, or all of them.
+    SIGINT, SIGHUP and SIGQUIT stop the processes as torchrun does. ``env`` is added to this
+    process's environment (the training processes inherit it). With ``watch`` (several
+    machines) a lost machine or a machine started with other settings ends this one, named.
+
+    Returns:
+        0 when every process ended with 0; 1 when one failed (torchrun's report of the failing
+        rank is printed); 128 + N when stopped by signal N.
+    """
+    from torch.distributed import run as torchrun
+    from torch.distributed.elastic.multiprocessing.api import SignalException
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+
+    args = torchrun.parse_args(command[3:])
+    if hasattr(args, "signals_to_handle"):  # older torchrun stops the workers on SIGTERM
+        args.signals_to_handle = _TORCHRUN_HANDLES
+    os.environ.update(env)
+    previous = _pass_on_preemption_signals()
+    if watch is not None:
+        watch.start()
+    try:
+        try:
+            torchrun.run(args)
+        finally:  # a signal while reporting must not turn a failure into status 0
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+    except ChildFailedError as err:
+        explanation = watch.explain_failure(err) if watch is not None else ""
+        print(f"{err}{explanation}", file=sys.stderr, flush=True)
+        return 1
+    except SignalException as err:
+        print(f"trainer launch: stopped by {err.sigval.name}.", file=sys.stderr, flush=True)
+        return 128 + int(err.sigval)
+    finally:
+        if watch is not None:
+            watch.stop()
+    return 0
+
+
+def _pass_on_preemption_signals() -> dict[int, Any]:
+    """Install the handler that passes SIGTERM/SIGUSR1 on; return the handlers it replaced."""
+    if threading.current_thread() is not threading.main_thread():
+        return {}
+
+    def pass_on(signum: int, frame: object) -> None:
+        if not os.path.isdir("/proc"):  # the processes cannot be found: stop them as torchrun does
+            from torch.distributed.elastic.multiprocessing.api import _terminate_process_handler
+
+            _terminate_process_handler(signum, frame)
+        workers = training_processes()
+        for pid in workers:
+            try:
+                os.kill(pid, signum)
+            except ProcessLookupError:  # it ended meanwhile
+                continue
+        name = signal.Signals(signum).name
+        print(
+            f"trainer launch: received {name}; passed it on to {len(workers)} training "
+            "process(es), which save a checkpoint and exit with status 0.",
+            file=sys.stderr,
+            flush=True,
+        )
+        if not workers:  # between rendezvous and start, or all done: nothing left to save
+            raise SystemExit(0)
+
+    return {sig: signal.signal(sig, pass_on) for sig in _FORWARDED}
 
 
 def relaunch_with_torchrun(num_processes: int) -> None:
@@ -102,13 +211,12 @@ def relaunch_with_torchrun(num_processes: int) -> None:
         distributed_type=os.environ.get("TRAINER_DISTRIBUTED_TYPE", "MULTI_CPU"),
     )
     command = torchrun_command(config, script, sys.argv[1:])
-    env = {**os.environ, "TRAINER_RELAUNCHED": "1"}
     print(
         f"trainer: starting {num_processes} processes: {' '.join(command)}",
         file=sys.stderr,
         flush=True,
     )
-    raise SystemExit(subprocess.run(command, env=env).returncode)
+    raise SystemExit(run_torchrun(command, {"TRAINER_RELAUNCHED": "1"}))
 
 
 def _free_port() -> int:

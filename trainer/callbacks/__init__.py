@@ -14,6 +14,7 @@ if TYPE_CHECKING:
     from trainer.callbacks.batch_size_finder import BatchSizeFinder
     from trainer.callbacks.device_stats import DeviceStatsMonitor
     from trainer.callbacks.early_stopping import EarlyStopping
+    from trainer.callbacks.finetuning import BackboneFinetuning, BaseFinetuning
     from trainer.callbacks.fit_summary import FitSummary
     from trainer.callbacks.gradient_accumulation import GradientAccumulationScheduler
     from trainer.callbacks.lambda_function import LambdaCallback
@@ -23,12 +24,16 @@ if TYPE_CHECKING:
     from trainer.callbacks.model_summary import ModelSummary
     from trainer.callbacks.prediction_writer import BasePredictionWriter
     from trainer.callbacks.progress import RichProgressBar
+    from trainer.callbacks.progress_bar import ProgressBar
     from trainer.callbacks.spike import LossSpikeError, SpikeDetection
     from trainer.callbacks.throughput import ThroughputMonitor
     from trainer.callbacks.timer import Timer
+    from trainer.callbacks.tqdm_progress import TQDMProgressBar
     from trainer.callbacks.weight_averaging import StochasticWeightAveraging, WeightAveraging
 
 __all__ = [
+    "BackboneFinetuning",
+    "BaseFinetuning",
     "BasePredictionWriter",
     "BatchSizeFinder",
     "Callback",
@@ -43,9 +48,11 @@ __all__ = [
     "ModelCheckpoint",
     "ModelSummary",
     "OnExceptionCheckpoint",
+    "ProgressBar",
     "RichProgressBar",
     "SpikeDetection",
     "StochasticWeightAveraging",
+    "TQDMProgressBar",
     "ThroughputMonitor",
     "Timer",
     "WeightAveraging",
@@ -56,6 +63,10 @@ _LAZY = {
     "OnExceptionCheckpoint": "trainer.callbacks.model_checkpoint",
     "ModelSummary": "trainer.callbacks.model_summary",
     "RichProgressBar": "trainer.callbacks.progress",
+    "ProgressBar": "trainer.callbacks.progress_bar",
+    "TQDMProgressBar": "trainer.callbacks.tqdm_progress",
+    "BaseFinetuning": "trainer.callbacks.finetuning",
+    "BackboneFinetuning": "trainer.callbacks.finetuning",
     "BasePredictionWriter": "trainer.callbacks.prediction_writer",
     "DeviceStatsMonitor": "trainer.callbacks.device_stats",
     "EarlyStopping": "trainer.callbacks.early_stopping",

@@ -15,24 +15,31 @@ import os
 import shutil
 import warnings
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from trainer.checkpoint.atomic import (
     MANIFEST,
     discard_directory,
+    process_tag,
     refusal_to_replace,
     replace_directory,
 )
 from trainer.checkpoint.paths import is_inside, resolve_inside
 from trainer.errors import CheckpointError, describe
 
+if TYPE_CHECKING:
+    from trainer.plugins import PendingSave
+    from trainer.trainer.trainer import Trainer
+
 __all__ = [
     "adopt_path",
     "checked_state",
     "delete_checkpoint",
+    "is_link_left_behind",
     "is_same_path",
     "refusal_for_last",
     "swap_in_last",
+    "write_last",
 ]
 
 _LINK_TEXT_MAX = 4096  # a `last` file this small is a link flattened by a copy tool
@@ -73,6 +80,9 @@ def checked_state(state: object, key: str) -> dict[str, Any]:
             "a dict of str paths to numbers",
         ),
         "last_saved_step": (lambda v: isinstance(v, int) and not isinstance(v, bool), "an int"),
+        "kth_best_model_path": (lambda v: isinstance(v, str), "a str"),
+        "kth_value": (_is_number, "a number"),
+        "current_score": (lambda v: v is None or _is_number(v), "a number or None"),
     }
     for field, (is_valid, expected) in checks.items():
         if field in state and not is_valid(state[field]):
@@ -131,13 +141,57 @@ def delete_checkpoint(path: str, dirpath: str) -> None:
         discard_directory(folder)
 
 
+def is_link_left_behind(path: Path) -> bool:
+    """Whether ``path`` is a symbolic link or a small file (a link flattened by a copy tool):
+    how earlier versions kept ``last``; replacing it deletes no checkpoint."""
+    if path.is_symlink():
+        return True
+    return path.is_file() and path.stat().st_size <= _LINK_TEXT_MAX
+
+
 def refusal_for_last(final: Path) -> str | None:
     """Why ``last`` may not be replaced, or None (a link, a small file, a checkpoint, nothing)."""
-    if final.is_symlink() or not final.exists():
-        return None
-    if final.is_file() and final.stat().st_size <= _LINK_TEXT_MAX:
+    if not os.path.lexists(final) or is_link_left_behind(final):
         return None
     return refusal_to_replace(final)
+
+
+def write_last(
+    trainer: Trainer, final: Path, pending: PendingSave | None, *, weights_only: bool
+) -> PendingSave | None:
+    """Write the current state again as ``final`` (``last``), swapped in with no moment without it.
+
+    Every process writes (a sharded save is collective) to a temporary name that process 0
+    chooses; process 0 then exchanges it with the existing ``last`` of any kind (an old
+    symbolic link, a folder, a small file) and removes what it replaced. A background save
+    (``pending``) writes its snapshot there too, and the swap waits until both are complete.
+
+    Raises:
+        CheckpointError: ``final`` is a folder that is not a checkpoint, or a large file.
+    """
+    name, refusal = trainer.strategy.broadcast(
+        (f".{final.name}.tmp-{process_tag()}", refusal_for_last(final))
+        if trainer.is_global_zero
+        else None
+    )
+    if refusal is not None:
+        raise CheckpointError(refusal)
+    staged = final.parent / name
+    if pending is not None:
+        pending.also_write(staged)
+    else:
+        pending = trainer.save_checkpoint(staged, weights_only=weights_only)
+
+    def swap() -> None:
+        if trainer.is_global_zero:  # the others wrote their part; process 0 exchanges
+            swap_in_last(staged, final)
+
+    if pending is None:
+        swap()
+        trainer.strategy.barrier()
+        return None
+    pending.then(swap)
+    return pending
 
 
 def swap_in_last(staged: Path, final: Path) -> None:

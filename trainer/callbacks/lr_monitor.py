@@ -1,14 +1,18 @@
 """LearningRateMonitor: log each optimizer's learning rate (and momentum, weight decay).
 
-This module owns the metric names (Lightning's: ``lr-<OptimizerClass>``, ``/pg<N>`` per param
-group, ``-<N>`` for a repeated class, a scheduler's ``name`` when given) and when they are
-written. It reads ``trainer.optimizers`` and ``trainer.lr_scheduler_configs`` and writes to
-``trainer.loggers`` on global rank zero; it never changes a learning rate.
+This module owns the metric names (Lightning 2.6's: ``lr-<OptimizerClass>``, ``/pg<N>`` or the
+group's ``name`` per param group, ``-<N>`` for a repeated class, a scheduler's ``name`` when given)
+and when they are written. It reads ``trainer.optimizers`` and ``trainer.lr_scheduler_configs``,
+writes to ``trainer.loggers`` and puts the values in ``trainer.callback_metrics`` (so they can be
+monitored); it never changes a learning rate.
 """
 
 from __future__ import annotations
 
+import warnings
 from typing import TYPE_CHECKING, Any
+
+import torch
 
 from trainer.callbacks.callback import Callback
 from trainer.errors import ConfigurationError, describe
@@ -26,16 +30,20 @@ class LearningRateMonitor(Callback):
     """Log the learning rate of every optimizer to the Trainer's loggers.
 
     Names follow Lightning: ``lr-SGD`` for one SGD optimizer, ``lr-SGD/pg1``, ``lr-SGD/pg2``
-    for several param groups (``lr-SGD/<name>`` when a group has a ``"name"`` key), ``lr-SGD-1``
-    for a second SGD optimizer, and the scheduler's ``name`` instead of ``lr-SGD`` when
-    ``configure_optimizers`` gives one. ``log_momentum`` adds ``<name>-momentum`` (Adam's
-    ``betas[0]``), ``log_weight_decay`` adds ``<name>-weight_decay``.
+    for several param groups (``lr-SGD/<name>`` when a group has a ``"name"`` key, even a single
+    group), ``lr-SGD-1`` for a second SGD optimizer, and the scheduler's ``name`` instead of
+    ``lr-SGD`` when ``configure_optimizers`` gives one. ``log_momentum`` adds
+    ``<name>-momentum`` (Adam's ``betas[0]``), ``log_weight_decay`` adds ``<name>-weight_decay``.
 
-    When: a scheduler stepped per ``"step"`` is logged at the start of a batch whose step is
-    due for logging (``(global_step + 1) % log_every_n_steps == 0``), at ``step=global_step``;
-    one stepped per ``"epoch"`` at the start of each epoch. ``logging_interval`` keeps only
-    one of the two; an optimizer without a scheduler is logged at both. Values are also kept
-    in ``self.lrs`` (name -> list of floats).
+    When (Lightning's rule): with ``logging_interval=None`` a scheduler stepped per ``"step"``
+    is logged at the start of each batch whose step is due for logging
+    (``(global_step + 1) % log_every_n_steps == 0``: with gradient accumulation, every batch of
+    that step), one stepped per ``"epoch"`` at the start of each epoch, and an optimizer without
+    a scheduler at both. ``"step"`` logs every
+    optimizer at the due batches only, ``"epoch"`` every optimizer at each epoch start. Rows
+    are written at ``step=global_step``; the values also go to ``trainer.callback_metrics``
+    (where ``ModelCheckpoint`` or ``EarlyStopping`` can monitor them) and to ``self.lrs``
+    (name -> list of floats).
 
     Args:
         logging_interval: None (each scheduler at its own interval), ``"step"`` or ``"epoch"``.
@@ -43,8 +51,9 @@ class LearningRateMonitor(Callback):
         log_weight_decay: also log ``weight_decay``.
 
     Raises:
-        ConfigurationError: ``logging_interval`` is not None, "step" or "epoch"; or fit starts
-            with no logger (``Trainer(logger=False)``).
+        ConfigurationError: ``logging_interval`` is not None, "step" or "epoch"; fit starts
+            with no logger (``Trainer(logger=False)``); or one optimizer has two param groups
+            with the same ``name``.
 
     Examples:
         >>> monitor = LearningRateMonitor(logging_interval="epoch")
@@ -67,7 +76,8 @@ class LearningRateMonitor(Callback):
         self.log_momentum = log_momentum
         self.log_weight_decay = log_weight_decay
         self.lrs: dict[str, list[float]] = {}
-        self._last_step_logged = -1
+        self.last_momentum_values: dict[str, float | None] = {}
+        self.last_weight_decay_values: dict[str, float | None] = {}
 
     def on_train_start(self, trainer: Trainer, module: TrainModule) -> None:
         if not trainer.loggers:
@@ -75,71 +85,141 @@ class LearningRateMonitor(Callback):
                 "LearningRateMonitor needs a logger, but the Trainer has none (logger=False). "
                 "Pass Trainer(logger=True) or a Logger, or remove the callback."
             )
-        self._last_step_logged = -1
+        if self.log_momentum and not self._has_momentum(trainer):
+            warnings.warn(
+                "You have set log_momentum=True, but some optimizers do not have momentum. "
+                "This will log a value 0 for the momentum.",
+                RuntimeWarning,
+                stacklevel=2,
+            )
+        names = [name for _, group_names in self._named_optimizers(trainer) for name in group_names]
+        self.lrs = {name: [] for name in names}
+        self.last_momentum_values = {f"{name}-momentum": None for name in names}
+        self.last_weight_decay_values = {f"{name}-weight_decay": None for name in names}
 
     def on_train_batch_start(
         self, trainer: Trainer, module: TrainModule, batch: Any, batch_idx: int
     ) -> None:
         if self.logging_interval == "epoch":
             return
-        step = trainer.global_step
-        # With accumulation several batches share a step: log it once.
-        if (step + 1) % trainer.log_every_n_steps != 0 or step == self._last_step_logged:
+        # Lightning's rule, checked per batch: with accumulation each batch of a due step logs.
+        if (trainer.global_step + 1) % trainer.log_every_n_steps and not trainer.should_stop:
             return
-        self._last_step_logged = step
-        self._log(trainer, self.extract_stats(trainer, "step"))
+        self._log(trainer, self.extract_stats(trainer, "any" if self.logging_interval else "step"))
 
     def on_train_epoch_start(self, trainer: Trainer, module: TrainModule) -> None:
         if self.logging_interval == "step":
             return
-        self._log(trainer, self.extract_stats(trainer, self.logging_interval or "epoch"))
+        self._log(trainer, self.extract_stats(trainer, "any" if self.logging_interval else "epoch"))
 
     def extract_stats(self, trainer: Trainer, interval: str) -> dict[str, float]:
         """The current values to log for schedulers stepped per ``interval`` ("step",
-        "epoch", or "any"), plus every optimizer without a scheduler.
+        "epoch", or "any"), plus every optimizer without a scheduler; also put in
+        ``trainer.callback_metrics``.
+
+        Raises:
+            ConfigurationError: an optimizer has two param groups with the same ``name``.
 
         Examples:
             >>> LearningRateMonitor().extract_stats(trainer, "any")  # one SGD(lr=0.1)
             {'lr-SGD': 0.1}
         """
-        scheduled = {
-            id(config.scheduler.optimizer): config for config in trainer.lr_scheduler_configs
-        }
         stats: dict[str, float] = {}
-        seen: dict[str, int] = {}
-        for optimizer in trainer.optimizers:
-            inner = getattr(optimizer, "optimizer", optimizer)  # a prepared wrapper's optimizer
-            class_name = type(inner).__name__
-            seen[class_name] = seen.get(class_name, 0) + 1
-            config = scheduled.get(id(inner)) or scheduled.get(id(optimizer))
+        for (optimizer, config), names in self._named_optimizers(trainer):
             if config is not None and interval not in ("any", config.interval):
                 continue
-            base = f"lr-{class_name}"
-            if seen[class_name] > 1:
-                base += f"-{seen[class_name] - 1}"
-            if config is not None and config.name:
-                base = config.name
-            stats.update(self._optimizer_stats(inner, base))
+            stats.update(self._optimizer_stats(optimizer, names))
+        trainer.callback_metrics.update(
+            {
+                name: torch.tensor(value, device=trainer.strategy.root_device)
+                for name, value in stats.items()
+            }
+        )
         return stats
 
-    def _optimizer_stats(self, optimizer: Any, base: str) -> dict[str, float]:
+    def _named_optimizers(self, trainer: Trainer) -> list[tuple[tuple[Any, Any], list[str]]]:
+        """``((optimizer, scheduler config or None), one name per param group)``, Lightning's
+        order: optimizers with a scheduler first (in scheduler order), then the others."""
+        named: list[tuple[tuple[Any, Any], list[str]]] = []
+        seen: list[Any] = []
+        class_counts: dict[type, int] = {}
+        for config in trainer.lr_scheduler_configs:
+            optimizer = _unwrap(config.scheduler.optimizer)
+            base = config.name if config.name is not None else f"lr-{type(optimizer).__name__}"
+            names = self._group_names(optimizer, base, class_counts, count=config.name is None)
+            named.append(((optimizer, config), names))
+            seen.append(optimizer)
+        for wrapped in trainer.optimizers:
+            optimizer = _unwrap(wrapped)
+            if any(optimizer is other for other in seen):
+                continue
+            seen.append(optimizer)
+            base = f"lr-{type(optimizer).__name__}"
+            named.append(((optimizer, None), self._group_names(optimizer, base, class_counts)))
+        return named
+
+    @staticmethod
+    def _group_names(
+        optimizer: Any, base: str, class_counts: dict[type, int], *, count: bool = True
+    ) -> list[str]:
+        """One metric name per param group: ``-<N>`` for a repeated class, ``/pg<i>`` or the
+        group's ``name``; a name used twice in one optimizer is refused (as Lightning)."""
+        klass = type(optimizer)
+        if count:
+            class_counts[klass] = class_counts.get(klass, 0) + 1
         groups = optimizer.param_groups
+        group_names = [group.get("name", f"pg{i}") for i, group in enumerate(groups, start=1)]
+        duplicates = {name for name in group_names if group_names.count(name) > 1}
+        if duplicates:
+            raise ConfigurationError(
+                "A single `Optimizer` cannot have multiple parameter groups with identical "
+                f"`name` values. {base} has duplicated parameter group names {sorted(duplicates)}. "
+                "Give each param group of the optimizer its own name."
+            )
+        if class_counts.get(klass, 0) > 1:
+            base += f"-{class_counts[klass] - 1}"
+        if len(groups) > 1:
+            return [f"{base}/{name}" for name in group_names]
+        name = groups[0].get("name") if groups else None
+        return [f"{base}/{name}" if name else base]
+
+    def _optimizer_stats(self, optimizer: Any, names: list[str]) -> dict[str, float]:
+        uses_betas = "betas" in optimizer.defaults
         stats: dict[str, float] = {}
-        for index, group in enumerate(groups):
-            name = base
-            if len(groups) > 1:
-                name = f"{base}/{group.get('name') or f'pg{index + 1}'}"
+        for group, name in zip(optimizer.param_groups, names):
             stats[name] = float(group["lr"])
+            self.lrs.setdefault(name, []).append(stats[name])
             if self.log_momentum:
-                momentum = group.get("betas", (group.get("momentum", 0.0),))[0]
+                momentum = group["betas"][0] if uses_betas else group.get("momentum", 0)
                 stats[f"{name}-momentum"] = float(momentum)
+                self.last_momentum_values[f"{name}-momentum"] = float(momentum)
             if self.log_weight_decay:
-                stats[f"{name}-weight_decay"] = float(group.get("weight_decay", 0.0))
+                weight_decay = float(group.get("weight_decay", 0.0))
+                stats[f"{name}-weight_decay"] = weight_decay
+                self.last_weight_decay_values[f"{name}-weight_decay"] = weight_decay
         return stats
+
+    @staticmethod
+    def _has_momentum(trainer: Trainer) -> bool:
+        """Lightning's check: no warning unless some optimizer lacks ``momentum`` and some
+        (maybe another) lacks ``betas``; with schedulers only theirs are looked at."""
+        optimizers = [
+            _unwrap(opt)
+            for opt in (
+                [config.scheduler.optimizer for config in trainer.lr_scheduler_configs]
+                or trainer.optimizers
+            )
+        ]
+        return not all(
+            any(key not in opt.defaults for opt in optimizers) for key in ("momentum", "betas")
+        )
 
     def _log(self, trainer: Trainer, stats: dict[str, float]) -> None:
-        for name, value in stats.items():
-            self.lrs.setdefault(name, []).append(value)
         if stats and trainer.is_global_zero:
             for logger in trainer.loggers:
                 logger.log_metrics(stats, step=trainer.global_step)
+
+
+def _unwrap(optimizer: Any) -> Any:
+    """The torch optimizer inside a prepared (or DeepSpeed) wrapper."""
+    return getattr(optimizer, "optimizer", optimizer)

@@ -1,13 +1,14 @@
 """ModelCheckpoint and OnExceptionCheckpoint: when to save, what to keep, what is best.
 
 The Trainer writes the files (``trainer.save_checkpoint``, atomic, see ``trainer/checkpoint``);
-this callback decides when, names the directory from a template, keeps the ``save_top_k`` best by
-``monitor`` and deletes a checkpoint only after its replacement is complete. ``save_last`` keeps a
-real checkpoint directory ``last`` (no symbolic link: it survives copies), swapped in atomically.
-The state it restores on resume is checked: only checkpoint folders inside ``dirpath`` are ever
-tracked, so only those are ever deleted. Those checks (restored state, deletion, replacing
-``last``) live in ``trainer/callbacks/checkpoint_folder.py``; confinement itself in
-``trainer/checkpoint/paths``.
+this callback decides when (Lightning 2.6's rules, ``checkpoint_triggers.py``), names the
+directory from a template with ``-v1``, ``-v2`` on a collision (``checkpoint_naming.py``), keeps
+the ``save_top_k`` best by ``monitor`` and deletes a checkpoint only after its replacement is
+complete. ``save_last`` keeps a real checkpoint directory ``last`` (no symbolic link: it survives
+copies), swapped in atomically. The state it restores on resume is checked: only checkpoint
+folders inside ``dirpath`` are ever tracked, so only those are ever deleted. Those checks
+(restored state, deletion, replacing ``last``) live in ``checkpoint_folder.py``; confinement
+itself in ``trainer/checkpoint/paths``.
 """
 
 from __future__ import annotations
@@ -15,10 +16,10 @@ from __future__ import annotations
 import copy
 import math
 import os
-import re
 import time
+import warnings
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 import torch
 
@@ -27,11 +28,17 @@ from trainer.callbacks.checkpoint_folder import (
     adopt_path,
     checked_state,
     delete_checkpoint,
-    refusal_for_last,
-    swap_in_last,
+    write_last,
 )
-from trainer.checkpoint.atomic import process_tag, remove_stale_temporaries
-from trainer.errors import CheckpointError, ConfigurationError, describe
+from trainer.callbacks.checkpoint_naming import (
+    fill_template,
+    first_free_name,
+    is_taken_last,
+    monitor_candidates,
+)
+from trainer.callbacks.checkpoint_triggers import CheckpointSchedule, resolve_triggers
+from trainer.checkpoint.atomic import remove_stale_temporaries
+from trainer.errors import ConfigurationError, TrainerError, describe
 
 if TYPE_CHECKING:
     from trainer.plugins import PendingSave
@@ -40,86 +47,116 @@ if TYPE_CHECKING:
 
 __all__ = ["ModelCheckpoint", "OnExceptionCheckpoint"]
 
-_FIELD = re.compile(r"\{([^{}:]+)(:[^{}]*)?\}")
 LAST_NAME = "last"  # the real checkpoint directory save_last keeps (Lightning: last.ckpt)
 _BOOKKEEPING = ("best_k_models", "best_model_path", "best_model_score", "last_model_path")
-_BOOKKEEPING += ("_saved", "_last_saved_step")
+_BOOKKEEPING += ("kth_best_model_path", "kth_value", "current_score", "_saved", "_last_saved_step")
 
 
-class ModelCheckpoint(Callback):
-    """Save checkpoints during fit (Lightning's arguments and semantics).
+class ModelCheckpoint(CheckpointSchedule):
+    """Save checkpoints during fit (Lightning 2.6's arguments, attributes and timing).
 
     Args:
         dirpath: directory of the checkpoints; default ``<default_root_dir>/checkpoints``.
         filename: name template with ``{epoch}``, ``{step}`` and metric fields, e.g.
-            ``"epoch={epoch}-step={step}-{val/loss:.3f}"``; a bare ``{name}`` becomes
-            ``name=value`` (``auto_insert_metric_name``); "/" in a name becomes "_".
-        monitor: the metric to rank checkpoints by (None: the latest are kept).
-        mode: "min" or "max".
-        save_top_k: how many to keep (-1 all, 0 none but ``last``).
-        save_last: keep a ``last`` link to the newest checkpoint (written even when not top-k).
-        every_n_train_steps: save every N optimizer steps.
-        every_n_epochs: save every N epochs (the default, N=1, saves at the end of every
-            epoch, after its validation).
-        train_time_interval: save every time this interval has passed (a ``timedelta``).
+            ``"{epoch}-{val/loss:.3f}"``; a bare ``{name}`` becomes ``name=value``
+            (``auto_insert_metric_name``); "/" in a name becomes "_". Default
+            ``"{epoch}-{step}"`` (``epoch=2-step=300``).
+        monitor: the metric to rank checkpoints by (``"epoch"`` and ``"step"`` work too);
+            None keeps the newest.
+        verbose: print a line for each checkpoint ranked (Lightning's messages).
+        save_last: also keep ``last``, the newest state (written at every save point, and at
+            the end of training if that step was not saved). ``"link"`` is accepted and writes
+            a real copy too (no symbolic links, see docs/migration/lightning.md).
+        save_top_k: how many to keep (-1 all, 0 none but ``last``; above 1 needs ``monitor``).
+        save_on_exception: save a checkpoint (and ``last``) when fit raises.
         save_weights_only: only the model weights (no optimizer or loop state).
+        mode: "min" or "max".
+        auto_insert_metric_name: write ``name=`` before each bare template field.
+        every_n_train_steps: save every N optimizer steps.
+        train_time_interval: save every time this interval has passed (a ``timedelta``).
+        every_n_epochs: save every N epochs (the default when no trigger is set, with N=1).
+        save_on_train_epoch_end: save the epoch's checkpoint at the end of the training epoch
+            (True) or after validation (False). None: at the training epoch end when validation
+            runs once at the end of every epoch or not at all, after each validation otherwise.
+        enable_version_counter: a name that is taken gets ``-v1``, ``-v2``, ... (False:
+            replace it).
+
+    Attributes:
+        best_model_path, best_model_score, best_k_models (path -> score),
+        kth_best_model_path, kth_value, current_score, last_model_path: as Lightning's.
+
+    Raises:
+        ConfigurationError: an argument is invalid; the three triggers are combined; or
+            ``save_top_k`` > 1 with no ``monitor``.
 
     Examples:
         >>> ModelCheckpoint(monitor="val/loss", mode="min", save_top_k=2, save_last=True)
     """
+
+    CHECKPOINT_JOIN_CHAR = "-"
+    CHECKPOINT_EQUALS_CHAR = "="
+    CHECKPOINT_NAME_LAST = LAST_NAME
+    FILE_EXTENSION = ""  # checkpoints are directories (Lightning: ".ckpt" files)
+    STARTING_VERSION = 1
 
     def __init__(
         self,
         dirpath: str | os.PathLike[str] | None = None,
         filename: str | None = None,
         monitor: str | None = None,
-        mode: str = "min",
-        save_top_k: int = 1,
-        save_last: bool | None = None,
-        every_n_train_steps: int | None = None,
-        every_n_epochs: int | None = None,
-        train_time_interval: Any = None,
-        save_weights_only: bool = False,
-        auto_insert_metric_name: bool = True,
         verbose: bool = False,
+        save_last: bool | Literal["link"] | None = None,
+        save_top_k: int = 1,
+        save_on_exception: bool = False,
+        save_weights_only: bool = False,
+        mode: str = "min",
+        auto_insert_metric_name: bool = True,
+        every_n_train_steps: int | None = None,
+        train_time_interval: Any = None,
+        every_n_epochs: int | None = None,
+        save_on_train_epoch_end: bool | None = None,
+        enable_version_counter: bool = True,
     ) -> None:
-        if mode not in ("min", "max"):
-            raise ConfigurationError(f"ModelCheckpoint(mode={mode!r}): expected 'min' or 'max'.")
-        if not isinstance(save_top_k, int) or save_top_k < -1:
+        triggers = resolve_triggers(
+            monitor=monitor,
+            mode=mode,
+            save_top_k=save_top_k,
+            every_n_train_steps=every_n_train_steps,
+            every_n_epochs=every_n_epochs,
+            train_time_interval=train_time_interval,
+        )
+        if save_last not in (None, True, False, "link"):
             raise ConfigurationError(
-                f"ModelCheckpoint(save_top_k={describe(save_top_k)}): expected an int >= -1."
+                f"ModelCheckpoint(save_last={describe(save_last)}): expected None, True, False or 'link'."
             )
-        for name, value in (
-            ("every_n_train_steps", every_n_train_steps),
-            ("every_n_epochs", every_n_epochs),
-        ):
-            if value is not None and (not isinstance(value, int) or value < 0):
-                raise ConfigurationError(
-                    f"ModelCheckpoint({name}={describe(value)}): expected an int >= 0 or None."
-                )
-        self.dirpath = os.fspath(dirpath) if dirpath is not None else None
+        self.dirpath = _local_dirpath(dirpath)
         self.filename = filename
         self.monitor = monitor
-        self.mode = mode
-        self.save_top_k = save_top_k
-        self.save_last = save_last
-        self.every_n_train_steps = every_n_train_steps or None
-        self.train_time_interval = _seconds(train_time_interval)
-        is_step_based = self.every_n_train_steps is not None or self.train_time_interval is not None
-        self.every_n_epochs = (
-            every_n_epochs if every_n_epochs is not None else (None if is_step_based else 1)
-        )
-        self.save_weights_only = save_weights_only
-        self.auto_insert_metric_name = auto_insert_metric_name
         self.verbose = verbose
+        self.save_last = save_last
+        self.save_top_k = save_top_k
+        self.save_on_exception = save_on_exception
+        self.save_weights_only = save_weights_only
+        self.mode = mode
+        self.auto_insert_metric_name = auto_insert_metric_name
+        self.every_n_train_steps = triggers.every_n_train_steps
+        self.every_n_epochs = triggers.every_n_epochs
+        self.train_time_interval = triggers.train_time_interval
+        self.save_on_train_epoch_end = save_on_train_epoch_end
+        self.enable_version_counter = enable_version_counter
         self.best_k_models: dict[str, float] = {}
         self.best_model_path = ""
         self.best_model_score: torch.Tensor | None = None
+        self.kth_best_model_path = ""
+        self.kth_value = torch.tensor(math.inf if mode == "min" else -math.inf)
+        self.current_score: torch.Tensor | None = None
         self.last_model_path = ""
-        self._saved: list[str] = []  # checkpoints in save order (for monitor=None top-k)
-        self._last_saved_step = -1
-        self._last_time = time.monotonic()
-        self._has_validated = False
+        self._saved: list[str] = []  # checkpoints in save order (for monitor=None)
+        self._last_saved_step = 0  # Lightning: nothing to save before the first step
+        self._last_time: float | None = None
+        self._defer_save_until_validation = False  # a step save waits for the monitored metric
+        self._has_validated = False  # a validation ran in this fit: a missing monitor is an error
+        self._has_warned_missing = False
         self._pending: PendingSave | None = None  # a background save not yet complete
 
     @property
@@ -131,10 +168,11 @@ class ModelCheckpoint(Callback):
             "dirpath": self.dirpath,
             "monitor": self.monitor,
             "best_model_path": self.best_model_path,
-            "best_model_score": None
-            if self.best_model_score is None
-            else float(self.best_model_score),
+            "best_model_score": _float_or_none(self.best_model_score),
+            "current_score": _float_or_none(self.current_score),
             "best_k_models": dict(self.best_k_models),
+            "kth_best_model_path": self.kth_best_model_path,
+            "kth_value": float(self.kth_value),
             "last_model_path": self.last_model_path,
             "saved": list(self._saved),
             "last_saved_step": self._last_saved_step,
@@ -171,59 +209,48 @@ class ModelCheckpoint(Callback):
         }
         self._saved = [kept for path in state.get("saved", []) if (kept := adopt("saved", path))]
         self.best_model_path = adopt("best_model_path", state.get("best_model_path", ""))
-        score = state.get("best_model_score")
-        self.best_model_score = None if score is None else torch.tensor(score)
+        self.kth_best_model_path = adopt(
+            "kth_best_model_path", state.get("kth_best_model_path", "")
+        )
+        for field in ("best_model_score", "current_score"):
+            score = state.get(field)
+            setattr(self, field, None if score is None else torch.tensor(score))
+        if "kth_value" in state:
+            self.kth_value = torch.tensor(float(state["kth_value"]))
         self.last_model_path = adopt("last_model_path", state.get("last_model_path", ""))
-        self._last_saved_step = state.get("last_saved_step", -1)
+        self._last_saved_step = state.get("last_saved_step", self._last_saved_step)
 
-    # ---- when ---------------------------------------------------------------------------------
-    def setup(self, trainer: Trainer, module: TrainModule, stage: str) -> None:
-        if self.dirpath is None:
-            self.dirpath = os.path.join(trainer.default_root_dir, "checkpoints")
-
-    def on_train_start(self, trainer: Trainer, module: TrainModule) -> None:
-        self._last_time = time.monotonic()
-
-    def on_train_batch_end(
-        self, trainer: Trainer, module: TrainModule, outputs: Any, batch: Any, batch_idx: int
-    ) -> None:
-        step = trainer.global_step
-        is_due = self.every_n_train_steps is not None and step % self.every_n_train_steps == 0
-        if (
-            self.train_time_interval is not None
-            and time.monotonic() - self._last_time >= self.train_time_interval
-        ):
-            is_due = True
-        if is_due and trainer.accelerator.sync_gradients:
-            self._last_time = time.monotonic()
-            self.save(trainer)
-
-    def on_train_epoch_start(self, trainer: Trainer, module: TrainModule) -> None:
-        self._has_validated = False
-
-    def on_validation_end(self, trainer: Trainer, module: TrainModule) -> None:
-        if trainer.sanity_checking or trainer.state.stage != "fit":
+    def on_exception(self, trainer: Trainer, module: TrainModule, exception: BaseException) -> None:
+        if not self.save_on_exception or trainer.state.stage != "fit" or not trainer.optimizers:
             return
-        self._has_validated = True
-        if self._is_epoch_due(trainer):
-            self.save(trainer)
+        if trainer.fast_dev_run or trainer.sanity_checking:
+            return
+        if trainer.global_step == self._last_saved_step:
+            return
+        try:
+            path = self.format_checkpoint_name(monitor_candidates(trainer))
+            trainer.save_checkpoint(path, weights_only=self.save_weights_only)
+            self._save(trainer, with_top_k=False)  # `last`, if save_last
+            self._last_saved_step = trainer.global_step
+        except (OSError, TrainerError) as err:  # the exception being raised matters more
+            warnings.warn(f"ModelCheckpoint(save_on_exception=True): {err}", stacklevel=2)
+            return
+        if trainer.is_global_zero:
+            print(
+                f"An {type(exception).__name__} was raised with message: {exception}, "
+                f"saved checkpoint to {path}"
+            )
 
-    def on_train_epoch_end(self, trainer: Trainer, module: TrainModule) -> None:
-        # Without a validation this epoch, save at its end (metrics: the training ones).
-        if not self._has_validated and self._is_epoch_due(trainer):
-            self.save(trainer)
-
-    def on_fit_end(self, trainer: Trainer, module: TrainModule) -> None:
-        # The state at the end of fit (e.g. stopped by max_steps mid-epoch) is resumable too.
-        if self.save_last and trainer.global_step != self._last_saved_step:
-            self.save(trainer)
-
-    def _is_epoch_due(self, trainer: Trainer) -> bool:
-        return bool(self.every_n_epochs) and (trainer.current_epoch + 1) % self.every_n_epochs == 0
+    def _now(self) -> float:
+        return time.monotonic()
 
     # ---- what ---------------------------------------------------------------------------------
     def save(self, trainer: Trainer) -> None:
-        """Save now (if not already at this step), rank by ``monitor``, prune, update ``last``.
+        """Save now (if not already at this step), rank by ``monitor``, prune, update ``last``."""
+        self._save(trainer)
+
+    def _save(self, trainer: Trainer, *, with_top_k: bool = True) -> None:
+        """Rank and write the top-k checkpoint (``with_top_k``) and ``last``; prune.
 
         The bookkeeping is updated before writing, so each checkpoint's saved state already
         counts it (as Lightning's does): a run resumed from it keeps exactly ``save_top_k``.
@@ -237,32 +264,30 @@ class ModelCheckpoint(Callback):
         self._complete_pending_save()  # this save ranks against the previous one's bookkeeping
         if trainer.is_global_zero:  # what a killed save left behind
             remove_stale_temporaries(self.dirpath)
-        metrics = trainer.callback_metrics
-        score = self._score(metrics)
-        path = os.path.join(self.dirpath, self.format_name(trainer.current_epoch, step, metrics))
+        metrics = monitor_candidates(trainer)
         before = {name: copy.copy(getattr(self, name)) for name in _BOOKKEEPING}
-        is_top_k = self._is_top_k(score)
-        dropped = self._record(path, score) if is_top_k else []
+        path, dropped = (self._rank(trainer, metrics) if with_top_k else None) or ("", [])
+        if not path and not self.save_last:
+            return
         previous_last = self.last_model_path
         self._last_saved_step = step
         if self.save_last:  # before both writes: the two copies hold the same state
-            self.last_model_path = os.path.join(self.dirpath, LAST_NAME)
+            self.last_model_path = self._free_path(
+                trainer, metrics, self.CHECKPOINT_NAME_LAST, reusable=previous_last, is_last=True
+            )
         try:
             pending = (
-                trainer.save_checkpoint(path, weights_only=self.save_weights_only)
-                if is_top_k
-                else None
+                trainer.save_checkpoint(path, weights_only=self.save_weights_only) if path else None
             )
-            if self.save_last:
-                pending = self._save_last(trainer, pending)
+            if self.save_last:  # a real copy, swapped in with no moment without one
+                last = Path(self.last_model_path)
+                pending = write_last(trainer, last, pending, weights_only=self.save_weights_only)
         except BaseException:  # track nothing that is not on disk
             self._set_bookkeeping(before)
             raise
-        if previous_last != self.last_model_path and os.path.basename(previous_last).startswith(
-            f"{LAST_NAME}-"
-        ):
-            dropped.append(previous_last)  # a `last-<name>` copy from an earlier version
-        saved = path if is_top_k else self.last_model_path if self.save_last else ""
+        if previous_last and previous_last != self.last_model_path:
+            dropped.append(previous_last)  # `last` moved (a versioned name, a templated name)
+        saved = path or self.last_model_path
 
         def after_save() -> None:
             self._after_save(trainer, saved, dropped)
@@ -278,8 +303,113 @@ class ModelCheckpoint(Callback):
         pending.then(after_save)
         self._pending = pending
 
+    def _rank(self, trainer: Trainer, metrics: dict[str, Any]) -> tuple[str, list[str]] | None:
+        """Register this step's checkpoint if it makes the top k: (its path, the paths it
+        pushes out); None when it does not, or the monitored metric is missing."""
+        if self.save_top_k == 0:
+            return None
+        if self.monitor is None:
+            path = self._free_path(trainer, metrics, reusable=self.best_model_path)
+            self.best_model_path = path
+            if path not in self._saved:
+                self._saved.append(path)
+            dropped: list[str] = []
+            while self.save_top_k != -1 and len(self._saved) > self.save_top_k:
+                dropped.append(self._saved.pop(0))
+            return path, dropped
+        score = self._score(metrics)
+        if score is None:
+            return None
+        if not self.check_monitor_top_k(trainer, torch.tensor(score)):
+            if self.verbose and trainer.is_global_zero:
+                print(
+                    f"Epoch {metrics['epoch']:d}, global step {metrics['step']:d}: "
+                    f"{self.monitor!r} was not in top {self.save_top_k}"
+                )
+            return None
+        score = score if not math.isnan(score) else (math.inf if self.mode == "min" else -math.inf)
+        k = len(self.best_k_models) + 1 if self.save_top_k == -1 else self.save_top_k
+        replaced = ""
+        if len(self.best_k_models) == k:
+            replaced = self._kth_path()
+            del self.best_k_models[replaced]
+        path = self._free_path(trainer, metrics, reusable=replaced)
+        self.current_score = torch.tensor(score)
+        self.best_k_models[path] = score
+        if len(self.best_k_models) == k:
+            worst = max if self.mode == "min" else min
+            self.kth_best_model_path = worst(self.best_k_models, key=self.best_k_models.__getitem__)
+            self.kth_value = torch.tensor(self.best_k_models[self.kth_best_model_path])
+        pick = min if self.mode == "min" else max
+        self.best_model_path = pick(self.best_k_models, key=self.best_k_models.__getitem__)
+        self.best_model_score = torch.tensor(self.best_k_models[self.best_model_path])
+        if self.verbose and trainer.is_global_zero:
+            print(
+                f"Epoch {metrics['epoch']:d}, global step {metrics['step']:d}: {self.monitor!r} "
+                f"reached {score:0.5f} (best {float(self.best_model_score):0.5f}), saving model "
+                f"to {path!r} as top {k}"
+            )
+        return path, [replaced] if replaced and replaced != path else []
+
+    def check_monitor_top_k(self, trainer: Trainer, current: torch.Tensor | None = None) -> bool:
+        """Whether ``current`` makes the top k (the same answer on every process)."""
+        if current is None:
+            return False
+        if self.save_top_k == -1 or len(self.best_k_models) < self.save_top_k:
+            return True
+        kth = self.best_k_models[self._kth_path()]
+        value = float(current)
+        is_better = value < kth if self.mode == "min" else value > kth
+        return trainer.strategy.reduce_boolean_decision(is_better)
+
+    def _kth_path(self) -> str:
+        """The worst kept checkpoint (Lightning's ``kth_best_model_path``)."""
+        if self.kth_best_model_path in self.best_k_models:
+            return self.kth_best_model_path
+        pick = max if self.mode == "min" else min
+        return pick(self.best_k_models, key=self.best_k_models.__getitem__)
+
+    def _score(self, metrics: dict[str, Any]) -> float | None:
+        """The monitored value; None (with a warning) when it is missing before any validation."""
+        if self.monitor in metrics:
+            return float(metrics[self.monitor])
+        logged = sorted(set(metrics) - {"epoch", "step"})
+        message = (
+            f"ModelCheckpoint(monitor={self.monitor!r}): the metric was not logged; logged "
+            f"metrics: {logged}. Log it with self.log(...) or change monitor."
+        )
+        if self._has_validated:
+            raise ConfigurationError(message)
+        if not self._has_warned_missing:  # Lightning: a warning until validation has run
+            self._has_warned_missing = True
+            warnings.warn(message, stacklevel=2)
+        return None
+
+    def _free_path(
+        self,
+        trainer: Trainer,
+        metrics: dict[str, Any],
+        filename: str | None = None,
+        *,
+        reusable: str = "",
+        is_last: bool = False,
+    ) -> str:
+        """The path for ``metrics``; with ``enable_version_counter``, the first of ``name``,
+        ``name-v1``, ... that is free or ``reusable`` (decided on process 0 for every process)."""
+
+        def name_for(version: int | None) -> str:
+            return self.format_checkpoint_name(dict(metrics), filename, ver=version)
+
+        if not self.enable_version_counter:
+            return name_for(None)
+        chosen = None
+        if trainer.is_global_zero:
+            is_taken = is_taken_last if is_last else os.path.lexists
+            chosen = first_free_name(name_for, is_taken, reusable, self.STARTING_VERSION)
+        return trainer.strategy.broadcast(chosen) if trainer.world_size > 1 else chosen
+
     def _after_save(self, trainer: Trainer, saved: str, dropped: list[str]) -> None:
-        """Once ``saved`` is complete: delete what it replaced, tell the loggers, say so."""
+        """Once ``saved`` is complete: delete what it replaced, tell the loggers."""
         if not trainer.is_global_zero:
             return
         for old in dropped:  # only now: the new checkpoint and `last` are in place
@@ -287,8 +417,6 @@ class ModelCheckpoint(Callback):
         if saved:  # artifact upload (WandbLogger/MLFlowLogger log_model)
             for logger in trainer.loggers:
                 logger.after_save_checkpoint(self)
-            if self.verbose:
-                print(f"ModelCheckpoint: saved {saved}")
 
     def _set_bookkeeping(self, values: dict[str, Any]) -> None:
         for name, value in values.items():
@@ -300,107 +428,40 @@ class ModelCheckpoint(Callback):
         if pending is not None:
             pending.wait()
 
-    def _score(self, metrics: dict[str, torch.Tensor]) -> float | None:
-        if self.monitor is None:
-            return None
-        if self.monitor not in metrics:
-            raise ConfigurationError(
-                f"ModelCheckpoint(monitor={self.monitor!r}): the metric was not logged; logged metrics: {sorted(metrics)}. "
-                "Log it with self.log(...) or change monitor."
-            )
-        value = float(metrics[self.monitor])
-        return value if not math.isnan(value) else (math.inf if self.mode == "min" else -math.inf)
-
-    def _is_top_k(self, score: float | None) -> bool:
-        if self.save_top_k == 0:
-            return False
-        if self.save_top_k == -1 or score is None or len(self.best_k_models) < self.save_top_k:
-            return True
-        worst = self._worst()
-        return (
-            score < self.best_k_models[worst]
-            if self.mode == "min"
-            else score > self.best_k_models[worst]
-        )
-
-    def _worst(self) -> str:
-        pick = max if self.mode == "min" else min
-        return pick(self.best_k_models, key=self.best_k_models.__getitem__)
-
-    def _record(self, path: str, score: float | None) -> list[str]:
-        """Register a complete checkpoint; return those that fell out of the top k."""
-        dropped: list[str] = []
-        if score is None:
-            self._saved.append(path)
-            self.best_model_path = path
-            while self.save_top_k != -1 and len(self._saved) > self.save_top_k:
-                dropped.append(self._saved.pop(0))
-            return dropped
-        self.best_k_models[path] = score
-        if self.save_top_k != -1 and len(self.best_k_models) > self.save_top_k:
-            worst = self._worst()
-            del self.best_k_models[worst]
-            dropped.append(worst)
-        pick = min if self.mode == "min" else max
-        self.best_model_path = pick(self.best_k_models, key=self.best_k_models.__getitem__)
-        self.best_model_score = torch.tensor(self.best_k_models[self.best_model_path])
-        return dropped
-
     def _delete(self, path: str) -> None:
         """Remove a checkpoint that left the top k: only a checkpoint folder inside dirpath."""
         if path not in (self.last_model_path, *self.best_k_models, *self._saved):
             delete_checkpoint(path, self.dirpath)
 
-    def _save_last(self, trainer: Trainer, pending: PendingSave | None) -> PendingSave | None:
-        """Write the checkpoint again as ``dirpath/last``, swapped in with no moment without it.
+    def format_checkpoint_name(
+        self,
+        metrics: dict[str, Any],
+        filename: str | None = None,
+        ver: int | None = None,
+        prefix: str | None = None,
+    ) -> str:
+        """The checkpoint path for ``metrics`` (Lightning's signature), in ``dirpath`` if set.
 
-        Every process writes (a sharded save is collective) to a temporary name that process 0
-        chooses; process 0 then exchanges it with the existing ``last`` of any kind (an old
-        symbolic link, a folder, a small file) and removes what it replaced. A background save
-        (``pending``) writes its snapshot there too, and the swap waits until both are complete.
+        Examples:
+            >>> ModelCheckpoint(dirpath="ckpts", filename="{epoch}").format_checkpoint_name(
+            ...     {"epoch": 2}, ver=1)
+            'ckpts/epoch=2-v1'
         """
-        final = Path(self.dirpath) / LAST_NAME
-        name, refusal = trainer.strategy.broadcast(
-            (f".{LAST_NAME}.tmp-{process_tag()}", refusal_for_last(final))
-            if trainer.is_global_zero
-            else None
+        template = filename or self.filename or "{epoch}" + self.CHECKPOINT_JOIN_CHAR + "{step}"
+        name = fill_template(
+            template, metrics, auto_insert_metric_name=self.auto_insert_metric_name
         )
-        if refusal is not None:
-            raise CheckpointError(refusal)
-        staged = final.parent / name
-        if pending is not None:
-            pending.also_write(staged)
-        else:
-            pending = trainer.save_checkpoint(staged, weights_only=self.save_weights_only)
-
-        def swap() -> None:
-            if trainer.is_global_zero:  # the others wrote their part; process 0 exchanges
-                swap_in_last(staged, final)
-
-        if pending is None:
-            swap()
-            trainer.strategy.barrier()
-            return None
-        pending.then(swap)
-        return pending
+        if prefix is not None:
+            name = self.CHECKPOINT_JOIN_CHAR.join([prefix, name])
+        if ver is not None:
+            name = self.CHECKPOINT_JOIN_CHAR.join((name, f"v{ver}"))
+        name += self.FILE_EXTENSION
+        return os.path.join(self.dirpath, name) if self.dirpath else name
 
     def format_name(self, epoch: int, step: int, metrics: dict[str, Any]) -> str:
-        """The directory name for ``epoch``, ``step`` and ``metrics`` from the template."""
-        template = self.filename or "epoch={epoch}-step={step}"
-        values = {"epoch": epoch, "step": step, **{k: float(v) for k, v in metrics.items()}}
-
-        def fill(match: re.Match[str]) -> str:
-            name, spec = match.group(1), match.group(2) or ""
-            if name not in values:
-                raise ConfigurationError(
-                    f"ModelCheckpoint(filename={template!r}): {{{name}}} is neither epoch, step nor a logged metric ({sorted(values)})."
-                )
-            text = format(values[name], spec[1:]) if spec else str(values[name])
-            prefix = match.string[max(0, match.start() - len(name) - 1) : match.start()]
-            is_named = prefix == f"{name}="
-            return f"{name}={text}" if self.auto_insert_metric_name and not is_named else text
-
-        return _FIELD.sub(fill, template).replace("/", "_")
+        """The directory name (no folder) for ``epoch``, ``step`` and ``metrics``."""
+        path = self.format_checkpoint_name({"epoch": epoch, "step": step, **metrics})
+        return os.path.basename(path)
 
 
 class OnExceptionCheckpoint(Callback):
@@ -423,13 +484,13 @@ class OnExceptionCheckpoint(Callback):
             trainer.save_checkpoint(self.ckpt_path)
 
 
-def _seconds(value: Any) -> float | None:
-    if value is None:
+def _float_or_none(value: torch.Tensor | float | None) -> float | None:
+    return None if value is None else float(value)
+
+
+def _local_dirpath(dirpath: str | os.PathLike[str] | None) -> str | None:
+    """``dirpath`` made absolute with ``~`` expanded, as Lightning does for local paths."""
+    if dirpath is None:
         return None
-    if hasattr(value, "total_seconds"):
-        return float(value.total_seconds())
-    if isinstance(value, int | float) and value > 0:
-        return float(value)
-    raise ConfigurationError(
-        f"ModelCheckpoint(train_time_interval={describe(value)}): expected a timedelta or seconds."
-    )
+    path = os.fspath(dirpath)
+    return path if "://" in path else os.path.realpath(os.path.expanduser(path))

@@ -15,7 +15,7 @@ from time import monotonic
 from typing import TYPE_CHECKING, Any
 
 from trainer._imports import require
-from trainer.callbacks.callback import Callback
+from trainer.callbacks.progress_bar import ProgressBar
 from trainer.errors import ConfigurationError, describe
 
 if TYPE_CHECKING:
@@ -33,7 +33,7 @@ _EVAL_NAMES = {"validate": "Validation", "test": "Testing", "predict": "Predicti
 _EVAL_TOTALS = {"test": "num_test_batches", "predict": "num_predict_batches"}
 
 
-class RichProgressBar(Callback):
+class RichProgressBar(ProgressBar):
     """Show progress with a `rich` live bar, or with plain log lines when not on a terminal.
 
     Per-batch hooks only count and compare. The display and ``trainer.progress_bar_metrics``
@@ -75,12 +75,21 @@ class RichProgressBar(Callback):
                 f"RichProgressBar(plain_every_n_steps=...) expected an int >= 1 or None, received "
                 f"{describe(every_n)}. Pass e.g. plain_every_n_steps=50."
             )
+        super().__init__()
         self.refresh_rate_s = float(refresh_rate_s)
         self.leave = leave
         self.plain_every_n_steps = plain_every_n_steps
         self._console = console
         self._every_n = 50
+        self._is_enabled = True
         self._reset()
+
+    def disable(self) -> None:
+        """Show nothing from the next stage on (the Trainer disables it off rank zero)."""
+        self._is_enabled = False
+
+    def enable(self) -> None:
+        self._is_enabled = True
 
     def _reset(self) -> None:
         """Forget the running stage; the next stage start chooses the mode again."""
@@ -177,7 +186,7 @@ class RichProgressBar(Callback):
 
     def _start(self, trainer: Trainer) -> None:
         """Choose the mode once per stage; the console (and rich) is only needed from here."""
-        if self._mode is not None or not trainer.is_global_zero:
+        if self._mode is not None or not trainer.is_global_zero or not self._is_enabled:
             self._mode = self._mode or "off"  # other ranks show nothing
             return
         if self._console is None:

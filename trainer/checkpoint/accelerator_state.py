@@ -2,6 +2,9 @@
 
 ``save_state`` writes every prepared model, optimizer, scheduler, dataloader position, the
 precision plugin's state, registered objects and the RNG states as one checkpoint directory.
+A torchdata ``StatefulDataLoader`` stands at its own place on each process, so its state is
+gathered from every process (`gather_loader_state`, also used by the Trainer's checkpoints) and
+each process takes its own back (`loader_state_for_rank`).
 With ``ProjectConfiguration(automatic_checkpoint_naming=True)`` the directories are
 ``<project_dir>/checkpoints/checkpoint_<N>`` and only ``total_limit`` are kept, the oldest removed
 after the new one is complete.
@@ -11,6 +14,7 @@ from __future__ import annotations
 
 import os
 import re
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -30,9 +34,43 @@ if TYPE_CHECKING:
     from trainer.accelerator.accelerator import Accelerator
     from trainer.plugins import AsyncCheckpointIO
 
-__all__ = ["load_accelerator_state", "save_accelerator_state", "save_model_weights"]
+__all__ = [
+    "gather_loader_state",
+    "load_accelerator_state",
+    "loader_state_for_rank",
+    "save_accelerator_state",
+    "save_model_weights",
+]
 
 _AUTO_NAME = re.compile(r"^checkpoint_(\d+)$")
+_PER_RANK = "loader_per_rank"
+
+
+def gather_loader_state(
+    state: dict[str, Any], *, all_gather_object: Callable[[Any], list[Any]], world_size: int
+) -> dict[str, Any]:
+    """A prepared loader's ``state`` with every process's ``"loader"`` entry added.
+
+    Call it on every process (it is a collective when there is a StatefulDataLoader position to
+    gather). A plain loader's state (seed and epoch, the same everywhere) comes back as it is.
+
+    Args:
+        state: this process's ``DataLoaderShard.state_dict()``.
+        all_gather_object: the strategy's collective, one object per rank back.
+        world_size: the number of processes.
+    """
+    if world_size <= 1 or "loader" not in state:
+        return state
+    return {**state, _PER_RANK: all_gather_object(state["loader"])}
+
+
+def loader_state_for_rank(state: dict[str, Any], rank: int) -> dict[str, Any]:
+    """This process's state out of `gather_loader_state`'s (rank 0's past the saved ranks)."""
+    own = {key: value for key, value in state.items() if key != _PER_RANK}
+    per_rank = state.get(_PER_RANK)
+    if per_rank:
+        own["loader"] = per_rank[min(rank, len(per_rank) - 1)]
+    return own
 
 
 def _auto_dir(accelerator: Accelerator) -> Path:
@@ -84,7 +122,14 @@ def save_accelerator_state(
         "num_models": len(models),  # the first state dict may be held by an engine (DeepSpeed)
         "optimizer_states": [optimizer.state_dict() for optimizer in accelerator._optimizers],
         "lr_schedulers": [scheduler.state_dict() for scheduler in accelerator._schedulers],
-        "dataloaders": [loader.state_dict() for loader in accelerator._dataloaders],
+        "dataloaders": [  # a StatefulDataLoader's position on every process (a collective)
+            gather_loader_state(
+                loader.state_dict(),
+                all_gather_object=strategy.all_gather_object,
+                world_size=strategy.world_size,
+            )
+            for loader in accelerator._dataloaders
+        ],
         "precision": accelerator.precision.state_dict(),
         "custom_objects": [obj.state_dict() for obj in accelerator._custom_objects],
         "rng_states": strategy.all_gather_object(get_rng_states()),  # one per process
@@ -154,7 +199,7 @@ def load_accelerator_state(
     for loader, state in zip(
         accelerator._dataloaders, checkpoint.get("dataloaders", []), strict=False
     ):
-        loader.load_state_dict(state)
+        loader.load_state_dict(loader_state_for_rank(state, accelerator.process_index))
     accelerator.precision.load_state_dict(checkpoint.get("precision") or {})
     rng_states = checkpoint.get("rng_states") or []
     if rng_states:

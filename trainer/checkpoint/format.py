@@ -1,7 +1,7 @@
 """The checkpoint directory format (DESIGN §6): write, verify, read, find the newest.
 
 ```
-<name>/manifest.json          format name and version, each file's size and sha256, world size
+<name>/manifest.json          format name and version, each file's size and BLAKE3, world size
 <name>/model.safetensors      or model-0000i-of-0000N.safetensors + model.safetensors.index.json
 <name>/optimizer.safetensors  optimizer state tensors, one entry per tensor
 <name>/state.json             everything else as JSON (tensors by reference into state.safetensors)
@@ -50,14 +50,16 @@ from trainer.checkpoint.manifest import (
     is_format_file,
     load_json,
     read_manifest,
-    record_present_files,
+    record_digest,
     start_hashing,
+    start_recording_present_files,
     write_json,
     write_manifest,
 )
 from trainer.checkpoint.schema import check_model_index, check_state, check_tensor_aliases
 from trainer.checkpoint.tensor_files import (
     deduplicate,
+    hash_read_tensors,
     read_safetensors,
     read_safetensors_names,
     shard_tensors,
@@ -184,10 +186,11 @@ def write_checkpoint_files(
     if optimizer_states is not None:
         document["optimizer_states"] = encode(optimizer_states, optimizer_tensors, "optimizer")
     document.update(encode(rest, state_tensors, "state"))
-    records = record_present_files(directory)
-    # The tensor files are written concurrently: each hashes on its own thread, so a model
-    # and its optimizer state use both cores.
-    with ThreadPoolExecutor(max_workers=3) as pool:
+    records: dict[str, dict[str, Any]] = {}
+    # The tensor files are written concurrently, each hashing on its own thread, while the files
+    # already there (a sharded engine's shards) are hashed: the cores share the work.
+    with ThreadPoolExecutor(max_workers=4) as pool:
+        present = start_recording_present_files(pool, directory)
         jobs = []
         if model_state is not None:
             jobs.append(pool.submit(write_model_files, directory, model_state, max_shard_size))
@@ -203,6 +206,7 @@ def write_checkpoint_files(
                 )
         for job in jobs:
             records.update(job.result())
+        records.update((name, future.result()) for name, future in present.items())
     records[STATE_FILE] = write_json(directory / STATE_FILE, json.dumps(document, indent=1))
     write_manifest(
         directory,
@@ -215,7 +219,7 @@ def write_checkpoint_files(
 
 def verify_checkpoint(path: str | os.PathLike[str]) -> dict[str, Any]:
     """Check every file against the manifest (format files only, presence, no extras, size,
-    sha256); return it.
+    digest: BLAKE3, or sha256 in older checkpoints); return it.
 
     Then the fields of ``state.json`` and of the model index are checked as a load would
     (`trainer.checkpoint.schema`), reading only the tensor files' headers.
@@ -330,26 +334,47 @@ def read_checkpoint(
     manifest = check_listing(directory) if verify else read_manifest(directory)
     files = manifest["files"]
     with ThreadPoolExecutor(max_workers=4) as pool:
-        # Hash on worker threads while the tensors are read; nothing is returned unverified.
-        futures = start_hashing(pool, directory, manifest) if verify else {}
-        try:
-            checkpoint, optimizer_doc = _read_state(
-                directory, files, lambda name: read_safetensors(name, device)
+        # Hashed on worker threads while the tensors are read; nothing is returned unverified.
+        # A tensor file read on the CPU is hashed from the tensors read (the bytes returned are
+        # the bytes checked, read once); every other file from disk, starting now.
+        is_hashed_on_read = str(device) == "cpu"
+        futures = (
+            start_hashing(
+                pool,
+                directory,
+                manifest,
+                [n for n in files if not (is_hashed_on_read and _is_top_level_tensors(n))],
             )
+            if verify
+            else {}
+        )
+
+        def read(file: str) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
+            tensors, metadata = read_safetensors(file, device)
+            name = Path(file).relative_to(directory).as_posix()
+            if verify and is_hashed_on_read and name in files and name not in futures:
+                algorithm = record_digest(files[name])[0]
+                futures[name] = pool.submit(hash_read_tensors, file, tensors, algorithm)
+            return tensors, metadata
+
+        def check() -> None:
+            if verify:
+                check_hashes(directory, manifest, futures, pool=pool)
+
+        try:
+            checkpoint, optimizer_doc = _read_state(directory, files, read)
             _model_tensors(directory, files, read_safetensors_names)  # the index, before shards
             optimizer_tensors = (
-                read_safetensors(str(directory / OPTIMIZER_FILE), device)[0]
-                if OPTIMIZER_FILE in files
-                else {}
+                read(str(directory / OPTIMIZER_FILE))[0] if OPTIMIZER_FILE in files else {}
             )
-            model = load_model_weights(directory, files, device)
+            model = _model_tensors(directory, files, read)
         except CheckpointError:  # an altered file is reported as such, before what it holds
-            check_hashes(directory, manifest, futures)
+            check()
             raise
         except Exception as err:  # a damaged file: report the integrity failure when that is why
-            check_hashes(directory, manifest, futures)
+            check()
             raise CheckpointError(f"checkpoint {directory} could not be read: {err}.") from err
-        check_hashes(directory, manifest, futures)
+        check()
     checkpoint["state_dict"] = model
     if optimizer_doc is not None:
         checkpoint["optimizer_states"] = decode(
@@ -359,6 +384,11 @@ def read_checkpoint(
             path="optimizer_states",
         )
     return checkpoint
+
+
+def _is_top_level_tensors(name: str) -> bool:
+    """Whether ``name`` (a manifest's file name) is one of our safetensors files."""
+    return "/" not in name and name.endswith(".safetensors")
 
 
 def find_latest_checkpoint(dirpath: str | os.PathLike[str]) -> Path | None:

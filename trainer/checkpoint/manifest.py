@@ -3,18 +3,22 @@
 This module owns the format's name and version, the names of the files a checkpoint may hold
 (`is_format_file`), writing ``manifest.json`` over the files written (`record_present_files`,
 `write_manifest`), reading and checking it (`read_manifest`), and checking the files it lists:
-presence, no extras and sizes (`check_listing`), then sha256 (`start_hashing` on worker threads,
+presence, no extras and sizes (`check_listing`), then digests (`start_hashing` on worker threads,
 `check_hashes`). It does not read or write tensors or ``state.json`` (``format.py``), nor make a
-directory appear atomically (``atomic.py``).
+directory appear atomically (``atomic.py``), nor compute digests (``tensor_files.py``).
+
+Each file record names its digest's algorithm by its key (`record_digest`): ``sha256`` by
+default, ``blake3`` when written with ``TRAINER_CHECKPOINT_DIGEST=blake3`` (format version 1
+either way; both are read).
 """
 
 from __future__ import annotations
 
 import datetime as dt
-import hashlib
 import json
 import os
 import re
+from collections.abc import Iterable
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -22,7 +26,7 @@ from typing import Any
 from trainer.checkpoint.atomic import MANIFEST
 from trainer.checkpoint.paths import refuse_links
 from trainer.checkpoint.schema import check_manifest
-from trainer.checkpoint.tensor_files import hash_file
+from trainer.checkpoint.tensor_files import hash_bytes, hash_file
 from trainer.errors import CheckpointError
 
 __all__ = [
@@ -40,8 +44,10 @@ __all__ = [
     "list_files",
     "load_json",
     "read_manifest",
+    "record_digest",
     "record_present_files",
     "start_hashing",
+    "start_recording_present_files",
     "write_json",
     "write_manifest",
 ]
@@ -94,13 +100,13 @@ def list_files(directory: Path) -> list[str]:
 
 # ---- writing -------------------------------------------------------------------------------------
 def write_json(path: Path, text: str) -> dict[str, Any]:
-    """Write ``text`` to ``path`` and fsync it; return its manifest record (size, sha256)."""
+    """Write ``text`` to ``path`` and fsync it; return its manifest record (size, digest)."""
     data = text.encode("utf-8")
     with open(path, "wb") as file:
         file.write(data)
         file.flush()
         os.fsync(file.fileno())
-    return {"size": len(data), "sha256": hashlib.sha256(data).hexdigest()}
+    return hash_bytes(data)
 
 
 def record_present_files(directory: Path) -> dict[str, dict[str, Any]]:
@@ -110,6 +116,25 @@ def record_present_files(directory: Path) -> dict[str, dict[str, Any]]:
         CheckpointError: one of them is not a file of the format (a manifest listing it would
             be refused on load).
     """
+    return {name: hash_file(str(directory / name)) for name in _present_format_files(directory)}
+
+
+def start_recording_present_files(
+    pool: ThreadPoolExecutor, directory: Path
+) -> dict[str, Future[dict[str, Any]]]:
+    """`record_present_files` on ``pool``: the caller writes its own files while they hash.
+
+    Raises:
+        CheckpointError: at once, as `record_present_files` does.
+    """
+    return {
+        name: pool.submit(hash_file, str(directory / name))
+        for name in _present_format_files(directory)
+    }
+
+
+def _present_format_files(directory: Path) -> list[str]:
+    """The files in ``directory``, refused unless each is a file of the format."""
     present = list_files(directory)
     for name in present:
         if not is_format_file(name):
@@ -119,7 +144,7 @@ def record_present_files(directory: Path) -> dict[str, dict[str, Any]]:
                 f"{', '.join(f'{d}/' for d in ENGINE_DIRS)}; see trainer.checkpoint.format."
                 "ENGINE_DIRS). A manifest listing it would be refused on load."
             )
-    return {name: hash_file(str(directory / name)) for name in present}
+    return present
 
 
 def write_manifest(
@@ -217,21 +242,60 @@ def check_listing(directory: Path) -> dict[str, Any]:
     return manifest
 
 
+def record_digest(record: dict[str, Any]) -> tuple[str, str]:
+    """``(algorithm, hex digest)`` of a checked manifest record.
+
+    A record holds ``sha256`` (the default) or ``blake3`` (opt-in). A record holding both (a
+    blake3 record edited by a tool that only knows ``sha256``) is checked against its
+    ``sha256``: that is the one such a tool keeps up to date.
+    """
+    algorithm = "sha256" if "sha256" in record else "blake3"
+    return algorithm, record[algorithm]
+
+
 def start_hashing(
-    pool: ThreadPoolExecutor, directory: Path, manifest: dict[str, Any]
+    pool: ThreadPoolExecutor,
+    directory: Path,
+    manifest: dict[str, Any],
+    names: Iterable[str] | None = None,
 ) -> dict[str, Future[Any]]:
-    """Hash every listed file on ``pool``, so the caller reads while the hashes are computed."""
-    return {
-        name: pool.submit(hash_file, str(directory / name)) for name in sorted(manifest["files"])
+    """Hash the listed files ``names`` (default: all) on ``pool``, so the caller reads meanwhile.
+
+    Each file is hashed with its record's algorithm (`record_digest`); the largest go first, so
+    the last to finish is not a large file started late.
+    """
+    files = manifest["files"]
+    chosen = sorted(files if names is None else names)
+    futures = {
+        name: pool.submit(hash_file, str(directory / name), record_digest(files[name])[0])
+        for name in sorted(chosen, key=lambda name: -files[name]["size"])
     }
+    return {name: futures[name] for name in chosen}
 
 
 def check_hashes(
-    directory: Path, manifest: dict[str, Any], futures: dict[str, Future[Any]]
+    directory: Path,
+    manifest: dict[str, Any],
+    futures: dict[str, Future[Any]],
+    *,
+    pool: ThreadPoolExecutor | None = None,
 ) -> None:
-    """Wait for `start_hashing`'s results; refuse the first file whose sha256 differs."""
-    for name, future in futures.items():
-        if future.result()["sha256"] != manifest["files"][name].get("sha256"):
+    """Wait for the digests in ``futures``; refuse the first listed file whose digest differs.
+
+    A listed file without a future is hashed too: on ``pool`` when given, else here.
+    """
+    files = manifest["files"]
+    missing = [name for name in files if name not in futures]
+    if pool is not None and missing:
+        futures = {**futures, **start_hashing(pool, directory, manifest, missing)}
+    for name in sorted(files):
+        algorithm, expected = record_digest(files[name])
+        future = futures.get(name)
+        if future is None:
+            record = hash_file(str(directory / name), algorithm)
+        else:
+            record = future.result()
+        if record[algorithm] != expected:
             raise CheckpointError(
-                f"checkpoint file {directory / name} does not match its sha256 in the manifest (corrupt or altered)."
+                f"checkpoint file {directory / name} does not match its {algorithm} in the manifest (corrupt or altered)."
             )

@@ -40,7 +40,7 @@ __all__ = [
 MAX_COUNT = 2**53 - 1  # the largest integer every JSON reader keeps exactly
 _MAX_FILE_SIZE = 2**63 - 1
 _MAX_WORLD_SIZE = 2**20
-_SHA256 = re.compile(r"[0-9a-f]{64}")
+_HEX_DIGEST = re.compile(r"[0-9a-f]{64}")
 _FIX = "The file is corrupt or was edited after saving; resume from another checkpoint or re-save."
 
 Spec = Callable[[Any, str, str], None]  # (value, source file, dotted field) -> None or raise
@@ -195,9 +195,14 @@ def _timestamp(value: Any, source: str, field: str) -> None:
         _refuse(source, field, value, "an ISO 8601 time (str)")
 
 
-def _sha256(value: Any, source: str, field: str) -> None:
-    if not isinstance(value, str) or _SHA256.fullmatch(value) is None:
-        _refuse(source, field, value, "a sha256 (64 lowercase hex digits)")
+def _digest(algorithm: str) -> Spec:
+    """A sha256 or BLAKE3 digest: 64 lowercase hex digits."""
+
+    def check(value: Any, source: str, field: str) -> None:
+        if not isinstance(value, str) or _HEX_DIGEST.fullmatch(value) is None:
+            _refuse(source, field, value, f"a {algorithm} (64 lowercase hex digits)")
+
+    return check
 
 
 def _parameter_key(value: Any, source: str, field: str) -> None:
@@ -271,12 +276,24 @@ _STATE = _record(
         "callback_metrics": _mapping_of(_number()),
     }
 )
-_FILE_RECORD = _record(required={"size": _integer(0, _MAX_FILE_SIZE), "sha256": _sha256})
+_FILE_FIELDS = _record(
+    required={"size": _integer(0, _MAX_FILE_SIZE)},
+    optional={"blake3": _digest("blake3"), "sha256": _digest("sha256")},
+)
+
+
+def _file_record(value: Any, source: str, field: str) -> None:
+    """A file's size and its digest, named by its algorithm (sha256, or blake3 when opted in)."""
+    _FILE_FIELDS(value, source, field)
+    if "blake3" not in value and "sha256" not in value:
+        raise CheckpointError(f"{source}: field {_join(field, 'sha256')!r} is missing. {_FIX}")
+
+
 _MANIFEST = _record(
     required={
         "created": _timestamp,
         "world_size": _integer(1, _MAX_WORLD_SIZE),
-        "files": _mapping_of(_FILE_RECORD),
+        "files": _mapping_of(_file_record),
     },
     optional={"epoch": _optional(_COUNT), "global_step": _optional(_COUNT)},
 )
@@ -348,7 +365,7 @@ def check_model_index(
     """The shard file names of a ``model.safetensors.index.json``, each checked.
 
     A shard must be a relative path inside ``directory`` and be listed in the manifest
-    (``listed``), so that its sha256 was checked.
+    (``listed``), so that its digest was checked.
 
     Raises:
         CheckpointError: naming ``source``, ``weight_map.<tensor>`` and the file name.
@@ -360,7 +377,7 @@ def check_model_index(
         if shard not in listed:
             raise CheckpointError(
                 f"{source}: field {field!r} names {shard!r}, which the manifest does not list "
-                f"(so its sha256 was never checked). {_FIX}"
+                f"(so its digest was never checked). {_FIX}"
             )
     return sorted(set(index["weight_map"].values()))
 

@@ -4,9 +4,11 @@
 precision, FSDP options); ``trainer config --default`` writes a config for this machine without
 asking (all GPUs with DDP, else one CPU process). Both accept ``--config_file F``.
 
-The strategy question offers every registered strategy (an Accelerate ``distributed_type`` such as
-MULTI_GPU is accepted too). The file gets the distributed_type that starts the chosen strategy, and
-a ``strategy`` key only for a strategy no distributed_type starts (``model_parallel``).
+The number of processes is the total over all machines, as in Accelerate's file (each machine
+runs num_processes / num_machines). The strategy question offers every registered strategy (an
+Accelerate ``distributed_type`` such as MULTI_GPU is accepted too). The file gets the
+distributed_type that starts the chosen strategy, and a ``strategy`` key only for a strategy no
+distributed_type starts (``model_parallel``).
 """
 
 from __future__ import annotations
@@ -77,9 +79,13 @@ def interactive_config() -> Any:
         lambda answer: strategy_of.get(answer.upper(), answer.lower()),
         tuple(STRATEGY_REGISTRY),
     )
-    processes = _ask(
-        "How many processes per machine?", 1 if strategy == strategy_of["NO"] else 2, int
+    per_machine = 1 if strategy == strategy_of["NO"] else 2
+    question = (
+        f"How many processes in total, over all {machines} machines?"
+        if machines > 1
+        else "How many processes?"
     )
+    processes = _ask(question, per_machine * machines, int)
     use_cpu = _yes(_ask("Run on CPU only?", "no"))
     precision = _ask("Mixed precision?", "no", str.lower, ("no", "fp16", "bf16", "fp8"))
     fsdp = _ask_fsdp() if strategy == strategy_of["FSDP"] else {}

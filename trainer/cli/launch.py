@@ -1,21 +1,29 @@
 """``trainer launch``: run a script on N processes / M machines through torchrun.
 
 The command line is torchrun's; the settings come from the flags, else the launch config file
-(``--config_file`` or the default location), in Accelerate's ``default_config.yaml`` shape.
-The launched processes learn the strategy, precision and FSDP options from the environment, so a
-bare ``Accelerator()`` or ``Trainer(strategy="auto")`` picks them up. ``--strategy`` takes any
-registered strategy name.
+(``--config_file`` or the default location), in Accelerate's ``default_config.yaml`` shape, with
+Accelerate's meanings: ``--num_processes`` is the total over all machines (each of the
+``--num_machines`` machines runs num_processes / num_machines). The launched processes learn the
+strategy, precision and FSDP options from the environment, so a bare ``Accelerator()`` or
+``Trainer(strategy="auto")`` picks them up. ``--strategy`` takes any registered strategy name.
+
+torchrun's agent runs inside this command: SIGTERM or SIGUSR1 sent to it reach the training
+processes, which save a checkpoint and exit 0, and so does the launch. ``--max_restarts N``
+restarts the processes of every machine after a failure, up to N times; a script that calls
+``fit(..., ckpt_path="last")`` then resumes from the newest checkpoint. On several machines the
+launchers compare their settings and watch each other: a difference, or a machine lost, ends the
+job with a message naming the machine.
 
 Examples:
     $ trainer launch --num_processes 2 train.py --epochs 3
     $ trainer launch --config_file fsdp.yaml --mixed_precision bf16 train.py
+    $ trainer launch --num_machines 2 --num_processes 16 --machine_rank 0 --main_process_ip 10.0.0.1 train.py
+    $ trainer launch --num_processes 8 --max_restarts 3 train.py
 """
 
 from __future__ import annotations
 
 import argparse
-import os
-import subprocess
 import sys
 from typing import Any
 
@@ -27,6 +35,7 @@ _OVERRIDES = (
     "machine_rank",
     "main_process_ip",
     "main_process_port",
+    "rdzv_backend",
     "mixed_precision",
 )
 
@@ -53,11 +62,37 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
             "CUDA_VISIBLE_DEVICES; same_network: false meets at the rendezvous endpoint"
         ),
     )
-    parser.add_argument("--num_processes", type=int, default=None, help="processes per machine")
-    parser.add_argument("--num_machines", type=int, default=None)
-    parser.add_argument("--machine_rank", type=int, default=None)
-    parser.add_argument("--main_process_ip", default=None)
-    parser.add_argument("--main_process_port", type=int, default=None)
+    parser.add_argument(
+        "--num_processes",
+        type=int,
+        default=None,
+        help=(
+            "processes in total over all machines, as in Accelerate (each machine runs "
+            "num_processes / num_machines)"
+        ),
+    )
+    parser.add_argument("--num_machines", type=int, default=None, help="machines in the job")
+    parser.add_argument(
+        "--machine_rank", type=int, default=None, help="this machine's rank, 0 to num_machines-1"
+    )
+    parser.add_argument(
+        "--main_process_ip", default=None, help="the address of machine_rank 0 (several machines)"
+    )
+    parser.add_argument("--main_process_port", type=int, default=None, help="its port (29500)")
+    parser.add_argument(
+        "--rdzv_backend",
+        default=None,
+        help="torchrun's rendezvous on several machines: static (default) or c10d",
+    )
+    parser.add_argument(
+        "--max_restarts",
+        type=int,
+        default=0,
+        help=(
+            "restart the processes of every machine after a failure, up to this many times "
+            "(torchrun's elastic agent); fit(ckpt_path='last') resumes from the newest checkpoint"
+        ),
+    )
     parser.add_argument("--mixed_precision", choices=["no", "fp16", "bf16", "fp8"], default=None)
     parser.add_argument(
         "--strategy",
@@ -91,7 +126,7 @@ def resolve_config(args: argparse.Namespace) -> Any:
     strategy_of = distributed_type_strategies()
     values = load_launch_config(args.config_file).to_dict()  # no strategy key unless explicit
     values.update(
-        {name: getattr(args, name) for name in _OVERRIDES if getattr(args, name) is not None}
+        {name: getattr(args, name) for name in _OVERRIDES if getattr(args, name, None) is not None}
     )
     if args.strategy is not None:
         values["strategy"] = args.strategy
@@ -102,7 +137,7 @@ def resolve_config(args: argparse.Namespace) -> Any:
         del values["strategy"]  # implied, so it follows the distributed_type below
     if args.cpu:
         values["use_cpu"] = True
-    if values["distributed_type"] == "NO" and values["num_processes"] * values["num_machines"] > 1:
+    if values["distributed_type"] == "NO" and values["num_processes"] > 1:
         values["distributed_type"] = "MULTI_CPU"
     file = args.config_file or (default_config_path() if default_config_path().is_file() else None)
     source = f"launch config file {file}" if file else "launch config"
@@ -110,18 +145,31 @@ def resolve_config(args: argparse.Namespace) -> Any:
 
 
 def run(args: argparse.Namespace) -> int:
-    """Build the torchrun command and run it; return its exit status."""
-    from trainer.accelerator.launchers import launch_environment, torchrun_command
+    """Build the torchrun command and run its agent here; return the launch's exit status."""
+    from trainer.accelerator.launchers import launch_environment, run_torchrun, torchrun_command
+    from trainer.accelerator.machine_watch import MachineWatch
+    from trainer.errors import ConfigurationError
 
+    if args.max_restarts < 0:
+        raise ConfigurationError(
+            f"trainer launch --max_restarts {args.max_restarts}: expected 0 or more restarts."
+        )
     config = resolve_config(args)
-    command = torchrun_command(config, args.script, list(args.script_args), module=args.module)
-    env = {**os.environ, **launch_environment(config)}
+    command = torchrun_command(
+        config,
+        args.script,
+        list(args.script_args),
+        module=args.module,
+        max_restarts=args.max_restarts,
+    )
+    env = launch_environment(config)
     if args.dry_run:
-        for key, value in sorted(launch_environment(config).items()):
+        for key, value in sorted(env.items()):
             print(f"{key}={value}")
         print(" ".join(command))
         return 0
-    return subprocess.run(command, env=env).returncode
+    watch = MachineWatch.for_config(config, max_restarts=args.max_restarts)
+    return run_torchrun(command, env, watch=watch)
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -1,4 +1,9 @@
-"""Data layer: prepared dataloaders, batch skipping, device transfer."""
+"""Data layer: prepared dataloaders, batch skipping, device transfer, seeded reads, sharding.
+
+``loader.py`` (DataLoaderShard), ``sharding.py`` (a process's share), ``seeding.py`` (what a
+dataset draws is a function of the batch's place), ``generators.py`` (the global generators'
+states), ``rebuild.py`` (loader copies; torchdata's StatefulDataLoader).
+"""
 
 from trainer.data.loader import (
     DataLoaderShard,

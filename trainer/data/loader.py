@@ -2,8 +2,11 @@
 
 `DataLoaderShard` wraps a user's DataLoader for one process. It looks one batch ahead so
 that the Accelerator knows, while the last batch is being used, that it is the last (gradient
-accumulation syncs there; ``gather_for_metrics`` trims there). Sharding across processes is
-decided by the strategy's ``distributed_sampler_kwargs`` and lives in ``trainer/data/sharding.py``.
+accumulation syncs there; ``gather_for_metrics`` trims there). With a ``seed`` it reads through a
+copy whose fetches are seeded by their place (``trainer/data/seeding.py``), so a resumed epoch
+sees the same augmented values; a torchdata ``StatefulDataLoader`` keeps its own position in
+``state_dict()``. Sharding across processes is decided by the strategy's
+``distributed_sampler_kwargs`` and lives in ``trainer/data/sharding.py``.
 """
 
 from __future__ import annotations
@@ -15,6 +18,9 @@ from typing import Any
 import torch
 from torch.utils.data import BatchSampler, DataLoader, IterableDataset, RandomSampler, Sampler
 
+from trainer.data.generators import forget_generator_states
+from trainer.data.rebuild import is_stateful_loader, rebuild_loader, stateful_sampler_types
+from trainer.data.seeding import DataRng, PositionedBatchSampler, seeded_dataset
 from trainer.errors import ConfigurationError
 
 __all__ = ["DataLoaderShard", "SkipBatchSampler", "send_to_device", "skip_first_batches"]
@@ -60,6 +66,7 @@ class DataLoaderShard:
         gradient_state: told of each batch (``begin_batch(shard, is_last)``) and of the end.
         transform: applied to each batch after the move (the precision plugin's input cast).
         skip_batches: batches to drop at the start of the next iteration (mid-epoch resume).
+        process_index: this process's data-parallel rank; part of each batch's fetch seed.
     """
 
     def __init__(
@@ -70,6 +77,7 @@ class DataLoaderShard:
         gradient_state: Any | None = None,
         transform: Callable[[Any], Any] | None = None,
         skip_batches: int = 0,
+        process_index: int = 0,
     ) -> None:
         self.base_dataloader = dataloader
         self.device = device
@@ -80,8 +88,14 @@ class DataLoaderShard:
         self.end_of_dataloader = False
         self.batches_yielded = 0
         self.remainder = -1  # samples in the last batch that are real (gather_for_metrics)
-        self.seed: int | None = None  # set: shuffle order and worker seeds follow (seed, epoch)
+        self.seed: int | None = None  # set: shuffle order and every fetch's draws follow it
+        self.process_index = process_index
         self._epoch = 0
+        self._fetch_loader: DataLoader | None = None  # the seeded copy; kept: persistent workers
+        self._stream: torch.Tensor | None = None  # (seed, epoch) for a seeded iterable dataset
+        self._data_rng: DataRng | None = None  # keeps main-process reads off training's streams
+        self._loader_state: dict[str, Any] | None = None  # a StatefulDataLoader's, batch-exact
+        self._pending_loader_state: dict[str, Any] | None = None  # loaded; used by the next pass
 
     def __getattr__(self, name: str) -> Any:
         # Delegate dataset, batch_size, sampler, ... to the wrapped loader.
@@ -116,13 +130,26 @@ class DataLoaderShard:
         for sampler in _random_samplers(loader):
             sampler.generator = torch.Generator().manual_seed(seed + 1)
 
+    @property
+    def is_stateful(self) -> bool:
+        """Whether the wrapped loader is torchdata's StatefulDataLoader (it keeps its position)."""
+        return is_stateful_loader(self.base_dataloader)
+
     def state_dict(self) -> dict[str, Any]:
-        """Where the loader stands: its seed and epoch (the batch position is the Trainer's)."""
-        return {"seed": self.seed, "epoch": self._epoch}
+        """Where the loader stands: seed and epoch; a StatefulDataLoader's state after the batches
+        yielded so far (the read-ahead batch not counted). Other positions are the Trainer's."""
+        state: dict[str, Any] = {"seed": self.seed, "epoch": self._epoch}
+        if self._loader_state is not None:
+            state["loader"] = self._loader_state
+        return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore `state_dict`; a StatefulDataLoader's position is taken by the next pass,
+        which then ignores ``skip_batches`` (nothing is read again)."""
         self.seed = state.get("seed", self.seed)
         self.set_epoch(state.get("epoch", self._epoch))
+        if state.get("loader") is not None and self.is_stateful:
+            self._loader_state = self._pending_loader_state = state["loader"]
 
     def __iter__(self) -> Iterator[Any]:
         """One pass over the loader; a pass that runs to the end advances the epoch.
@@ -136,14 +163,12 @@ class DataLoaderShard:
         self.end_of_dataloader = False
         self.batches_yielded = 0
         skip, self.skip_batches = self.skip_batches, 0  # a skip applies to one iteration only
-        loader = self.base_dataloader
-        if skip and _can_skip_indices(loader):
-            # Skip whole index batches: no sample of the skipped batches is loaded.
-            loader = _with_batch_sampler(loader, SkipBatchSampler(loader.batch_sampler, skip))
-            skip = 0
-        iterator = iter(loader)
+        loader, skip = self._plan_pass(skip)
+        rng = self._data_rng if loader is self._fetch_loader and loader.num_workers == 0 else None
+        run = rng.run if rng is not None else _call
+        iterator = run(iter, loader)
         for _ in range(skip):
-            if next(iterator, _DONE) is _DONE:
+            if run(next, iterator, _DONE) is _DONE:
                 return
         limit = math.inf if self.limit is None else self.limit
         if limit <= 0:
@@ -151,11 +176,16 @@ class DataLoaderShard:
         state = self.gradient_state
         move = self.device is not None and self.device.type != "cpu"
         transform = self.transform
+        read_ahead = _read_ahead_with_state if self.is_stateful else _read_ahead
         try:
-            current = next(iterator, _DONE)
+            current = run(next, iterator, _DONE)
             while current is not _DONE:
-                following = _DONE if self.batches_yielded + 1 >= limit else next(iterator, _DONE)
+                has_more = self.batches_yielded + 1 < limit
+                loader_state, following = run(read_ahead, loader, iterator, has_more)
                 is_last = following is _DONE
+                if loader_state is not None:  # the state after `current`, as a resume needs it
+                    loader_state["_iterator_finished"] = is_last
+                    self._loader_state = loader_state
                 if is_last:
                     self.end_of_dataloader = True
                 if state is not None:
@@ -171,11 +201,79 @@ class DataLoaderShard:
             if state is not None:
                 state.end_iteration(self)
 
+    def _plan_pass(self, skip: int) -> tuple[DataLoader, int]:
+        """The loader this pass reads, and how many of its first batches to read and drop.
+
+        Map-style data skips whole index batches (nothing is loaded for them); iterable data
+        and a StatefulDataLoader without a loaded position read them (its state must count
+        them); a StatefulDataLoader with a loaded position resumes there by itself.
+        """
+        base = self.base_dataloader
+        seeded = self._seeded_loader()
+        loader = base if seeded is None else seeded
+        sampler = getattr(loader, "batch_sampler", None)
+        if loader is not base:
+            forget_generator_states()  # e.g. the Trainer restored them for this epoch
+            loader.generator = base.generator  # the workers' base seed follows (seed, epoch)
+            if isinstance(sampler, PositionedBatchSampler):
+                sampler.seed, sampler.epoch, sampler.skip = self.seed, self._epoch, 0
+            if self._stream is not None:
+                self._stream.copy_(torch.tensor([self.seed, self._epoch]))
+        if self._pending_loader_state is not None:
+            loader.load_state_dict(self._pending_loader_state)
+            self._pending_loader_state = None
+            return loader, 0
+        if not skip or is_stateful_loader(loader):
+            return loader, skip
+        if isinstance(sampler, PositionedBatchSampler):
+            sampler.skip = skip
+            return loader, 0
+        if _can_skip_indices(loader):
+            # Skip whole index batches: no sample of the skipped batches is loaded.
+            return _with_batch_sampler(loader, SkipBatchSampler(loader.batch_sampler, skip)), 0
+        return loader, skip
+
+    def _seeded_loader(self) -> DataLoader | None:
+        """The copy of the loader whose fetches are seeded by their place (built once)."""
+        base = self.base_dataloader
+        if self.seed is None or not isinstance(base, DataLoader):
+            return None
+        if self._fetch_loader is None:
+            if isinstance(base.dataset, IterableDataset):
+                self._stream = torch.zeros(2, dtype=torch.int64)
+                if base.num_workers > 0:
+                    self._stream.share_memory_()  # persistent workers read each new epoch
+                self._data_rng = DataRng(keeps_stream=True)
+                dataset = seeded_dataset(base.dataset, stream=self._stream)
+                self._fetch_loader = rebuild_loader(base, dataset=dataset)
+            elif base.batch_sampler is not None:
+                sampler = PositionedBatchSampler(base.batch_sampler, rank=self.process_index)
+                self._data_rng = DataRng(keeps_stream=False)
+                dataset = seeded_dataset(base.dataset, main_rng=self._data_rng)
+                self._fetch_loader = rebuild_loader(base, dataset=dataset, batch_sampler=sampler)
+        return self._fetch_loader
+
     def __repr__(self) -> str:
         return f"DataLoaderShard({self.base_dataloader!r}, device={self.device})"
 
 
 _DONE = object()
+
+
+def _call(function: Callable[..., Any], *args: Any) -> Any:
+    return function(*args)
+
+
+def _read_ahead(loader: DataLoader, iterator: Iterator[Any], has_more: bool) -> tuple[None, Any]:
+    return None, (next(iterator, _DONE) if has_more else _DONE)
+
+
+def _read_ahead_with_state(
+    loader: DataLoader, iterator: Iterator[Any], has_more: bool
+) -> tuple[dict[str, Any], Any]:
+    # Taken before the next batch is read: a resume must not count the read-ahead batch.
+    state = loader.state_dict()
+    return state, (next(iterator, _DONE) if has_more else _DONE)
 
 
 def _random_samplers(loader: DataLoader) -> list[RandomSampler]:
@@ -186,7 +284,7 @@ def _random_samplers(loader: DataLoader) -> list[RandomSampler]:
         if obj is None or id(obj) in seen:
             continue
         seen.add(id(obj))
-        if isinstance(obj, RandomSampler):
+        if isinstance(obj, (RandomSampler, *stateful_sampler_types())):
             found.append(obj)
         pending += [getattr(obj, "sampler", None), getattr(obj, "batch_sampler", None)]
     return found
@@ -201,21 +299,8 @@ def _can_skip_indices(loader: DataLoader) -> bool:
 
 
 def _with_batch_sampler(loader: DataLoader, batch_sampler: Sampler[list[int]]) -> DataLoader:
-    """A copy of ``loader`` drawing its index batches from ``batch_sampler``."""
-    return DataLoader(
-        loader.dataset,
-        batch_sampler=batch_sampler,
-        num_workers=loader.num_workers,
-        collate_fn=loader.collate_fn,
-        pin_memory=loader.pin_memory,
-        timeout=loader.timeout,
-        worker_init_fn=loader.worker_init_fn,
-        multiprocessing_context=loader.multiprocessing_context,
-        generator=loader.generator,
-        prefetch_factor=loader.prefetch_factor,
-        persistent_workers=False,
-        in_order=getattr(loader, "in_order", True),
-    )
+    """A one-pass copy of ``loader`` drawing its index batches from ``batch_sampler``."""
+    return rebuild_loader(loader, batch_sampler=batch_sampler, persistent_workers=False)
 
 
 def skip_first_batches(dataloader: Any, num_batches: int = 0) -> Any:
@@ -236,6 +321,7 @@ def skip_first_batches(dataloader: Any, num_batches: int = 0) -> Any:
             gradient_state=dataloader.gradient_state,
             transform=dataloader.transform,
             skip_batches=num_batches,
+            process_index=dataloader.process_index,
         )
         shard.limit = dataloader.limit
         shard.seed = dataloader.seed

@@ -20,6 +20,7 @@ from typing import Any
 
 from torch.utils.data import BatchSampler, DataLoader, IterableDataset, Sampler
 
+from trainer.data.rebuild import rebuild_loader
 from trainer.errors import ConfigurationError
 from trainer.runtime.configs import DataLoaderConfiguration
 
@@ -163,8 +164,6 @@ def shard_data_loader(
 
     The second value is ``-1`` when the last gathered batch has no duplicates to drop.
     """
-    from trainer.data.loader import _with_batch_sampler
-
     length = _dataset_length(loader)
     if isinstance(loader.dataset, IterableDataset):
         if loader.batch_size is None:
@@ -186,10 +185,7 @@ def shard_data_loader(
             raise ConfigurationError(
                 f"split_batches=True: the batch size {loader.batch_size} does not divide among {num_processes} processes."
             )
-        sharded = DataLoader(
-            shard, batch_size=per_process, num_workers=loader.num_workers, collate_fn=loader.collate_fn,
-            pin_memory=loader.pin_memory, drop_last=loader.drop_last, generator=loader.generator,
-        )  # fmt: skip
+        sharded = rebuild_loader(loader, dataset=shard, batch_size=per_process)
         global_batch = (
             loader.batch_size if config.split_batches else loader.batch_size * num_processes
         )
@@ -205,7 +201,7 @@ def shard_data_loader(
             split_batches=config.split_batches,
             even_batches=config.even_batches,
         )
-        sharded = _with_batch_sampler(loader, batch_sampler)
+        sharded = rebuild_loader(loader, batch_sampler=batch_sampler)
         size = getattr(loader.batch_sampler, "batch_size", None) or 1
         global_batch = size if config.split_batches else size * num_processes
     if length is None or loader.drop_last or not config.even_batches:

@@ -45,10 +45,12 @@ class FP8Precision(Precision):
             (``te.Linear``, ``te.LayerNormMLP``, ``te.TransformerLayer``...); "auto" takes
             torchao when it is installed, else TransformerEngine.
         recipe: torchao: a recipe name ("tensorwise", the default; "rowwise";
-            "rowwise_with_gw_hp") or a ``torchao.float8.Float8LinearConfig``. TransformerEngine:
-            a ``transformer_engine.common.recipe`` object (default ``DelayedScaling()``).
+            "rowwise_with_gw_hp"), a ``torchao.float8.Float8LinearConfig`` or a dict of its
+            arguments. TransformerEngine: a ``transformer_engine.common.recipe`` object
+            (default ``DelayedScaling()``).
         module_filter_fn: torchao only: ``fn(layer, fqn) -> bool``, False keeps a layer in high
             precision. Layers whose dims are not multiples of 16 are always kept.
+        autocast_kwargs: extra ``torch.autocast`` arguments (``enabled``, ``cache_enabled``).
 
     Attributes:
         converted_layers: after `convert_module`, the names of the layers now in fp8.
@@ -78,8 +80,10 @@ class FP8Precision(Precision):
         recipe: Any = None,
         *,
         module_filter_fn: ModuleFilter | None = None,
+        autocast_kwargs: dict[str, Any] | None = None,
     ) -> None:
         self.backend = _resolve_backend(backend)
+        self.autocast_kwargs = dict(autocast_kwargs or {})
         if module_filter_fn is not None and self.backend != "torchao":
             raise ConfigurationError(
                 "FP8Precision(module_filter_fn=...): only the torchao backend converts layers; "
@@ -137,7 +141,7 @@ class FP8Precision(Precision):
 
     @contextlib.contextmanager
     def _region(self) -> Iterator[None]:
-        with torch.autocast(self.device_type, dtype=self.compute_dtype):
+        with torch.autocast(self.device_type, dtype=self.compute_dtype, **self.autocast_kwargs):
             with self._engine.fp8_region():
                 yield
 
@@ -162,6 +166,15 @@ class _TorchaoEngine:
         elif isinstance(recipe, self.float8.Float8LinearConfig):
             self.recipe_name = "custom"
             self.recipe = recipe
+        elif isinstance(recipe, dict):  # Float8LinearConfig's arguments (AORecipeKwargs)
+            self.recipe_name = "custom"
+            try:
+                self.recipe = self.float8.Float8LinearConfig(**recipe)
+            except TypeError as err:
+                raise ConfigurationError(
+                    f"FP8Precision(recipe={describe(recipe)}): not Float8LinearConfig's "
+                    f"arguments ({err})."
+                ) from err
         else:
             raise ConfigurationError(
                 f"FP8Precision(backend='torchao', recipe={describe(recipe)}): expected a recipe "

@@ -47,9 +47,22 @@ class MixedPrecision(Precision):
 
     "16-mixed" scales the loss with ``torch.amp.GradScaler``; when a step has inf/NaN gradients the
     scaler skips it, `optimizer_step` returns False and the scale is halved.
+
+    Args:
+        precision: "16-mixed" or "bf16-mixed".
+        scaler: a ready ``torch.amp.GradScaler`` for "16-mixed" (None: built in `setup`).
+        scaler_kwargs: ``torch.amp.GradScaler`` arguments for the one built in `setup`.
+        autocast_kwargs: extra ``torch.autocast`` arguments (``enabled``, ``cache_enabled``).
     """
 
-    def __init__(self, precision: str = "bf16-mixed", scaler: Any | None = None) -> None:
+    def __init__(
+        self,
+        precision: str = "bf16-mixed",
+        scaler: Any | None = None,
+        *,
+        scaler_kwargs: dict[str, Any] | None = None,
+        autocast_kwargs: dict[str, Any] | None = None,
+    ) -> None:
         if precision not in ("16-mixed", "bf16-mixed"):
             raise ConfigurationError(
                 f"MixedPrecision(precision={precision!r}): expected '16-mixed' or 'bf16-mixed'."
@@ -58,15 +71,17 @@ class MixedPrecision(Precision):
         self.compute_dtype = torch.float16 if precision == "16-mixed" else torch.bfloat16
         self.mixed_precision = "fp16" if precision == "16-mixed" else "bf16"
         self.scaler = scaler
+        self.scaler_kwargs = dict(scaler_kwargs or {})
+        self.autocast_kwargs = dict(autocast_kwargs or {})
         self.device_type = "cpu"
 
     def setup(self, device: torch.device) -> None:
         self.device_type = device.type
         if self.name == "16-mixed" and self.scaler is None:
-            self.scaler = torch.amp.GradScaler(device.type)
+            self.scaler = torch.amp.GradScaler(device.type, **self.scaler_kwargs)
 
     def autocast(self) -> contextlib.AbstractContextManager[Any]:
-        return torch.autocast(self.device_type, dtype=self.compute_dtype)
+        return torch.autocast(self.device_type, dtype=self.compute_dtype, **self.autocast_kwargs)
 
     def backward(self, loss: torch.Tensor, **kwargs: Any) -> None:
         if self.scaler is not None:

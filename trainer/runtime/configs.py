@@ -59,6 +59,9 @@ class DataLoaderConfiguration:
             steps equally; ``gather_for_metrics`` drops the duplicates.
         use_seedable_sampler: shuffle with a sampler seeded identically on every process.
         non_blocking: copy batches to the device asynchronously (with pinned memory).
+        use_stateful_dataloader: prepare loaders as torchdata's ``StatefulDataLoader``, whose
+            position ``save_state`` / ``load_state`` carry, so a resume reads nothing again
+            (needs ``pip install 'trainer[stateful]'``).
     """
 
     split_batches: bool = False
@@ -66,6 +69,7 @@ class DataLoaderConfiguration:
     even_batches: bool = True
     use_seedable_sampler: bool = False
     non_blocking: bool = False
+    use_stateful_dataloader: bool = False
 
 
 @dataclass

@@ -1,31 +1,73 @@
-"""Seeding and RNG-state helpers: every generator a run draws from, set or read in one place."""
+"""Seeding and RNG-state helpers: every generator a run draws from, set or read in one place.
+
+``seed_everything`` follows Lightning 2.6's ``seed_everything``, with ``TRAINER_GLOBAL_SEED`` in the
+place of ``PL_GLOBAL_SEED``: the seed it sets is written there, so processes started from this
+one (and a later call with no seed) use the same seed.
+"""
 
 from __future__ import annotations
 
+import logging
+import operator
 import os
 import random
 from typing import Any
 
 import torch
 
-__all__ = ["get_rng_states", "seed_everything", "set_rng_states", "synchronize_rng_states"]
+__all__ = [
+    "SEED_ENV",
+    "get_rng_states",
+    "seed_everything",
+    "set_rng_states",
+    "synchronize_rng_states",
+]
 
+SEED_ENV = "TRAINER_GLOBAL_SEED"  # Lightning: PL_GLOBAL_SEED
 _MAX_SEED = 2**32 - 1
+_log = logging.getLogger(__name__)
 
 
-def seed_everything(seed: int, *, deterministic: bool = False) -> int:
+def seed_everything(
+    seed: int | None = None,
+    workers: bool = False,
+    verbose: bool = True,
+    *,
+    deterministic: bool = False,
+) -> int:
     """Seed Python's ``random``, NumPy (if installed) and torch (CPU and every CUDA device).
 
-    Also sets ``PYTHONHASHSEED`` for worker processes. Returns the seed.
+    With no ``seed`` (Lightning's behaviour), the seed is read from the ``TRAINER_GLOBAL_SEED``
+    environment variable; when that is unset too, the seed is 0 and a ``UserWarning`` says so
+    ("No seed found, seed set to 0", on global rank zero). The seed used is written to
+    ``TRAINER_GLOBAL_SEED`` and ``PYTHONHASHSEED`` for processes started from this one, and
+    logged ("Seed set to 42", logger ``trainer.runtime.seed``, level INFO) when ``verbose``.
+
+    Args:
+        seed: an int in [0, 2**32 - 1] (a NumPy integer works too), or None.
+        workers: accepted for Lightning compatibility: the Trainer's DataLoader workers are
+            always seeded from the run's seed (docs/checkpointing.md), as ``workers=True`` asks.
+        verbose: log the seed that was set.
+        deterministic: also call ``torch.use_deterministic_algorithms(True)``.
+
+    Returns:
+        The seed that was set.
+
+    Raises:
+        ConfigurationError: ``seed`` (or ``TRAINER_GLOBAL_SEED``) is not an int in
+            [0, 2**32 - 1]; the message names where the value came from.
 
     Examples:
         >>> seed_everything(42)
         42
+        >>> os.environ["TRAINER_GLOBAL_SEED"] = "7"
+        >>> seed_everything()
+        7
     """
-    from trainer.errors import ConfigurationError, describe
-
-    if not isinstance(seed, int) or isinstance(seed, bool) or not 0 <= seed <= _MAX_SEED:
-        raise ConfigurationError(f"seed={describe(seed)}: expected an int in [0, {_MAX_SEED}].")
+    seed = _resolve_seed(seed)
+    if verbose:
+        _log.info("Seed set to %d", seed)
+    os.environ[SEED_ENV] = str(seed)
     os.environ["PYTHONHASHSEED"] = str(seed)
     random.seed(seed)
     try:
@@ -38,6 +80,43 @@ def seed_everything(seed: int, *, deterministic: bool = False) -> int:
     if deterministic:
         torch.use_deterministic_algorithms(True)
     return seed
+
+
+def _resolve_seed(seed: object) -> int:
+    """The seed to set: ``seed``, else the environment's, else 0 with a warning (Lightning's rule)."""
+    from trainer._warnings import warn_user
+    from trainer.errors import ConfigurationError, describe
+
+    where = f"seed_everything(seed={seed!r})"
+    if seed is None:
+        text = os.environ.get(SEED_ENV)
+        if text is None:
+            if _is_rank_zero():
+                warn_user("No seed found, seed set to 0")
+            return 0
+        where = f"the environment variable {SEED_ENV}"
+        try:
+            seed = int(text)
+        except ValueError:
+            seed = text
+    try:
+        value = operator.index(seed) if not isinstance(seed, bool) else None
+    except TypeError:
+        value = None
+    if value is None or not 0 <= value <= _MAX_SEED:
+        raise ConfigurationError(
+            f"{where}: expected an int in [0, {_MAX_SEED}], received {describe(seed)}. "
+            "Pass an int seed such as 42."
+        )
+    return value
+
+
+def _is_rank_zero() -> bool:
+    """Whether this is global rank zero, from the launcher's environment (as Lightning reads it)."""
+    for name in ("RANK", "LOCAL_RANK", "SLURM_PROCID", "JSM_NAMESPACE_RANK"):
+        if os.environ.get(name, "").isdigit():
+            return int(os.environ[name]) == 0
+    return True
 
 
 def get_rng_states() -> dict[str, Any]:

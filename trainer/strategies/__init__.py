@@ -11,7 +11,7 @@ from collections.abc import Callable
 from typing import Any
 
 from trainer.errors import ConfigurationError, describe
-from trainer.strategies.environment import ClusterEnvironment, detect_environment
+from trainer.strategies.environment import ClusterEnvironment, SLURMEnvironment, detect_environment
 from trainer.strategies.single import SingleDeviceStrategy
 from trainer.strategies.strategy import Strategy
 
@@ -23,6 +23,7 @@ __all__ = [
     "FSDPStrategy",
     "MegatronStrategy",
     "ModelParallelStrategy",
+    "SLURMEnvironment",
     "SingleDeviceStrategy",
     "Strategy",
     "XLAStrategy",

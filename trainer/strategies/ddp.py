@@ -11,6 +11,11 @@ with engine objects still alive, can abort the process ("terminate called withou
 exception"): gloo's worker threads then free tensors after Python has gone. An exit hook remains
 only as the fallback for a run that failed or never called ``end_training``.
 
+After a failure the wait is bounded: `bound_collective_timeout` (called when ``fit`` raises on a
+process) lowers every group's timeout to `FAILURE_TIMEOUT`, so a collective in an
+``on_exception`` hook that the other ranks never join fails within seconds, not the group's
+30 minutes, and the launcher can stop the job.
+
 Ending the group only frees it if nothing else holds it: `hold_no_group_in_default_arguments`
 runs before every group this package starts, because ``torch.distributed.nn.functional`` (which
 DDP imports lazily) would otherwise bind the first group into default arguments for ever.
@@ -39,9 +44,16 @@ from trainer.runtime.state import DistributedType, PartialState
 from trainer.strategies.environment import ClusterEnvironment, detect_environment
 from trainer.strategies.strategy import ReduceOp, Strategy
 
-__all__ = ["DDPStrategy", "hold_no_group_in_default_arguments"]
+__all__ = [
+    "FAILURE_TIMEOUT",
+    "DDPStrategy",
+    "bound_collective_timeout",
+    "hold_no_group_in_default_arguments",
+]
 
 _JOIN_COUNT = itertools.count()
+# How long a collective may wait once this process failed (see `bound_collective_timeout`).
+FAILURE_TIMEOUT = dt.timedelta(seconds=30)
 
 _OPS = {
     "sum": dist.ReduceOp.SUM,
@@ -61,6 +73,8 @@ class DDPStrategy(Strategy):
         static_graph: passed to ``DistributedDataParallel``.
         gradient_as_bucket_view: passed to ``DistributedDataParallel``.
         bucket_cap_mb: passed to ``DistributedDataParallel``.
+        broadcast_buffers: passed to ``DistributedDataParallel`` when given (False: rank-local
+            buffers; torch deprecates passing it at all).
         ddp_comm_hook: a gradient communication hook
             (e.g. ``torch.distributed.algorithms.ddp_comm_hooks.default_hooks.fp16_compress_hook``).
         ddp_comm_state: the state the hook receives.
@@ -82,6 +96,7 @@ class DDPStrategy(Strategy):
         static_graph: bool = False,
         gradient_as_bucket_view: bool = False,
         bucket_cap_mb: float | None = None,
+        broadcast_buffers: bool | None = None,
         ddp_comm_hook: Callable[..., Any] | None = None,
         ddp_comm_state: Any = None,
         process_group_backend: str | None = None,
@@ -97,6 +112,8 @@ class DDPStrategy(Strategy):
         }
         if bucket_cap_mb is not None:
             self.ddp_kwargs["bucket_cap_mb"] = bucket_cap_mb
+        if broadcast_buffers is not None:
+            self.ddp_kwargs["broadcast_buffers"] = broadcast_buffers
         self.ddp_comm_hook = ddp_comm_hook
         self.ddp_comm_state = ddp_comm_state
         self.process_group_backend = process_group_backend
@@ -171,8 +188,10 @@ class DDPStrategy(Strategy):
         )
         # A group joined again after `end_process_group` must not read the addresses the ended
         # one left in the launcher's store (torch names every first group alike): one key prefix
-        # per join. Every rank joins the same number of times, so the prefixes agree.
-        prefix = f"trainer/{next(_JOIN_COUNT)}"
+        # per join. Every rank joins the same number of times, so the prefixes agree. torchrun
+        # keeps its store across the restarts of `--max_restarts`: the attempt is in it too.
+        attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+        prefix = f"trainer/{attempt}/{next(_JOIN_COUNT)}"
         dist.init_process_group(
             backend,
             store=dist.PrefixStore(prefix, store),
@@ -291,6 +310,34 @@ def hold_no_group_in_default_arguments() -> None:
     are None (the current group at call time).
     """
     import torch.distributed.nn.functional  # noqa: F401
+
+
+def bound_collective_timeout(timeout: dt.timedelta = FAILURE_TIMEOUT) -> bool:
+    """Make every collective of this process wait at most ``timeout`` from now on.
+
+    For a process whose ``fit`` raised while the other ranks still train: they wait in a step's
+    collective, so one started by an ``on_exception`` hook (``OnExceptionCheckpoint``'s save)
+    would never complete and, with the group's own timeout (30 minutes), keep the whole job
+    running. Bounded, it fails after ``timeout``, the process exits, and the launcher stops the
+    other ranks. Only lowers: a group whose timeout is already shorter keeps it. The process
+    groups' timeouts are set through torch's private ``_set_default_timeout``.
+
+    Returns:
+        Whether a process group was there to bound.
+    """
+    if not dist.is_available() or not dist.is_initialized():
+        return False
+    groups = list(getattr(dist.distributed_c10d._world, "pg_map", {})) or [dist.group.WORLD]
+    for group in groups:
+        for device in getattr(group, "_device_types", []):
+            try:
+                backend = group._get_backend(device)
+                current = backend.options._timeout
+                if current > timeout:
+                    backend._set_default_timeout(timeout)
+            except (AttributeError, RuntimeError):  # a backend without a settable timeout
+                continue
+    return True
 
 
 @functools.cache

@@ -53,6 +53,9 @@ class FSDPStrategy(DDPStrategy):
         state_dict_type: "SHARDED" (DCP shards per rank) or "FULL" (gathered to rank 0).
         fsdp_config: an Accelerate ``fsdp_config`` (dict, YAML or JSON path); its values fill
             what the arguments leave unset. ``trainer launch`` passes one by environment.
+        mixed_precision_policy: a ``torch.distributed.fsdp.MixedPrecisionPolicy`` used instead
+            of the one derived from the precision plugin.
+        process_group_backend: as for DDPStrategy.
 
     Examples:
         >>> FSDPStrategy(auto_wrap_policy={"Block"}, state_dict_type="FULL")
@@ -74,10 +77,16 @@ class FSDPStrategy(DDPStrategy):
         activation_checkpointing: bool | set[type[torch.nn.Module] | str] | None = None,
         state_dict_type: str | None = None,
         fsdp_config: dict[str, Any] | str | os.PathLike[str] | None = None,
+        mixed_precision_policy: Any = None,
+        process_group_backend: str | None = None,
         timeout: dt.timedelta = dt.timedelta(minutes=30),
         environment: ClusterEnvironment | None = None,
     ) -> None:
-        super().__init__(accelerator, precision=precision, timeout=timeout, environment=environment)
+        super().__init__(
+            accelerator, precision=precision, process_group_backend=process_group_backend,
+            timeout=timeout, environment=environment,
+        )  # fmt: skip
+        self.mixed_precision_policy = mixed_precision_policy
         if fsdp_config is None and os.environ.get("TRAINER_FSDP_CONFIG"):
             fsdp_config = json.loads(os.environ["TRAINER_FSDP_CONFIG"])  # from `trainer launch`
         from_config = parse_fsdp_config(fsdp_config) if fsdp_config is not None else {}
@@ -201,7 +210,7 @@ class FSDPStrategy(DDPStrategy):
             module = module.to(self.root_device if not self.cpu_offload else "cpu")
         self._apply_activation_checkpointing(module)
         compute = self.precision.compute_dtype
-        mp_policy = (
+        mp_policy = self.mixed_precision_policy or (
             MixedPrecisionPolicy(param_dtype=compute, reduce_dtype=torch.float32)
             if compute != torch.float32
             else MixedPrecisionPolicy()

@@ -10,6 +10,8 @@ Checkpoints are FSDPStrategy's: DCP shards inside the atomic directory (or gathe
 with ``save_distributed_checkpoint=False``).
 
 Not owned: the tensor-parallel plan itself (the user's ``configure_model``), and the layers.
+Other layouts (HSDP, context parallel: Accelerate's ``ParallelismConfig``) come in through a
+`MeshLayout`, which builds the mesh and names the sub-meshes this strategy uses.
 
 It also holds the small helpers that every model-parallel engine shares (MegatronStrategy imports
 them): data-parallel collectives, a one-process group when no launcher started the job, and
@@ -23,7 +25,8 @@ import math
 import os
 import warnings
 from collections.abc import Iterable
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, Protocol
 
 import torch
 import torch.distributed as dist
@@ -36,10 +39,34 @@ from trainer.strategies.environment import ClusterEnvironment
 from trainer.strategies.fsdp import FSDPStrategy
 from trainer.strategies.strategy import ReduceOp
 
-__all__ = ["ModelParallelStrategy"]
+__all__ = ["MeshLayout", "ModelParallelStrategy", "ParallelMeshes"]
 
 DATA_PARALLEL = "data_parallel"
 TENSOR_PARALLEL = "tensor_parallel"
+
+
+@dataclass(frozen=True)
+class ParallelMeshes:
+    """The device mesh of a job and the sub-meshes the strategy works on.
+
+    ``fully_shard`` is 1-D for FSDP or 2-D ``(replicate, shard)`` for HSDP; ``data_parallel``
+    is every rank that reads different batches; ``context_parallel`` (None when unused) is the
+    group that splits each sequence.
+    """
+
+    device_mesh: Any
+    data_parallel: Any
+    tensor_parallel: Any
+    fully_shard: Any
+    context_parallel: Any = None
+
+
+class MeshLayout(Protocol):
+    """Builds the meshes of a `ModelParallelStrategy` (``trainer.ParallelismConfig`` is one)."""
+
+    def build_meshes(self, device_type: str, world_size: int) -> ParallelMeshes:
+        """The meshes for ``world_size`` processes; ConfigurationError if they cannot run."""
+        ...
 
 
 class ModelParallelStrategy(FSDPStrategy):
@@ -64,6 +91,8 @@ class ModelParallelStrategy(FSDPStrategy):
         activation_checkpointing: as in FSDPStrategy.
         process_group_backend: "nccl", "gloo" or None (nccl on CUDA, gloo on CPU).
         timeout: the collective timeout.
+        mesh_layout: builds another mesh than ``(data_parallel, tensor_parallel)`` (HSDP,
+            context parallel); the two sizes must then stay "auto".
 
     Raises:
         ConfigurationError: a size that is not a positive int or "auto"; sizes whose product
@@ -90,6 +119,7 @@ class ModelParallelStrategy(FSDPStrategy):
         process_group_backend: str | None = None,
         timeout: dt.timedelta = dt.timedelta(minutes=30),
         environment: ClusterEnvironment | None = None,
+        mesh_layout: MeshLayout | None = None,
     ) -> None:
         super().__init__(
             accelerator,
@@ -106,9 +136,16 @@ class ModelParallelStrategy(FSDPStrategy):
             check_size("ModelParallelStrategy", "data_parallel_size", data_parallel_size, True),
             check_size("ModelParallelStrategy", "tensor_parallel_size", tensor_parallel_size, True),
         )
+        if mesh_layout is not None and self._requested_sizes != ("auto", "auto"):
+            raise ConfigurationError(
+                f"ModelParallelStrategy(mesh_layout={type(mesh_layout).__name__}(...), "
+                f"data_parallel_size={data_parallel_size!r}, tensor_parallel_size="
+                f"{tensor_parallel_size!r}): the layout sets the sizes; leave both 'auto'."
+            )
         self.save_distributed_checkpoint = save_distributed_checkpoint
         self.process_group_backend = process_group_backend
-        self._device_mesh: Any = None
+        self.mesh_layout = mesh_layout
+        self._meshes: ParallelMeshes | None = None
 
     # ---- facts -------------------------------------------------------------------------
     @property
@@ -116,49 +153,64 @@ class ModelParallelStrategy(FSDPStrategy):
         return DistributedType.FSDP
 
     @property
-    def device_mesh(self) -> Any:
-        """The 2-D ``DeviceMesh`` with dims ``("data_parallel", "tensor_parallel")``.
+    def meshes(self) -> ParallelMeshes:
+        """The device mesh and its sub-meshes (data parallel, tensor parallel, FSDP's).
 
         Raises:
             StrategyError: before ``setup_environment`` (the Trainer/Accelerator runs it).
         """
-        if self._device_mesh is None:
+        if self._meshes is None:
             raise StrategyError(
                 "ModelParallelStrategy.device_mesh is built by setup_environment(); create the "
                 "Trainer or Accelerator with this strategy first (configure_model runs after)."
             )
-        return self._device_mesh
+        return self._meshes
+
+    @property
+    def device_mesh(self) -> Any:
+        """The ``DeviceMesh``: dims ``("data_parallel", "tensor_parallel")``, or the layout's.
+
+        Raises:
+            StrategyError: before ``setup_environment`` (the Trainer/Accelerator runs it).
+        """
+        return self.meshes.device_mesh
 
     @property
     def data_parallel_size(self) -> int:
-        return self.device_mesh[DATA_PARALLEL].size()
+        return self.meshes.data_parallel.size()
 
     @property
     def tensor_parallel_size(self) -> int:
-        return self.device_mesh[TENSOR_PARALLEL].size()
+        return self.meshes.tensor_parallel.size()
 
     @property
     def distributed_sampler_kwargs(self) -> dict[str, int]:
         """Shard data across data-parallel replicas only: tensor-parallel peers share batches."""
-        dp_mesh = self.device_mesh[DATA_PARALLEL]
+        dp_mesh = self.meshes.data_parallel
         return {"num_replicas": dp_mesh.size(), "rank": dp_mesh.get_local_rank()}
 
     # ---- setup -------------------------------------------------------------------------
     def setup_environment(self) -> None:
-        """Join (or start) the process group, then build the 2-D mesh that FSDP and TP use."""
+        """Join (or start) the process group, then build the mesh (2-D, or the layout's)."""
         start_process_group(self)
+        if self.mesh_layout is not None:
+            self._meshes = self.mesh_layout.build_meshes(self.root_device.type, self.world_size)
+        else:
+            self._meshes = self._build_2d_meshes()
+        self._mesh = self._meshes.fully_shard  # fully_shard shards over this one
+
+    def _build_2d_meshes(self) -> ParallelMeshes:
         from torch.distributed.device_mesh import init_device_mesh
 
         dp, tp = self._resolve_sizes()
-        self._device_mesh = init_device_mesh(
+        mesh = init_device_mesh(
             self.root_device.type, (dp, tp), mesh_dim_names=(DATA_PARALLEL, TENSOR_PARALLEL)
         )
-        self._mesh = self._device_mesh[DATA_PARALLEL]  # fully_shard shards over this one
         # A flattened (dp, tp) view lets DTensor reduce a norm over both dims in one collective
         # (torchtitan does the same); without it torch warns and runs two.
-        self._device_mesh[DATA_PARALLEL, TENSOR_PARALLEL]._flatten(
-            f"{DATA_PARALLEL}_{TENSOR_PARALLEL}"
-        )
+        mesh[DATA_PARALLEL, TENSOR_PARALLEL]._flatten(f"{DATA_PARALLEL}_{TENSOR_PARALLEL}")
+        dp_mesh = mesh[DATA_PARALLEL]
+        return ParallelMeshes(mesh, dp_mesh, mesh[TENSOR_PARALLEL], fully_shard=dp_mesh)
 
     def _resolve_sizes(self) -> tuple[int, int]:
         """Lightning's "auto": TP within a machine, DP across machines; check the product."""
@@ -207,15 +259,15 @@ class ModelParallelStrategy(FSDPStrategy):
 
     # ---- collectives -------------------------------------------------------------------
     def all_reduce(self, tensor: torch.Tensor, op: ReduceOp = "mean") -> torch.Tensor:
-        return all_reduce_data_parallel(tensor, op, self.device_mesh.get_group(DATA_PARALLEL))
+        return all_reduce_data_parallel(tensor, op, self.meshes.data_parallel.get_group())
 
     def all_gather(self, tensor: torch.Tensor) -> torch.Tensor:
-        return all_gather_data_parallel(tensor, self.device_mesh.get_group(DATA_PARALLEL))
+        return all_gather_data_parallel(tensor, self.meshes.data_parallel.get_group())
 
     def __repr__(self) -> str:
         sizes = (
             f"data_parallel_size={self.data_parallel_size}, tensor_parallel_size={self.tensor_parallel_size}"
-            if self._device_mesh is not None
+            if self._meshes is not None
             else f"data_parallel_size={self._requested_sizes[0]!r}, tensor_parallel_size={self._requested_sizes[1]!r}"
         )
         return f"ModelParallelStrategy(device={self.root_device}, {sizes}, precision={self.precision.name!r})"

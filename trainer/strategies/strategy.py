@@ -120,7 +120,7 @@ class Strategy:
         """Reduce ``tensor`` over all processes with ``op``."""
         return tensor
 
-    def reduce_boolean_decision(self, decision: bool, all: bool = True) -> bool:  # noqa: A002
+    def reduce_boolean_decision(self, decision: bool, all: bool = True) -> bool:
         """Agree on a yes/no across processes: every one says yes (``all``) or any one does.
 
         The one place "any rank says stop" is decided (early stopping, the LR finder, spike

@@ -2,8 +2,9 @@
 
 The Trainer calls `dump_checkpoint` / `restore_checkpoint`; the file format lives in
 ``trainer/checkpoint/``. A checkpoint holds the model, optimizers, schedulers, precision state,
-the progress (epoch, global step, batch position), the train loader's seed, the RNG states, the
-callbacks', datamodule's and loggers' state, and the hyperparameters.
+the progress (epoch, global step, batch position), the train loader's seed (and a torchdata
+StatefulDataLoader's position on every process), the RNG states, the callbacks', datamodule's
+and loggers' state, and the hyperparameters.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from trainer.checkpoint import find_latest_checkpoint, load_weights_file
+from trainer.checkpoint.accelerator_state import gather_loader_state, loader_state_for_rank
 from trainer.errors import CheckpointError, ConfigurationError, describe
 from trainer.runtime.seed import get_rng_states
 
@@ -59,7 +61,7 @@ def dump_checkpoint(trainer: Trainer, *, weights_only: bool = False) -> dict[str
         precision=trainer.precision_plugin.state_dict(),
         callbacks={callback.state_key: callback.state_dict() for callback in trainer.callbacks},
         datamodule=trainer.datamodule.state_dict() if trainer.datamodule is not None else None,
-        loops={"train_loader": train_loader.state_dict() if train_loader is not None else None},
+        loops={"train_loader": _train_loader_state(trainer, train_loader)},
         rng_states=trainer.strategy.all_gather_object(get_rng_states()),
         loggers=[{"class": type(lg).__name__, **lg.state_dict()} for lg in trainer.loggers],
         callback_metrics={
@@ -67,6 +69,17 @@ def dump_checkpoint(trainer: Trainer, *, weights_only: bool = False) -> dict[str
         },
     )
     return checkpoint
+
+
+def _train_loader_state(trainer: Trainer, loader: Any) -> dict[str, Any] | None:
+    """Its seed and epoch; a StatefulDataLoader's position on every process (a collective)."""
+    if loader is None:
+        return None
+    return gather_loader_state(
+        loader.state_dict(),
+        all_gather_object=trainer.strategy.all_gather_object,
+        world_size=trainer.strategy.world_size,
+    )
 
 
 def resolve_ckpt_path(
@@ -154,7 +167,8 @@ def restore_checkpoint(trainer: Trainer, checkpoint: dict[str, Any], *, full: bo
         trainer.datamodule.load_state_dict(checkpoint["datamodule"])
     loader_state = (checkpoint.get("loops") or {}).get("train_loader")
     if loader_state is not None and trainer._loaders.get("train") is not None:
-        trainer._loaders["train"].load_state_dict(loader_state)
+        own = loader_state_for_rank(loader_state, trainer.global_rank)
+        trainer._loaders["train"].load_state_dict(own)
     for logger, state in zip(trainer.loggers, checkpoint.get("loggers") or [], strict=False):
         if state.get("class") == type(logger).__name__:
             logger.load_state_dict(state)

@@ -1,16 +1,26 @@
-"""One epoch of validation, test or predict: the hooks, the steps under no_grad, the metrics.
+"""One epoch of validation, test or predict: the hooks, the steps without gradients, the metrics.
 
 Used by ``Trainer.validate`` / ``test`` / ``predict``, by the sanity check and by validation
-inside fit (`trainer.trainer.fit_loop`). The order of the hooks is DESIGN §3's.
+inside fit (`trainer.trainer.fit_loop`). The order of the hooks is DESIGN §3's. As in Lightning:
+
+- the whole epoch runs under ``torch.no_grad`` inside ``fit``, and under
+  ``torch.inference_mode`` in ``validate`` / ``test`` / ``predict`` when
+  ``Trainer(inference_mode=True)`` (the default; gloo process groups and XLA devices get
+  ``no_grad``);
+- several dataloaders run one after the other; then the steps and batch hooks receive
+  ``dataloader_idx`` too, ``self.log`` names get ``/dataloader_idx_N``, and the epoch gives one
+  result per dataloader.
 """
 
 from __future__ import annotations
 
+import contextlib
 from typing import TYPE_CHECKING, Any
 
 import torch
 
 from trainer.errors import ConfigurationError
+from trainer.trainer.dataloader_idx import check_dataloader_idx
 from trainer.trainer.logger_rows import eval_epoch_step, send_to_loggers
 from trainer.trainer.options import overrides
 
@@ -25,22 +35,30 @@ STEP_NAMES = {"validation": "validation_step", "test": "test_step", "predict": "
 STAGE_OF = {"validation": "validate", "test": "test", "predict": "predict"}
 
 
-def run_eval_epoch(trainer: Trainer, run: Run, stage: str) -> Any:
+def run_eval_epoch(trainer: Trainer, run: Run, stage: str) -> list[Any]:
     """One epoch of ``stage`` ("validation", "test", "predict"): hooks, steps, metrics.
 
-    Returns the predictions (predict), else the logged epoch values by published name
-    (Lightning's ``validate()`` / ``test()`` results).
+    Returns one entry per dataloader: its predictions (predict), else the logged epoch values
+    by published name (Lightning's ``validate()`` / ``test()`` results).
     """
     module = trainer.module
-    loader = run.loaders.get(stage)
+    loaders = run.loaders.get(stage)
     step_name = STEP_NAMES[stage]
-    if loader is None or not overrides(module, step_name):
+    if not loaders or not overrides(module, step_name):
         if stage != "validation":
             raise ConfigurationError(
                 f"trainer.{STAGE_OF[stage]}: {type(module).__name__} has no {step_name}. "
                 f"Implement {step_name}(self, batch, batch_idx)."
             )
-        return {}
+        return [{}]
+    check_dataloader_idx(module, stage, is_multiple=len(loaders) > 1)
+    with _grad_context(trainer):
+        return _run_epoch(trainer, run, stage, loaders)
+
+
+def _run_epoch(trainer: Trainer, run: Run, stage: str, loaders: list[Any]) -> list[Any]:
+    module = trainer.module
+    step_name = STEP_NAMES[stage]
     call = run.hooks.call
     store = run.stores.get(stage)
     if store is not None:
@@ -49,24 +67,31 @@ def run_eval_epoch(trainer: Trainer, run: Run, stage: str) -> Any:
         module._metric_store = store
     is_logging = store is not None and not trainer.sanity_checking
     run.model.eval()
-    predictions: list[Any] = []
+    predictions: list[list[Any]] = [[] for _ in loaders]
     call(f"on_{stage}_start")
     call(f"on_{stage}_epoch_start")
-    with torch.no_grad():
+    is_multiple = len(loaders) > 1
+    # With several loaders the batch hooks get dataloader_idx too (callbacks that take it).
+    call_batch_hook = run.hooks.call_with_dataloader_idx if is_multiple else call
+    for dataloader_idx, loader in enumerate(loaders):
+        extra = (dataloader_idx,) if is_multiple else ()
+        if store is not None and is_multiple:
+            store.dataloader_idx = dataloader_idx
         for batch_idx, batch in enumerate(loader):
             if store is not None:
                 store.current_batch = batch
-            call(f"on_{stage}_batch_start", batch, batch_idx)
+            call_batch_hook(f"on_{stage}_batch_start", batch, batch_idx, *extra)
             with trainer.accelerator.autocast():
-                output = run.run_step(step_name, batch, batch_idx)
+                output = run.run_step(step_name, batch, batch_idx, *extra)
             if stage == "predict":
-                predictions.append(output)
-            call(f"on_{stage}_batch_end", output, batch, batch_idx)
+                predictions[dataloader_idx].append(output)
+            call_batch_hook(f"on_{stage}_batch_end", output, batch, batch_idx, *extra)
             if is_logging:
                 _send_step_row(trainer, store)
     if store is None:
         call(f"on_{stage}_epoch_end")
     else:
+        store.dataloader_idx = None  # what the epoch-end hooks log belongs to no dataloader
         store.hook = (f"on_{stage}_epoch_end", False, True)  # errors of self.log name it
         try:
             call(f"on_{stage}_epoch_end")
@@ -79,13 +104,34 @@ def run_eval_epoch(trainer: Trainer, run: Run, stage: str) -> Any:
     module._metric_store = run.stores["train"]
     if stage == "predict":
         return predictions
-    return store.epoch_items(for_logger=True) if store is not None else {}
+    if store is None:
+        return [{} for _ in loaders]
+    if not is_multiple:
+        return [store.epoch_items(for_logger=True)]
+    return [store.epoch_items(for_logger=True, dataloader_idx=i) for i in range(len(loaders))]
+
+
+def _grad_context(trainer: Trainer) -> contextlib.AbstractContextManager[Any]:
+    """``no_grad`` inside fit; ``inference_mode`` in validate/test/predict when it is on and
+    works here (not over a gloo process group, not on XLA: Lightning's exceptions)."""
+    if trainer.state.stage == "fit" or not trainer.inference_mode:
+        return torch.no_grad()
+    is_gloo = (
+        torch.distributed.is_available()
+        and torch.distributed.is_initialized()
+        and torch.distributed.get_backend() == "gloo"
+    )
+    if is_gloo or trainer.strategy.root_device.type == "xla":
+        return torch.no_grad()
+    return torch.inference_mode()
 
 
 def _send_step_row(trainer: Trainer, store: MetricStore) -> None:
     """Lightning's validation/test step rows: ``on_step`` values (``name_step``) at the count
-    of batches of this stage so far in the run, with no ``epoch``."""
+    of batches of this dataloader so far in the run, with no ``epoch``."""
+    idx = store.dataloader_idx or 0
+    step = store.batch_counts.get(idx, 0)
     items = store.step_items(for_logger=True)
     if items:
-        send_to_loggers(trainer, items, store.batch_count, has_epoch=False)
-    store.batch_count += 1
+        send_to_loggers(trainer, items, step, has_epoch=False)
+    store.batch_counts[idx] = step + 1

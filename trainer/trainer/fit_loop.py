@@ -4,6 +4,19 @@ Reads top to bottom: `FitLoop.run` -> ``_train_epoch`` -> ``_train_batch`` -> ``
 with validation where ``val_check_interval`` / ``check_val_every_n_epoch`` put it. Every
 device, precision and process question goes to ``trainer.accelerator``; hooks go through the
 run's `HookTable` in DESIGN §3's order. The Trainer sets the run up and tears it down.
+
+Where Lightning 2.6 does something particular, so does this loop:
+
+- ``should_stop`` ends training only once ``min_epochs`` / ``min_steps`` are met;
+- schedulers are stepped through the module's ``lr_scheduler_step`` hook: "step" ones after each
+  optimizer step (``frequency`` counts the epoch's batches), "epoch" ones after the epoch's last
+  optimizer step, ``ReduceLROnPlateau`` after the validation (step) or ``on_train_epoch_end``
+  (epoch) whose metric it reads;
+- ``on_train_batch_start`` returning -1 ends the epoch without its validation;
+- a checkpoint taken once the epoch's batches (and its validation) were done resumes at the next
+  epoch, without that epoch's ``on_train_epoch_end`` again. (A resume inside an epoch runs
+  ``on_train_epoch_start`` for it, which Lightning does not: callbacks set up per-epoch state
+  there, e.g. StochasticWeightAveraging's scheduler.)
 """
 
 from __future__ import annotations
@@ -14,14 +27,22 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from trainer.errors import AnomalyError, ConfigurationError, HookResultError
 from trainer.runtime.seed import set_rng_states
 from trainer.trainer import profiling
+from trainer.trainer.closure import check_closure_precision, needs_closure, stepping_with
 from trainer.trainer.evaluation_loop import run_eval_epoch
+from trainer.trainer.loaders import is_reload_due, reload_stage
 from trainer.trainer.logger_rows import send_to_loggers
+from trainer.trainer.loss import anomaly_backward, check_finite, loss_of
+from trainer.trainer.manual_step import bind_manual_steps
 from trainer.trainer.optimizer_config import step_schedulers
-from trainer.trainer.options import overrides, safe_len, warn_on_empty_epoch
+from trainer.trainer.options import warn_on_empty_epoch
 from trainer.trainer.preemption import PreemptionSignal, is_preempted, save_and_exit
+from trainer.trainer.validation_schedule import (
+    run_sanity_check,
+    should_validate_epoch,
+    val_check_batches,
+)
 
 if TYPE_CHECKING:
     from trainer.trainer.run import Run
@@ -30,29 +51,6 @@ if TYPE_CHECKING:
 __all__ = ["FitLoop", "run_sanity_check"]
 
 _SKIP_EPOCH = object()  # on_train_batch_start returned -1: the rest of the epoch is skipped
-
-
-def run_sanity_check(trainer: Trainer, run: Run) -> None:
-    """A few validation batches before training (``num_sanity_val_steps``); nothing is logged."""
-    loader = run.loaders.get("validation")
-    if trainer.num_sanity_val_steps == 0 or not _has_validation(trainer, run):
-        return
-    full_limit = loader.limit
-    steps = trainer.num_sanity_val_steps
-    loader.limit = (
-        None if steps < 0 else min(steps, full_limit if full_limit is not None else steps)
-    )
-    trainer.sanity_checking = True
-    full_count, trainer.num_val_batches = trainer.num_val_batches, safe_len(loader)
-    try:
-        run.hooks.call("on_sanity_check_start")
-        run_eval_epoch(trainer, run, "validation")
-        run.hooks.call("on_sanity_check_end")
-    finally:
-        trainer.sanity_checking = False
-        loader.limit = full_limit
-        trainer.num_val_batches = full_count
-        run.stores["validation"].reset()  # sanity values are not real metrics
 
 
 class FitLoop:
@@ -74,25 +72,78 @@ class FitLoop:
         self.received_signal = received_signal
         self.pending_rng_state = pending_rng_state
         self.is_step_row_due = False  # a training step row waits for on_train_batch_end
+        self.is_stepping = False  # whether the last batch stepped the optimizer
+        self._is_exhausted = False  # the train loader yielded nothing: no epoch ever would
+        self._set_up_schedulers_and_closure()
+        self._reloaded_at: dict[str, float] = {}  # set when the run starts
+
+    def _set_up_schedulers_and_closure(self) -> None:
+        """Whether the fit steps "step" ReduceLROnPlateau schedulers, and LBFGS' closure."""
+        trainer = self.trainer
+        is_automatic = trainer.module.automatic_optimization
+        self._has_step_plateau = False  # read again each epoch: callbacks may add schedulers
+        optimizer = trainer.optimizers[0] if is_automatic and trainer.optimizers else None
+        self._needs_closure = optimizer is not None and needs_closure(optimizer)
+        if self._needs_closure:
+            check_closure_precision(optimizer, trainer.precision_plugin)
+        self._closure_batch: tuple[Any, int] | None = None
+        self._closure_loss: torch.Tensor | None = None
 
     def run(self) -> None:
         """``on_train_start``, then epochs until done (the Trainer calls ``on_train_end``)."""
-        self._run.hooks.call("on_train_start")
-        while not self._is_done():
-            self._train_epoch()
+        self._take_resumed_position()
+        epoch = self.trainer.progress.epoch
+        # Lightning's bookkeeping for reload_dataloaders_every_n_epochs: the epoch each stage's
+        # loaders were last requested (validation: only if this epoch validates).
+        self._reloaded_at = {
+            "train": float(epoch),
+            "validation": float(epoch) if self._should_validate_epoch() else -math.inf,
+        }
+        trainer = self.trainer
+        is_manual = not trainer.module.automatic_optimization
+        # Manual optimization: optimizer.step() runs the hook and takes a closure (Lightning's).
+        unbind = bind_manual_steps(trainer.optimizers, self._run.hooks) if is_manual else None
+        try:
+            self._run.hooks.call("on_train_start")
+            while not self._is_done():
+                self._train_epoch()
+        finally:
+            if unbind is not None:
+                unbind()
+
+    def _take_resumed_position(self) -> None:
+        """Resumed once an epoch's batches and its validation were done: that epoch is complete,
+        go on with the next (Lightning); otherwise continue where the checkpoint stopped."""
+        trainer = self.trainer
+        progress = trainer.progress
+        is_validated = progress.last_val_step == progress.global_step
+        if (
+            progress.batch_idx > 0
+            and progress.batch_idx >= trainer.num_training_batches
+            and (is_validated or not self._should_validate_epoch())
+        ):
+            progress.epoch += 1
+            progress.batch_idx = 0
 
     # ---- when to stop ---------------------------------------------------------------------
     def _is_done(self) -> bool:
         trainer = self.trainer
-        if (
-            trainer.should_stop or trainer.num_training_batches == 0
-        ):  # Lightning: "No training batches"
+        if trainer.num_training_batches == 0 or self._is_exhausted:
+            return True  # Lightning: "No training batches"
+        if trainer.should_stop and self._can_stop_early():
             return True
         if trainer.max_steps != -1 and trainer.global_step >= trainer.max_steps:
             return True
         if trainer.max_epochs not in (None, -1) and trainer.progress.epoch >= trainer.max_epochs:
             return True
         return self._time_is_up()
+
+    def _can_stop_early(self) -> bool:
+        """Whether ``min_epochs`` and ``min_steps`` are met, so ``should_stop`` may end training."""
+        trainer = self.trainer
+        return trainer.progress.epoch >= trainer.min_epochs and (
+            trainer.min_steps is None or trainer.global_step >= trainer.min_steps
+        )
 
     def _is_step_limit_reached(self) -> bool:
         """The per-batch part of ``_is_done`` (epochs cannot end mid-epoch): steps and time."""
@@ -113,6 +164,10 @@ class FitLoop:
         """One epoch of training, with validation where scheduled, then the epoch-end hooks."""
         trainer, run = self.trainer, self._run
         progress = trainer.progress
+        every = trainer.reload_dataloaders_every_n_epochs
+        if every and is_reload_due(every, progress.epoch, self._reloaded_at["train"]):
+            reload_stage(trainer, "train")
+            self._reloaded_at["train"] = progress.epoch
         loader = run.loaders["train"]
         run.stores["train"].start_epoch()
         loader.set_epoch(progress.epoch)
@@ -122,9 +177,11 @@ class FitLoop:
             self.pending_rng_state = None
         run.model.train()
         run.hooks.call("on_train_epoch_start")
+        self._has_step_plateau = self._has_schedulers("step", is_plateau=True)
         val_every = self._val_check_batches()
         is_multi_process = trainer.world_size > 1
         is_epoch_complete = True
+        is_skipped = False
         first_batch_idx = progress.batch_idx
         batches = (
             profiling.profiled_batches(trainer.profiler, loader, loader=loader)
@@ -134,6 +191,7 @@ class FitLoop:
         for batch_idx, batch in enumerate(batches, start=first_batch_idx):
             progress.batch_idx = batch_idx + 1
             if self._train_batch(batch, batch_idx) is _SKIP_EPOCH:
+                is_skipped = True
                 break
             if (self.received_signal.signum is not None or is_multi_process) and is_preempted(
                 trainer, self.received_signal
@@ -147,19 +205,24 @@ class FitLoop:
                 and self._should_validate_epoch()
             ):
                 self._run_validation()
-            if trainer.should_stop or self._is_step_limit_reached():
+            if (trainer.should_stop and self._can_stop_early()) or self._is_step_limit_reached():
                 is_epoch_complete = is_last
                 break
+            if self._has_step_plateau and not is_last:  # after the validation it may read
+                self._step_plateau_after_batch()
         if first_batch_idx == 0 and progress.batch_idx == 0:  # nothing came: never would
             warn_on_empty_epoch(progress.epoch)
-            trainer.should_stop = True
+            trainer.should_stop = self._is_exhausted = True
         is_validated = progress.last_val_step == progress.global_step  # e.g. on resume
         if (
-            self._should_validate_epoch()
+            not is_skipped  # Lightning: a skipped epoch does not validate at its end
+            and self._should_validate_epoch()
             and (is_epoch_complete or trainer.should_stop)
             and not is_validated
         ):
             self._run_validation()
+        if self._has_step_plateau and not is_skipped and progress.batch_idx > first_batch_idx:
+            self._step_plateau_after_batch()
         self._end_train_epoch(is_epoch_complete)
 
     def _end_train_epoch(self, is_complete: bool) -> None:
@@ -176,11 +239,11 @@ class FitLoop:
         epoch_metrics = store.finalize_epoch()
         for monitor in run.hooks.epoch_end_monitors:  # ModelCheckpoint, EarlyStopping: see above
             monitor()
+        if is_complete and self._has_schedulers("epoch", is_plateau=True):
+            self._step_schedulers("epoch", is_plateau=True)  # reads on_train_epoch_end's metrics
         # Lightning writes them at the step of the epoch's last row (optimizer steps - 1).
         send_to_loggers(trainer, store.epoch_items(for_logger=True) if epoch_metrics else {})
         if is_complete:
-            if trainer.module.automatic_optimization:  # manual optimization steps its own
-                self._step_schedulers("epoch")
             trainer.progress.epoch += 1
             trainer.progress.batch_idx = 0
 
@@ -196,6 +259,11 @@ class FitLoop:
             hooks["on_train_batch_start"]
             and hooks.call("on_train_batch_start", batch, batch_idx) == -1
         ):
+            # Lightning counts the skipped batch as the epoch's last: the interval schedulers
+            # step as after its last batch (no optimizer step, no validation).
+            if trainer.lr_scheduler_configs and trainer.module.automatic_optimization:
+                self._step_schedulers("step", is_plateau=False)
+                self._step_schedulers("epoch", is_plateau=False)
             return _SKIP_EPOCH
         is_stepping = False
         if not trainer.module.automatic_optimization:
@@ -211,7 +279,7 @@ class FitLoop:
             with accelerator.accumulate(run.model):
                 with accelerator.autocast():
                     output = run.training_step(batch, batch_idx)
-                loss = self._loss_of(output, batch_idx)
+                loss = loss_of(trainer, output, batch_idx)
                 # Lightning's order: gradients are cleared after the step of the window's first
                 # batch, not after the optimizer step, so hooks and callbacks still see them.
                 if batch_idx % trainer.accumulate_grad_batches == 0:
@@ -221,7 +289,11 @@ class FitLoop:
                 # The Accelerator decides whether this batch ends an accumulation window.
                 is_stepping = accelerator.sync_gradients
                 if is_stepping:
+                    if self._needs_closure:  # LBFGS: its closure's first call returns this loss
+                        self._closure_batch = (batch, batch_idx)
+                        self._closure_loss = None if loss is None else loss.detach()
                     self._optimizer_step(is_skipped=loss is None)
+            self.is_stepping = is_stepping
         if trainer.checkpoint_io is not None:  # a background save that ended: finish it or raise
             trainer.checkpoint_io.poll()
         if hooks["on_train_batch_end"]:  # hot path: build nothing nobody reads
@@ -246,7 +318,7 @@ class FitLoop:
         if hooks["on_before_backward"]:
             hooks.call("on_before_backward", loss)
         if self.trainer.detect_anomaly:
-            self._anomaly_backward(loss, **kwargs)
+            anomaly_backward(self.trainer, loss, **kwargs)
         else:
             self.trainer.accelerator.backward(loss, **kwargs)
         if hooks["on_after_backward"]:
@@ -255,7 +327,7 @@ class FitLoop:
     def manual_backward(self, loss: torch.Tensor, **kwargs: Any) -> None:
         """``TrainModule.manual_backward``: the same hooks and path as automatic backward."""
         if self.trainer.detect_anomaly:
-            self._check_finite(loss, "training_step (manual_backward)")
+            check_finite(loss, "training_step (manual_backward)")
         self.backward(loss, **kwargs)
 
     def _zero_grad(self) -> None:
@@ -268,7 +340,7 @@ class FitLoop:
         optimizer.optimizer.zero_grad()
 
     def _optimizer_step(self, *, is_skipped: bool = False) -> None:
-        """Unscale, hook, clip, step; count the step and step 'step' schedulers.
+        """Unscale, hook, clip, step; count the step and step the interval schedulers.
 
         ``is_skipped`` (training_step returned None): as in Lightning, the hook runs and the
         step is counted, but the optimizer does not step.
@@ -276,134 +348,102 @@ class FitLoop:
         trainer = self.trainer
         accelerator = trainer.accelerator
         optimizer = trainer.optimizers[0]
+        self._before_step(is_skipped)
+        if not is_skipped:
+            if self._needs_closure:
+                with stepping_with(optimizer, self._closure):
+                    optimizer.step()
+            else:
+                optimizer.step()
+        trainer.progress.global_step += 1
+        if trainer.lr_scheduler_configs and trainer.module.automatic_optimization:
+            if not accelerator.optimizer_step_was_skipped:
+                self._step_schedulers("step", is_plateau=False)
+            if self._run.loaders["train"].end_of_dataloader:
+                self._step_schedulers("epoch", is_plateau=False)  # Lightning: before validation
+        if trainer.global_step % trainer.log_every_n_steps == 0:
+            self.is_step_row_due = True  # written after on_train_batch_end (`_train_batch`)
+
+    def _before_step(self, is_skipped: bool) -> None:
+        """``on_before_optimizer_step`` (on unscaled gradients), then clipping."""
+        trainer = self.trainer
+        accelerator = trainer.accelerator
         hooks = self._run.hooks
         if hooks["on_before_optimizer_step"]:
             if not is_skipped:
                 accelerator.unscale_gradients()  # hooks see true gradients
-            hooks.call("on_before_optimizer_step", optimizer)
-        if not is_skipped:
-            if trainer.gradient_clip_val is not None:
-                parameters = trainer.module.parameters()
-                if trainer.gradient_clip_algorithm == "norm":
-                    accelerator.clip_grad_norm_(parameters, trainer.gradient_clip_val)
-                else:
-                    accelerator.clip_grad_value_(parameters, trainer.gradient_clip_val)
-            optimizer.step()
-        trainer.progress.global_step += 1
-        if trainer.lr_scheduler_configs and not accelerator.optimizer_step_was_skipped:
-            self._step_schedulers("step")
-        if trainer.global_step % trainer.log_every_n_steps == 0:
-            self.is_step_row_due = True  # written after on_train_batch_end (`_train_batch`)
+            hooks.call("on_before_optimizer_step", trainer.optimizers[0])
+        if not is_skipped and trainer.gradient_clip_val is not None:
+            parameters = trainer.module.parameters()
+            if trainer.gradient_clip_algorithm == "norm":
+                accelerator.clip_grad_norm_(parameters, trainer.gradient_clip_val)
+            else:
+                accelerator.clip_grad_value_(parameters, trainer.gradient_clip_val)
 
-    def _step_schedulers(self, interval: str) -> None:
+    def _closure(self) -> torch.Tensor | None:
+        """LBFGS' closure. The first call returns the batch's loss, computed already; each later
+        call evaluates the batch again as Lightning's closure does: ``training_step``,
+        ``zero_grad`` (first batch of a window), backward, ``on_before_optimizer_step``, clip."""
+        if self._closure_loss is not None:
+            loss, self._closure_loss = self._closure_loss, None
+            return loss
         trainer = self.trainer
-        count = trainer.global_step if interval == "step" else trainer.progress.epoch + 1
+        batch, batch_idx = self._closure_batch
+        with trainer.accelerator.autocast():
+            output = self._run.training_step(batch, batch_idx)
+        loss = loss_of(trainer, output, batch_idx)
+        if batch_idx % trainer.accumulate_grad_batches == 0:
+            self._zero_grad()
+        if loss is not None:
+            self.backward(loss)
+        self._before_step(is_skipped=loss is None)
+        return None if loss is None else loss.detach()
+
+    def _step_schedulers(self, interval: str, *, is_plateau: bool) -> None:
+        """Step ``interval``'s schedulers through the module's ``lr_scheduler_step`` hook; as in
+        Lightning, ``frequency`` counts the epoch's batches ("step") or the epochs ("epoch")."""
+        trainer = self.trainer
+        progress = trainer.progress
+        count = progress.batch_idx if interval == "step" else progress.epoch + 1
         step_schedulers(
-            trainer.lr_scheduler_configs, interval, count, lambda: trainer.callback_metrics
+            trainer.lr_scheduler_configs,
+            interval,
+            count,
+            lambda: trainer.callback_metrics,
+            is_plateau=is_plateau,
+            step=trainer.module.lr_scheduler_step,
         )
 
-    # ---- the loss and anomalies -----------------------------------------------------------
-    def _loss_of(self, output: Any, batch_idx: int) -> torch.Tensor | None:
-        """Check ``training_step``'s result and return the loss (None skips the batch)."""
-        if isinstance(output, torch.Tensor):
-            loss = output
-        elif output is None:
-            return None
-        elif isinstance(output, dict) and isinstance(output.get("loss"), torch.Tensor):
-            loss = output["loss"]
-        else:
-            detail = " without a 'loss' Tensor" if isinstance(output, dict) else ""
-            raise HookResultError(
-                f"training_step returned {type(output).__name__}{detail}; expected a Tensor, a "
-                f'dict with "loss", or None ({self._where("training_step", batch_idx)}). Return '
-                "the loss tensor."
-            )
-        if loss.numel() != 1 or not loss.requires_grad:
-            problem = (
-                f"of shape {tuple(loss.shape)}"
-                if loss.numel() != 1
-                else "that does not require grad"
-            )
-            raise HookResultError(
-                f"training_step returned a loss {problem} ({self._where('training_step', batch_idx)}). "
-                "Return one scalar computed from the model's outputs, outside torch.no_grad() "
-                "and without .detach()."
-            )
-        if self.trainer.detect_anomaly:
-            self._check_finite(loss, self._where("training_step", batch_idx))
-        return loss
-
-    def _check_finite(self, loss: torch.Tensor, where: str) -> None:
-        if not torch.isfinite(loss).all():
-            kind = "nan" if torch.isnan(loss).any() else "inf"
-            raise AnomalyError(
-                f"detect_anomaly: the loss is {kind} ({where}). Check the inputs, lower the "
-                "learning rate, or clip gradients (gradient_clip_val)."
-            )
-
-    def _anomaly_backward(self, loss: torch.Tensor, **kwargs: Any) -> None:
+    def _has_schedulers(self, interval: str, *, is_plateau: bool) -> bool:
+        """Whether the Trainer steps schedulers of this kind (automatic optimization only)."""
         trainer = self.trainer
-        where = self._where("training_step", trainer.progress.batch_idx - 1)
-        try:
-            with torch.autograd.detect_anomaly(check_nan=True):
-                trainer.accelerator.backward(loss, **kwargs)
-        except RuntimeError as err:
-            if "nan" not in str(err).lower():
-                raise
-            raise AnomalyError(
-                f"detect_anomaly: backward produced nan gradients (after training_step, "
-                f"{where}): {err}"
-            ) from err
-        bad = [
-            name
-            for name, p in trainer.module.named_parameters()
-            if p.grad is not None and not torch.isfinite(p.grad).all()
-        ]
-        if bad:
-            raise AnomalyError(
-                f"detect_anomaly: nan/inf gradients in {bad[:5]} after backward of training_step "
-                f"({where})."
-            )
+        return trainer.module.automatic_optimization and any(
+            c.interval == interval and c.is_plateau == is_plateau
+            for c in trainer.lr_scheduler_configs
+        )
 
-    def _where(self, hook: str, batch_idx: int) -> str:
-        trainer = self.trainer
-        return f"{type(trainer.module).__name__}.{hook}, epoch {trainer.progress.epoch}, batch {batch_idx}"
+    def _step_plateau_after_batch(self) -> None:
+        """ "step" ReduceLROnPlateau schedulers, after the validation a stepping batch ran."""
+        if self.is_stepping and not self.trainer.accelerator.optimizer_step_was_skipped:
+            self._step_schedulers("step", is_plateau=True)
 
     # ---- validation inside fit ------------------------------------------------------------
     def _val_check_batches(self) -> int:
-        """Run validation every this many train batches inside the epoch (0: only at the end)."""
-        trainer = self.trainer
-        if not _has_validation(trainer, self._run):
-            return 0
-        interval = trainer.val_check_interval
-        if isinstance(interval, int):
-            if interval > trainer.num_training_batches:
-                raise ConfigurationError(
-                    f"Trainer(val_check_interval={interval}) is more than the "
-                    f"{trainer.num_training_batches} training batches per epoch. Use a smaller "
-                    "int, or a float fraction of the epoch."
-                )
-            return interval
-        if interval >= 1.0 or math.isinf(trainer.num_training_batches):
-            return 0
-        return max(1, int(trainer.num_training_batches * interval))
+        return val_check_batches(self.trainer, self._run)
 
     def _should_validate_epoch(self) -> bool:
-        trainer = self.trainer
-        if not _has_validation(trainer, self._run) or trainer.num_val_batches == 0:
-            return False
-        every = trainer.check_val_every_n_epoch
-        return every is None or (trainer.progress.epoch + 1) % every == 0
+        return should_validate_epoch(self.trainer, self._run)
 
     def _run_validation(self) -> None:
+        trainer = self.trainer
+        every = trainer.reload_dataloaders_every_n_epochs
+        epoch = trainer.progress.epoch
+        if every and is_reload_due(every, epoch, self._reloaded_at["validation"]):
+            reload_stage(trainer, "validation")
+            self._reloaded_at["validation"] = epoch
+            self._run.stores["validation"].batch_counts.clear()  # Lightning counts rows anew
         model = self._run.model
         was_training = model.training
-        self.trainer.progress.last_val_step = self.trainer.global_step
-        run_eval_epoch(self.trainer, self._run, "validation")
+        trainer.progress.last_val_step = trainer.global_step
+        run_eval_epoch(trainer, self._run, "validation")
         model.train(was_training)
-
-
-def _has_validation(trainer: Trainer, run: Run) -> bool:
-    return run.loaders.get("validation") is not None and overrides(
-        trainer.module, "validation_step"
-    )

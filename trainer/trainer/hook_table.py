@@ -15,6 +15,7 @@ from trainer.callbacks.callback import Callback
 from trainer.errors import ConfigurationError
 from trainer.profilers import Profiler
 from trainer.trainer import profiling
+from trainer.trainer.dataloader_idx import takes_dataloader_idx
 from trainer.trainer.hooks import CALLBACK_HOOKS, CALLBACK_ONLY_HOOKS, MONITORING_CALLBACKS
 from trainer.trainer.module_hooks import ModuleHooks
 from trainer.trainer.options import is_instance_named
@@ -44,21 +45,26 @@ class HookTable:
     ) -> None:
         self._functions: dict[str, list[Callable[..., Any]]] = {}
         self._module_functions: dict[str, Callable[..., Any]] = {}
+        # Per evaluation batch hook, for each function: whether it takes dataloader_idx.
+        self._takes_index: dict[str, list[bool]] = {}
+        self._raw: dict[str, list[Callable[..., Any]]] = {}  # unprofiled, for signatures
         self.epoch_end_monitors: list[Callable[..., Any]] = []
         callbacks = list(callbacks)
         for name in CALLBACK_HOOKS:
             own: list[Callable[..., Any]] = []
+            raw: dict[int, Callable[..., Any]] = {}
             if name not in CALLBACK_ONLY_HOOKS and is_overridden(module, name, ModuleHooks):
                 own.append(_timed(profiler, getattr(module, name), module, name, "TrainModule"))
                 self._module_functions[name] = own[0]
+                raw[id(own[0])] = getattr(module, name)
             before: list[Callable[..., Any]] = []
             after: list[Callable[..., Any]] = []
             for callback in callbacks:
                 if not is_overridden(callback, name, Callback):
                     continue
-                function = _timed(
-                    profiler, partial(getattr(callback, name), trainer, module), callback, name
-                )
+                bound = partial(getattr(callback, name), trainer, module)
+                function = _timed(profiler, bound, callback, name)
+                raw[id(function)] = bound
                 is_monitor = name == "on_train_epoch_end" and any(
                     is_instance_named(callback, monitor) for monitor in MONITORING_CALLBACKS
                 )
@@ -68,6 +74,7 @@ class HookTable:
             )
             if name == "on_train_epoch_end":
                 self.epoch_end_monitors = after
+            self._raw[name] = [raw[id(function)] for function in self._functions[name]]
 
     def __getitem__(self, name: str) -> list[Callable[..., Any]]:
         """The functions hook ``name`` runs (empty when nobody overrides it)."""
@@ -88,6 +95,19 @@ class HookTable:
             if function is module_function:
                 result = returned
         return result
+
+    def call_with_dataloader_idx(self, name: str, *args: Any) -> None:
+        """Run evaluation batch hook ``name`` with ``args`` ending in ``dataloader_idx``, which a
+        function written without that parameter (as ``Callback``'s own hooks) does not receive."""
+        takes = self._takes_index.get(name)
+        if takes is None:
+            takes = [takes_dataloader_idx(raw, len(args) - 1) for raw in self._raw[name]]
+            self._takes_index[name] = takes
+        for function, takes_index in zip(self._functions[name], takes, strict=True):
+            if takes_index:
+                function(*args)
+            else:
+                function(*args[:-1])
 
 
 def is_overridden(obj: object, name: str, base: type) -> bool:

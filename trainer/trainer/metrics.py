@@ -16,89 +16,35 @@ Within one hook a name keeps the options it was first logged with (``on_step``, 
 ``reduce_fx``, ``prog_bar``, ``logger``, ``sync_dist``): logging it again with other options is a
 `ConfigurationError`, as Lightning's ``MisconfigurationException``. A call is checked when it
 differs from the name's previous call; repeating it costs one tuple comparison.
+
+With several evaluation dataloaders the loop sets `MetricStore.dataloader_idx`: each name logged
+then is its own entry, published as ``name/dataloader_idx_N`` (``name_epoch/dataloader_idx_N``
+when forked), and `MetricStore.epoch_items` can pick one dataloader's values, as Lightning's
+``validate()`` returns one dict per dataloader.
 """
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from trainer.errors import ConfigurationError, describe
+from trainer.trainer.metric_entry import (
+    HookKey,
+    LogOptions,
+    MetricEntry,
+    batch_size_of,
+    describe_conflict,
+    is_torchmetric,
+    resolve_reduce_fx,
+)
 
 if TYPE_CHECKING:
     from trainer.strategies import Strategy
 
-__all__ = ["MetricStore", "stage_stores"]
-
-_REDUCE_FX = ("mean", "sum", "max", "min")
-_REDUCE_ALIASES: dict[Any, str] = {
-    torch.mean: "mean",
-    torch.sum: "sum",
-    torch.max: "max",
-    torch.min: "min",
-    max: "max",
-    min: "min",
-    sum: "sum",
-}
-
-
-def _is_metric(value: Any) -> bool:
-    tm = sys.modules.get("torchmetrics")  # never import torchmetrics just to check
-    return tm is not None and isinstance(value, tm.Metric)
-
-
-class _Options(NamedTuple):
-    """The options of one ``self.log`` call, defaults resolved (what must agree within a hook)."""
-
-    on_step: bool
-    on_epoch: bool
-    reduce_fx: str
-    prog_bar: bool
-    logger: bool
-    sync_dist: bool
-
-
-_Hook = tuple[str, bool, bool]  # (hook name, default on_step, default on_epoch)
-
-
-class _Entry:
-    """One logged name: its options and its step value / epoch accumulator."""
-
-    __slots__ = (
-        "batch_weighted",
-        "is_metric",
-        "last_call",
-        "logger",
-        "metric",
-        "on_epoch",
-        "on_step",
-        "options_by_hook",
-        "prog_bar",
-        "reduce_fx",
-        "step_value",
-        "sync_dist",
-        "total",
-        "weight",
-    )
-
-    def __init__(self, options: _Options) -> None:
-        self.on_step = options.on_step
-        self.on_epoch = options.on_epoch
-        self.prog_bar = options.prog_bar
-        self.logger = options.logger
-        self.reduce_fx = options.reduce_fx
-        self.sync_dist = options.sync_dist
-        self.step_value: Any = None
-        self.total: Any = None
-        self.weight: Any = 0
-        self.metric: Any = None
-        self.is_metric = False
-        # the options of the first call in each hook, keyed by `MetricStore.hook`
-        self.options_by_hook: dict[_Hook, _Options] = {}
-        self.last_call: tuple[Any, ...] = ()  # options as given, + hook: equal means checked
+__all__ = ["MetricStore", "stage_stores", "to_float"]
 
 
 class MetricStore:
@@ -109,16 +55,17 @@ class MetricStore:
     """
 
     def __init__(self, reducer: Callable[[torch.Tensor, str], torch.Tensor] | None = None) -> None:
-        self.entries: dict[str, _Entry] = {}
-        self.hook: _Hook = ("training_step", True, False)
+        self.entries: dict[str, MetricEntry] = {}
+        self.hook: HookKey = ("training_step", True, False)
         self.current_batch: Any = None
         self._batch_size_cache: tuple[int, int] | None = None  # (id(batch), size)
         self.epoch_values: dict[str, Any] = {}
         # The step and epoch values of earlier epochs of this run, by name (see the module doc).
         self.kept_steps: dict[str, Any] = {}
         self.kept_epochs: dict[str, Any] = {}
-        # Validation/test batches seen since `reset`: Lightning's step for their step rows.
-        self.batch_count = 0
+        # Validation/test batches seen per dataloader since `reset`: the step of their step rows.
+        self.batch_counts: dict[int, int] = {}
+        self.dataloader_idx: int | None = None  # set by the loop when there are several loaders
         self.reducer = reducer
         self.key_check: Callable[[list[str]], None] | None = None
 
@@ -161,11 +108,18 @@ class MetricStore:
         reduce_fx: str | Callable[..., Any],
         sync_dist: bool,
         batch_size: int | None,
+        add_dataloader_idx: bool = True,
     ) -> None:
-        entry = self.entries.get(name)
+        key = name
+        if self.dataloader_idx is not None:  # several eval dataloaders: one entry per loader
+            if add_dataloader_idx:
+                key = f"{name}/dataloader_idx_{self.dataloader_idx}"
+            else:
+                self._check_unsuffixed(name)
+        entry = self.entries.get(key)
         call = (on_step, on_epoch, reduce_fx, prog_bar, logger, sync_dist, self.hook)
         if entry is None or call != entry.last_call:  # the hot path compares identical objects
-            entry = self._check_call(name, call, value)
+            entry = self._check_call(key, name, call, value, add_dataloader_idx)
         if entry.is_metric:
             entry.metric = value
             if entry.on_step:
@@ -188,15 +142,28 @@ class MetricStore:
         if entry.on_epoch:
             self._accumulate(entry, value, batch_size)
 
-    def _check_call(self, name: str, call: tuple[Any, ...], value: Any) -> _Entry:
+    def _check_unsuffixed(self, name: str) -> None:
+        """``add_dataloader_idx=False`` from two dataloaders would mix them under one name."""
+        entry = self.entries.get(name)
+        if entry is not None and entry.dataloader_idx != self.dataloader_idx:
+            raise ConfigurationError(
+                f"self.log({name!r}, add_dataloader_idx=False) in {self.hook_name}: logged from "
+                f"dataloader {entry.dataloader_idx} and {self.dataloader_idx}, which would mix "
+                "their values under one name (Lightning refuses it too). Log a name per "
+                "dataloader, or leave add_dataloader_idx=True."
+            )
+
+    def _check_call(
+        self, key: str, name: str, call: tuple[Any, ...], value: Any, add_dataloader_idx: bool
+    ) -> MetricEntry:
         """The entry for ``name``, its options as given in ``call`` resolved and checked against
         the first call with this name in the same hook (Lightning's rule)."""
         on_step, on_epoch, reduce_fx, prog_bar, logger, sync_dist, hook = call
         hook_name, default_on_step, default_on_epoch = hook
-        options = _Options(
+        options = LogOptions(
             default_on_step if on_step is None else on_step,
             default_on_epoch if on_epoch is None else on_epoch,
-            _reduce_name(name, reduce_fx, hook_name),
+            resolve_reduce_fx(name, reduce_fx, hook_name),
             prog_bar,
             logger,
             sync_dist,
@@ -206,18 +173,20 @@ class MetricStore:
                 f"self.log({name!r}) in {hook_name}: on_step=False and on_epoch=False "
                 "would record nothing. Set one of them to True."
             )
-        entry = self.entries.get(name)
+        entry = self.entries.get(key)
         if entry is None:
-            entry = _Entry(options)
-            entry.is_metric = _is_metric(value)
-            self.entries[name] = entry
+            idx = self.dataloader_idx
+            suffix = f"/dataloader_idx_{idx}" if idx is not None and add_dataloader_idx else ""
+            entry = MetricEntry(options, name, suffix, idx)
+            entry.is_metric = is_torchmetric(value)
+            self.entries[key] = entry
         first = entry.options_by_hook.setdefault(hook, options)
         if first != options:
-            raise ConfigurationError(_conflict_message(name, hook_name, first, options))
+            raise ConfigurationError(describe_conflict(name, hook_name, first, options))
         entry.last_call = call
         return entry
 
-    def _accumulate(self, entry: _Entry, value: Any, batch_size: int | None) -> None:
+    def _accumulate(self, entry: MetricEntry, value: Any, batch_size: int | None) -> None:
         fx = entry.reduce_fx
         if fx == "mean":
             weight = batch_size if batch_size is not None else self._infer_batch_size()
@@ -237,7 +206,7 @@ class MetricStore:
         cached = self._batch_size_cache
         if cached is not None and cached[0] == id(batch):
             return cached[1]
-        size = _batch_size_of(batch)
+        size = batch_size_of(batch)
         self._batch_size_cache = (id(batch), size)
         return size
 
@@ -245,12 +214,13 @@ class MetricStore:
     def step_items(self, *, for_logger: bool = False, for_bar: bool = False) -> dict[str, Any]:
         """Latest step values by their published name (``name_step`` when also on_epoch)."""
         items: dict[str, Any] = {}
-        for name, entry in self.entries.items():
-            if not entry.on_step or entry.step_value is None:
+        current = self.dataloader_idx  # the dataloader running now: its values only
+        for entry in self.entries.values():
+            if not entry.on_step or entry.step_value is None or entry.dataloader_idx != current:
                 continue
             if (for_logger and not entry.logger) or (for_bar and not entry.prog_bar):
                 continue
-            items[f"{name}_step" if entry.on_epoch else name] = entry.step_value
+            items[entry.step_key] = entry.step_value
         return items
 
     def finalize_epoch(self) -> dict[str, Any]:
@@ -269,7 +239,7 @@ class MetricStore:
             self.epoch_values[name] = (value, entry)
         return {name: value for name, (value, _) in self.epoch_values.items()}
 
-    def _epoch_value(self, entry: _Entry) -> Any:
+    def _epoch_value(self, entry: MetricEntry) -> Any:
         if entry.is_metric:
             if entry.metric is None or not getattr(entry.metric, "update_count", 1):
                 return None
@@ -292,13 +262,22 @@ class MetricStore:
         entry.total, entry.weight = None, 0
         return value
 
-    def epoch_items(self, *, for_logger: bool = False, for_bar: bool = False) -> dict[str, Any]:
-        """Computed epoch values by published name (``name_epoch`` when also on_step)."""
+    def epoch_items(
+        self, *, for_logger: bool = False, for_bar: bool = False, dataloader_idx: int | None = None
+    ) -> dict[str, Any]:
+        """Computed epoch values by published name (``name_epoch`` when also on_step).
+
+        Args:
+            dataloader_idx: only the values of that dataloader and those logged outside any
+                (in the epoch hooks), as Lightning's result for one dataloader.
+        """
         items = {}
-        for name, (value, entry) in self.epoch_values.items():
+        for value, entry in self.epoch_values.values():
             if (for_logger and not entry.logger) or (for_bar and not entry.prog_bar):
                 continue
-            items[f"{name}_epoch" if entry.on_step else name] = value
+            if dataloader_idx is not None and entry.dataloader_idx not in (None, dataloader_idx):
+                continue
+            items[entry.epoch_key] = value
         return items
 
     def callback_items(self, *, is_training: bool = True) -> dict[str, Any]:
@@ -309,23 +288,23 @@ class MetricStore:
                 only, as Lightning's ``callback_metrics`` never holds their ``_step`` values.
         """
         items: dict[str, Any] = {}
-        for name, forked, value, _, is_step in self._published():
+        for entry, forked, value, is_step in self._published():
             if is_step and not is_training:
                 continue
-            items[name] = value
+            items[entry.plain_key] = value
             items[forked] = value
         return items
 
     def logged_items(self) -> dict[str, Any]:
         """Lightning's ``logged_metrics``: the latest value of every ``logger=True`` name."""
-        return {forked: value for _, forked, value, entry, _ in self._published() if entry.logger}
+        return {forked: value for entry, forked, value, _ in self._published() if entry.logger}
 
     def bar_items(self) -> dict[str, Any]:
         """Lightning's ``progress_bar_metrics``: the latest value of every ``prog_bar=True`` name."""
-        return {forked: value for _, forked, value, entry, _ in self._published() if entry.prog_bar}
+        return {forked: value for entry, forked, value, _ in self._published() if entry.prog_bar}
 
-    def _published(self) -> list[tuple[str, str, Any, _Entry, bool]]:
-        """``(name, published name, value, entry, is_step)``, oldest first: kept values, then this
+    def _published(self) -> list[tuple[MetricEntry, str, Any, bool]]:
+        """``(entry, published name, value, is_step)``, oldest first: kept values, then this
         epoch's step values, then its epoch values (so the plain name ends on the latest)."""
         live_steps = {
             name: entry.step_value
@@ -342,9 +321,9 @@ class MetricStore:
         ):
             for name, value in values.items():
                 entry = self.entries[name]
-                is_forked = entry.on_epoch if is_step else entry.on_step
-                forked = f"{name}_{'step' if is_step else 'epoch'}" if is_forked else name
-                published.append((name, forked, value, entry, is_step))
+                published.append(
+                    (entry, entry.step_key if is_step else entry.epoch_key, value, is_step)
+                )
         return published
 
     def reset(self) -> None:
@@ -353,7 +332,8 @@ class MetricStore:
         self.epoch_values.clear()
         self.kept_steps.clear()
         self.kept_epochs.clear()
-        self.batch_count = 0
+        self.batch_counts.clear()
+        self.dataloader_idx = None
 
     def start_epoch(self) -> None:
         """Keep the last epoch's values for reading; clear accumulators; keep options."""
@@ -364,50 +344,6 @@ class MetricStore:
             if entry.step_value is not None:
                 self.kept_steps[name] = entry.step_value
             entry.total, entry.weight, entry.step_value = None, 0, None
-
-
-def _reduce_name(name: str, reduce_fx: Any, hook: str) -> str:
-    """``reduce_fx`` as one of `_REDUCE_FX` (``torch.mean`` -> "mean")."""
-    try:
-        fx = _REDUCE_ALIASES.get(reduce_fx, reduce_fx)
-    except TypeError:  # unhashable
-        fx = reduce_fx
-    if not isinstance(fx, str) or fx not in _REDUCE_FX:
-        raise ConfigurationError(
-            f"self.log({name!r}, reduce_fx={describe(reduce_fx)}) in {hook}: "
-            f"expected one of {_REDUCE_FX} (or torch.mean/sum/max/min)."
-        )
-    return fx
-
-
-def _conflict_message(name: str, hook: str, first: _Options, again: _Options) -> str:
-    changed = ", ".join(
-        f"{field}={before!r} then {field}={after!r}"
-        for field, before, after in zip(_Options._fields, first, again, strict=True)
-        if before != after
-    )
-    return (
-        f"self.log({name!r}, ...) was called twice in {hook} with different options: {changed}. "
-        f"Within one hook a name keeps one set of options (as in Lightning): pass the same "
-        f"options to every self.log({name!r}, ...) in {hook}, or log the other value under "
-        "another name."
-    )
-
-
-def _batch_size_of(batch: Any) -> int:
-    if isinstance(batch, torch.Tensor):
-        return int(batch.shape[0]) if batch.ndim else 1
-    if isinstance(batch, dict):
-        values = list(batch.values())
-    elif isinstance(batch, list | tuple):
-        values = list(batch)
-    else:
-        return 1
-    for item in values:
-        size = _batch_size_of(item)
-        if isinstance(item, torch.Tensor | list | tuple | dict):
-            return size
-    return 1
 
 
 def to_float(value: Any) -> float:

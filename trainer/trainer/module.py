@@ -168,6 +168,26 @@ class TrainModule(_HyperparameterMixin, ModuleHooks, torch.nn.Module):
     def configure_model(self) -> None:
         """Build large layers here (called once, after the strategy is set up)."""
 
+    def predict_step(self, *args: Any, **kwargs: Any) -> Any:
+        """``trainer.predict``'s step; by default the module's ``forward`` on the whole batch.
+
+        Called as ``predict_step(batch, batch_idx)``, with ``dataloader_idx`` too when
+        ``predict`` has several dataloaders (Lightning's default, so ``self(batch)``).
+        """
+        batch = kwargs.get("batch", args[0] if args else None)
+        return self(batch)
+
+    def lr_scheduler_step(self, scheduler: Any, metric: Any) -> None:
+        """Step one learning-rate scheduler; the Trainer calls it for every scheduler it steps.
+
+        Override it to step a scheduler your own way (Lightning's hook). ``metric`` is the
+        ``monitor`` value for ``ReduceLROnPlateau``, else None.
+        """
+        if metric is None:
+            scheduler.step()
+        else:
+            scheduler.step(metric)
+
     # ---- logging --------------------------------------------------------------------------
     def log(
         self,
@@ -181,6 +201,7 @@ class TrainModule(_HyperparameterMixin, ModuleHooks, torch.nn.Module):
         reduce_fx: str | Callable[..., Any] = "mean",
         sync_dist: bool = False,
         batch_size: int | None = None,
+        add_dataloader_idx: bool = True,
     ) -> None:
         """Record a metric.
 
@@ -189,7 +210,9 @@ class TrainModule(_HyperparameterMixin, ModuleHooks, torch.nn.Module):
         batch-size-weighted mean (``reduce_fx`` "sum", "max", "min" also work). ``value`` is a
         number, a scalar Tensor (kept on the device until a logger writes) or a torchmetrics
         Metric (computed, synced and reset at epoch end). Logged with both ``on_step`` and
-        ``on_epoch`` it appears as ``name_step`` and ``name_epoch``.
+        ``on_epoch`` it appears as ``name_step`` and ``name_epoch``. With several validation /
+        test dataloaders a name logged in a step or batch hook gets the suffix
+        ``/dataloader_idx_N`` (unless ``add_dataloader_idx=False``), as in Lightning.
         """
         store = self._metric_store
         if store is None:
@@ -207,6 +230,7 @@ class TrainModule(_HyperparameterMixin, ModuleHooks, torch.nn.Module):
             reduce_fx=reduce_fx,
             sync_dist=sync_dist,
             batch_size=batch_size,
+            add_dataloader_idx=add_dataloader_idx,
         )
 
     def log_dict(self, metrics: Mapping[str, Any], **kwargs: Any) -> None:

@@ -120,17 +120,31 @@ def parse_optimizer_config(
 
 
 def step_schedulers(
-    configs: list[SchedulerConfig], interval: str, count: int, metrics: Callable[[], dict[str, Any]]
+    configs: list[SchedulerConfig],
+    interval: str,
+    count: int,
+    metrics: Callable[[], dict[str, Any]],
+    *,
+    is_plateau: bool | None = None,
+    step: Callable[[Any, Any], None] | None = None,
 ) -> None:
     """Step the schedulers of ``interval`` ("step"/"epoch") whose ``frequency`` divides ``count``.
 
+    Args:
+        is_plateau: only the ReduceLROnPlateau ones (True), only the others (False), or all.
+        step: ``step(scheduler, metric)``, the module's ``lr_scheduler_step`` hook (default:
+            ``scheduler.step()``, or ``scheduler.step(metric)`` for ReduceLROnPlateau).
+
     ReduceLROnPlateau gets its ``monitor`` value from ``metrics()`` (read only when needed).
     """
+    step = step if step is not None else _step
     for config in configs:
         if config.interval != interval or count % config.frequency != 0:
             continue
+        if is_plateau is not None and config.is_plateau != is_plateau:
+            continue
         if not config.is_plateau:
-            config.scheduler.step()
+            step(config.scheduler, None)
             continue
         values = metrics()
         if config.monitor not in values and not config.strict:
@@ -141,4 +155,11 @@ def step_schedulers(
                 f"metrics: {sorted(values)}. Log it with self.log({config.monitor!r}, ...) or "
                 "change 'monitor' in configure_optimizers."
             )
-        config.scheduler.step(float(values[config.monitor]))
+        step(config.scheduler, values[config.monitor])
+
+
+def _step(scheduler: Any, metric: Any) -> None:
+    if metric is None:
+        scheduler.step()
+    else:
+        scheduler.step(metric)

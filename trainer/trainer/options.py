@@ -26,7 +26,10 @@ if TYPE_CHECKING:
 __all__ = [
     "apply_benchmark",
     "check_barebones_profiler",
+    "check_bool",
     "check_max_steps",
+    "check_min_limits",
+    "check_overfit_batches",
     "check_positive_int",
     "check_sync_batchnorm",
     "parse_max_time",
@@ -127,6 +130,22 @@ def is_instance_named(obj: object, name: str) -> bool:
     return any(klass.__name__ == name for klass in type(obj).__mro__)
 
 
+# Lightning's Checkpoint callbacks, by class name (ModelCheckpoint, OnExceptionCheckpoint).
+_CHECKPOINT_CLASSES = frozenset({"Checkpoint", "ModelCheckpoint", "OnExceptionCheckpoint"})
+# Progress bars, by class name (the ProgressBar base, the rich and the tqdm bars).
+_PROGRESS_BAR_CLASSES = frozenset({"ProgressBar", "RichProgressBar", "TQDMProgressBar"})
+
+
+def is_checkpoint_callback(callback: object) -> bool:
+    """Whether ``callback`` writes checkpoints (Lightning's ``Checkpoint`` callbacks)."""
+    return any(klass.__name__ in _CHECKPOINT_CLASSES for klass in type(callback).__mro__)
+
+
+def is_progress_bar(callback: object) -> bool:
+    """Whether ``callback`` is a progress bar (Lightning's ``ProgressBar`` callbacks)."""
+    return any(klass.__name__ in _PROGRESS_BAR_CLASSES for klass in type(callback).__mro__)
+
+
 def check_fast_dev_run(value: bool | int) -> int:
     if isinstance(value, bool):
         return int(value)
@@ -146,6 +165,35 @@ def check_max_steps(value: int | None) -> int:
             f"Trainer(max_steps={describe(value)}): expected an int >= 0, or -1 for no step "
             "limit. Pass e.g. max_steps=1000, or leave it at -1 and bound the run with max_epochs."
         )
+    return value
+
+
+def check_min_limits(min_epochs: int | None, min_steps: int | None) -> tuple[int, int | None]:
+    """``min_epochs`` / ``min_steps`` checked and resolved as Lightning resolves them.
+
+    ``min_epochs`` defaults to 0, or to 1 when ``min_steps`` is set (so a stop requested in
+    ``on_fit_start`` is re-examined after the first epoch); ``min_steps`` stays None when unset.
+    """
+    for argument, value in (("min_epochs", min_epochs), ("min_steps", min_steps)):
+        if value is not None:
+            check_positive_int(argument, value, allow_zero=True)
+    if min_epochs is None:
+        min_epochs = 1 if min_steps is not None else 0
+    return min_epochs, min_steps
+
+
+def check_overfit_batches(value: int | float) -> int | float:
+    """``overfit_batches``: an int count of batches or a float fraction in [0.0, 1.0] (0: off)."""
+    if isinstance(value, bool) or not isinstance(value, int | float) or value < 0:
+        raise _fail("overfit_batches", value, "an int >= 0 or a float in [0.0, 1.0]; 0 is off")
+    if isinstance(value, float) and value > 1.0:
+        raise _fail("overfit_batches", value, "a float fraction in [0.0, 1.0], or an int count")
+    return value
+
+
+def check_bool(argument: str, value: Any) -> bool:
+    if not isinstance(value, bool):
+        raise _fail(argument, value, "True or False")
     return value
 
 
@@ -260,7 +308,7 @@ def build_callbacks(
         from trainer.callbacks.model_summary import ModelSummary
 
         given.insert(0, ModelSummary())
-    if enable_progress_bar and not any(is_instance_named(cb, "RichProgressBar") for cb in given):
+    if enable_progress_bar and not any(is_progress_bar(cb) for cb in given):
         from trainer.callbacks.progress import RichProgressBar
 
         given.append(RichProgressBar())
@@ -269,7 +317,7 @@ def build_callbacks(
 
         given.append(ModelCheckpoint())
     # Checkpoint callbacks go last, so they see what every other callback did (Lightning's order).
-    checkpoints = [cb for cb in given if is_instance_named(cb, "ModelCheckpoint")]
+    checkpoints = [cb for cb in given if is_checkpoint_callback(cb)]
     ordered = [cb for cb in given if cb not in checkpoints] + checkpoints
     if enable_model_summary and not any(is_instance_named(cb, "FitSummary") for cb in ordered):
         from trainer.callbacks.fit_summary import FitSummary

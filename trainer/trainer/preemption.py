@@ -1,21 +1,34 @@
-"""SIGTERM / SIGUSR1 during fit: finish the optimizer step, save a checkpoint, exit with status 0.
+"""How a fit ends when the scheduler stops it, or when this process fails among several.
 
-With ``AsyncCheckpointIO`` the save in flight completes first, then this one, before the exit.
+SIGTERM / SIGUSR1 during fit: every process finishes the optimizer step, they save one checkpoint
+together, and each exits with status 0. With ``AsyncCheckpointIO`` the save in flight completes
+first, then this one, before the exit. Under a SLURM batch job, SIGUSR1 (``#SBATCH
+--signal=USR1@90``) also requeues the job (``scontrol requeue``) once the checkpoint is written,
+as Lightning does; ``SLURMEnvironment(auto_requeue=False)`` turns that off.
 
-Clusters (SLURM, Kubernetes) send SIGTERM before killing a job; SLURM can send SIGUSR1 ahead of
-time (``#SBATCH --signal=USR1@90``). The handler only records the signal; the fit loop acts on it
-at the next optimizer-step boundary, so the saved state is consistent.
+The handler only records the signal; the fit loop acts on it at the next optimizer-step boundary,
+so the saved state is consistent. ``trainer launch`` forwards the signals it receives to the
+processes it started (`trainer.accelerator.launchers`).
+
+A process whose fit raises while others run bounds how long its collectives wait
+(`trainer.strategies.ddp.bound_collective_timeout`): its ``on_exception`` hooks cannot keep the
+job alive waiting for ranks that never join, and it names itself on stderr.
 """
 
 from __future__ import annotations
 
 import contextlib
+import os
 import signal
+import subprocess
 import sys
 import threading
 from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
+import torch
+
+from trainer.strategies.environment import SLURMEnvironment, slurm_job_id
 from trainer.trainer.checkpoint_state import checkpoint_dir
 
 if TYPE_CHECKING:
@@ -26,6 +39,7 @@ __all__ = [
     "PreemptionSignal",
     "catch_preemption_signals",
     "is_preempted",
+    "requeue_slurm_job",
     "save_and_exit",
 ]
 
@@ -46,22 +60,57 @@ class PreemptionSignal:
 def catch_preemption_signals() -> Iterator[PreemptionSignal]:
     """Record SIGTERM/SIGUSR1 in the yielded `PreemptionSignal` inside the block.
 
-    Signal handlers can only be set in the main thread; elsewhere nothing is recorded.
+    Signal handlers can only be set in the main thread; elsewhere nothing is recorded. An
+    exception leaving the block on one of several processes bounds its collectives (see the
+    module docstring); the exit of a preemption (status 0) does not.
     """
     received = PreemptionSignal()
-    if threading.current_thread() is not threading.main_thread():
-        yield received
-        return
+    previous = {}
+    if threading.current_thread() is threading.main_thread():
 
-    def record(signum: int, frame: object) -> None:
-        received.signum = signum
+        def record(signum: int, frame: object) -> None:
+            received.signum = signum
 
-    previous = {sig: signal.signal(sig, record) for sig in PREEMPTION_SIGNALS}
+        previous = {sig: signal.signal(sig, record) for sig in PREEMPTION_SIGNALS}
     try:
         yield received
+    except BaseException as err:
+        if not (isinstance(err, SystemExit) and not err.code):
+            _bound_after_failure(err)
+        raise
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
+
+
+def _bound_after_failure(err: BaseException) -> None:
+    """Bound this process's collectives and say which rank failed (several processes only).
+
+    Under torchrun the failure is also written to the worker's error file, stamped now: the
+    launcher's report then names this rank as the root cause, not a rank that failed later
+    because this one stopped answering.
+    """
+    import torch.distributed as dist
+
+    from trainer.strategies.ddp import FAILURE_TIMEOUT, bound_collective_timeout
+
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() < 2:
+        return
+    bound_collective_timeout(FAILURE_TIMEOUT)
+    error_file = os.environ.get("TORCHELASTIC_ERROR_FILE")
+    if error_file and not os.path.exists(error_file):  # the first failure of this process only
+        from torch.distributed.elastic.multiprocessing.errors.error_handler import ErrorHandler
+
+        ErrorHandler().record_exception(err)
+    summary = (str(err).strip().splitlines() or [""])[0][:300]
+    print(
+        f"trainer: rank {dist.get_rank()} of {dist.get_world_size()} failed during fit: "
+        f"{type(err).__name__}: {summary}. Its collectives now time out after "
+        f"{FAILURE_TIMEOUT.total_seconds():.0f} s, so on_exception hooks cannot keep the job "
+        "waiting for ranks that never join.",
+        file=sys.stderr,
+        flush=True,
+    )
 
 
 def is_preempted(trainer: Trainer, received: PreemptionSignal) -> bool:
@@ -69,7 +118,8 @@ def is_preempted(trainer: Trainer, received: PreemptionSignal) -> bool:
 
     Answered only where an optimizer step just completed, so an accumulation window is never
     split; with several processes, every `CHECK_EVERY` steps (a collective every step would
-    cost), at the same steps on every process.
+    cost), at the same steps on every process. Once they agree, every process records the same
+    signal: SIGTERM if any process saw it, else SIGUSR1.
     """
     if not trainer.accelerator.sync_gradients:
         return False
@@ -79,13 +129,55 @@ def is_preempted(trainer: Trainer, received: PreemptionSignal) -> bool:
     if trainer.global_step % CHECK_EVERY != 0:
         return False
     agreed = trainer.strategy.reduce_boolean_decision(seen, all=False)
-    if agreed and not seen:
-        received.signum = int(signal.SIGTERM)
+    if agreed:
+        flags = torch.tensor(
+            [float(received.signum == sig) for sig in PREEMPTION_SIGNALS],
+            device=trainer.strategy.root_device,
+        )
+        flags = trainer.strategy.all_reduce(flags, "max")
+        received.signum = int(next(s for s, f in zip(PREEMPTION_SIGNALS, flags.tolist()) if f))
     return agreed
 
 
+def requeue_slurm_job(trainer: Trainer, signum: int) -> str | None:
+    """On rank 0 of a SLURM batch job: ``scontrol requeue JOB`` after a preemption checkpoint.
+
+    Only for the environment's requeue signal (SIGUSR1) and unless
+    ``SLURMEnvironment(auto_requeue=False)`` was passed. A failing ``scontrol`` is reported on
+    stderr, not raised: the checkpoint is written and the job can be resubmitted by hand.
+
+    Returns:
+        The requeued job id, or None when nothing was requeued.
+    """
+    environment = getattr(trainer.strategy, "environment", None)
+    if isinstance(environment, SLURMEnvironment):
+        is_on, requeue_signal = environment.auto_requeue, environment.requeue_signal
+    else:
+        is_on, requeue_signal = True, int(getattr(signal, "SIGUSR1", -1))
+    job = slurm_job_id()
+    if not (trainer.is_global_zero and is_on and signum == requeue_signal and job):
+        return None
+    try:
+        result = subprocess.run(
+            ["scontrol", "requeue", job], capture_output=True, text=True, timeout=60
+        )
+    except (OSError, subprocess.TimeoutExpired) as err:
+        problem = f"could not run scontrol ({err})"
+    else:
+        if result.returncode == 0:
+            return job
+        problem = f"scontrol requeue {job} exited with {result.returncode}: {result.stderr.strip()}"
+    print(
+        f"trainer: {problem}; the job was not requeued. Resubmit it: fit(ckpt_path='last') "
+        "resumes from the checkpoint just written.",
+        file=sys.stderr,
+        flush=True,
+    )
+    return None
+
+
 def save_and_exit(trainer: Trainer, received: PreemptionSignal) -> None:
-    """Save where training stands, say so on stderr, and end the process with status 0."""
+    """Save where training stands, requeue under SLURM, say so on stderr, exit with status 0."""
     name = signal.Signals(received.signum).name
     path = (
         checkpoint_dir(trainer)
@@ -94,10 +186,12 @@ def save_and_exit(trainer: Trainer, received: PreemptionSignal) -> None:
     pending = trainer.save_checkpoint(path)
     if pending is not None:  # a background save (AsyncCheckpointIO): exit only once it is complete
         pending.wait()
+    job = requeue_slurm_job(trainer, received.signum)
     if trainer.is_global_zero:
+        requeued = f"; requeued SLURM job {job}" if job else ""
         print(
-            f"trainer: received {name}; saved a checkpoint at step {trainer.global_step} to {path} "
-            "and exiting with status 0. Resume with trainer.fit(..., ckpt_path='last').",
+            f"trainer: received {name}; saved a checkpoint at step {trainer.global_step} to {path}"
+            f"{requeued} and exiting with status 0. Resume with trainer.fit(..., ckpt_path='last').",
             file=sys.stderr,
             flush=True,
         )

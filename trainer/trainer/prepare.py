@@ -3,7 +3,8 @@
 - `build_accelerator`: the Accelerator (strategy, precision, accumulation) from the Trainer's arguments.
 - `prepare_steps`: the module behind a `StepRouter`, prepared by the engine, and the step functions.
 - `configure_optimizers`: ``configure_optimizers()``' result, checked and prepared.
-- `find_loader` / `prepare_loader`: each stage's dataloader, prepared, with its batch count.
+- `find_loader` / `prepare_loader`: where a stage's dataloader comes from; one DataLoader
+  prepared, with its batch count (`trainer.trainer.loaders` handles a stage's list of them).
 
 The Trainer (``trainer.trainer.trainer``) decides when each runs; nothing here calls a hook.
 """
@@ -167,17 +168,12 @@ def configure_optimizers(
     return prepared_list, schedulers
 
 
-def prepare_loader(trainer: Trainer, name: str, given: Any, *, required: bool) -> tuple[Any, float]:
-    """The prepared ``name`` loader (given, else found on the datamodule/module) and its batch count
-    under the ``limit_*_batches`` setting; ``(None, 0)`` when there is none and none is required."""
-    loader = given if given is not None else find_loader(name, trainer.datamodule, trainer.module)
-    if loader is None:
-        if required:
-            raise ConfigurationError(
-                f"trainer: no {name} dataloader. Pass one to the call, return one from "
-                f"{name if name != 'validation' else 'val'}_dataloader(), or use a DataModule."
-            )
-        return None, 0
+def prepare_loader(trainer: Trainer, name: str, loader: Any) -> tuple[Any, float]:
+    """``loader`` prepared for the ``name`` stage, and its batch count under ``limit_*_batches``.
+
+    Raises:
+        ConfigurationError: ``loader`` is not a DataLoader.
+    """
     if not isinstance(loader, DataLoader):
         argument = {"train": "train_dataloaders", "validation": "val_dataloaders"}.get(
             name, "dataloaders"

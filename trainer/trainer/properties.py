@@ -15,7 +15,12 @@ import torch
 
 from trainer.errors import ConfigurationError
 from trainer.trainer.metrics import to_float
-from trainer.trainer.options import check_positive_int, is_instance_named
+from trainer.trainer.options import (
+    check_positive_int,
+    is_checkpoint_callback,
+    is_instance_named,
+    is_progress_bar,
+)
 
 if TYPE_CHECKING:
     from trainer.accelerator.accelerator import Accelerator
@@ -44,6 +49,7 @@ class TrainerProperties:
     _accumulate_grad_batches: int
     _stores: dict[str, MetricStore]
     _restored_metrics: dict[str, float]
+    _callback_metrics: dict[str, torch.Tensor]
     _loaders: dict[str, Any]
     _wrapped_model: torch.nn.Module | None
     _router: torch.nn.Module | None
@@ -114,13 +120,28 @@ class TrainerProperties:
         return next((cb for cb in self.callbacks if is_instance_named(cb, "ModelCheckpoint")), None)
 
     @property
+    def checkpoint_callbacks(self) -> list[Callback]:
+        """Every checkpointing callback (``ModelCheckpoint``, ``OnExceptionCheckpoint``), in order."""
+        return [cb for cb in self.callbacks if is_checkpoint_callback(cb)]
+
+    @property
+    def progress_bar_callback(self) -> Callback | None:
+        """The progress bar among the callbacks (``RichProgressBar``, ...), or None."""
+        return next((cb for cb in self.callbacks if is_progress_bar(cb)), None)
+
+    @property
     def callback_metrics(self) -> dict[str, torch.Tensor]:
         """Latest value of every logged metric, as tensors, for callbacks (Lightning's keys:
-        ``name``, ``name_step`` and ``name_epoch``; validation and test epoch values only)."""
+        ``name``, ``name_step`` and ``name_epoch``; validation and test epoch values only).
+
+        One dict for the whole call, as Lightning's: what a callback puts in it (e.g.
+        `LearningRateMonitor`'s rates) stays until a logged value of that name replaces it.
+        """
         merged: dict[str, Any] = dict(self._restored_metrics)
         for stage, store in self._stores.items():
             merged.update(store.callback_items(is_training=stage == "train"))
-        return self._as_tensors(merged)
+        self._callback_metrics.update(self._as_tensors(merged))
+        return self._callback_metrics
 
     @property
     def logged_metrics(self) -> dict[str, torch.Tensor]:

@@ -44,7 +44,8 @@ class Run:
     """The pieces one call of the Trainer set up, shared by the fit and evaluation loops."""
 
     hooks: HookTable
-    loaders: dict[str, Any]  # "train" / "validation" / "test" / "predict" -> prepared loader
+    # "train" -> the prepared loader; "validation" / "test" / "predict" -> a list of them
+    loaders: dict[str, Any]
     stores: dict[str, MetricStore]  # "train" / "validation" / "test" -> self.log's store
     model: torch.nn.Module  # the prepared (engine-wrapped) model: train() / eval() on it
     run_step: Callable[..., Any]  # run_step("validation_step", batch, batch_idx)

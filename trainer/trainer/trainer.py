@@ -13,7 +13,7 @@ from __future__ import annotations
 import datetime as dt
 import os
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -25,7 +25,6 @@ from trainer.loggers.logger import Logger
 from trainer.plugins.async_checkpoint import PendingSave, find_checkpoint_io
 from trainer.precision import Precision
 from trainer.profilers import Profiler, resolve_profiler
-from trainer.runtime.seed import get_rng_states, set_rng_states
 from trainer.strategies import Strategy
 from trainer.trainer import profiling
 from trainer.trainer.checkpoint_state import (
@@ -37,6 +36,7 @@ from trainer.trainer.checkpoint_state import (
 from trainer.trainer.evaluation_loop import STAGE_OF, run_eval_epoch
 from trainer.trainer.fit_loop import FitLoop, run_sanity_check
 from trainer.trainer.hook_table import HookTable
+from trainer.trainer.loaders import load_stage, reset_train_loader
 from trainer.trainer.logger_rows import log_hyperparams
 from trainer.trainer.metrics import stage_stores, to_float
 from trainer.trainer.module import DataModule, TrainModule
@@ -47,10 +47,13 @@ from trainer.trainer.options import (
     build_callbacks,
     build_loggers,
     check_barebones_profiler,
+    check_bool,
     check_clip,
     check_fast_dev_run,
     check_max_steps,
+    check_min_limits,
     check_module_for_fit,
+    check_overfit_batches,
     check_positive_int,
     check_sanity_steps,
     check_sync_batchnorm,
@@ -65,13 +68,15 @@ from trainer.trainer.prepare import (
     StepRouter,
     build_accelerator,
     configure_optimizers,
-    prepare_loader,
     prepare_steps,
 )
 from trainer.trainer.properties import TrainerProperties
 from trainer.trainer.run import Progress, Run, TrainerState
 
 __all__ = ["Progress", "Trainer", "TrainerState"]
+
+# An evaluation stage's data: one DataLoader, or several (one dataloader_idx each, in order).
+EvalData = DataLoader | Sequence[DataLoader] | Mapping[str, DataLoader] | None
 
 
 class Trainer(TrainerProperties):
@@ -124,6 +129,11 @@ class Trainer(TrainerProperties):
         benchmark: bool | None = None,
         barebones: bool = False,
         plugins: Any = None,
+        min_epochs: int | None = None,
+        min_steps: int | None = None,
+        overfit_batches: int | float = 0.0,
+        reload_dataloaders_every_n_epochs: int = 0,
+        inference_mode: bool = True,
     ) -> None:
         if barebones:  # Lightning's: everything that costs speed is off
             logger, enable_progress_bar, enable_model_summary = False, False, False
@@ -137,6 +147,7 @@ class Trainer(TrainerProperties):
         max_epochs = default_max_epochs(max_epochs, max_steps)
         self.max_epochs = 1 if dev_batches else max_epochs
         self.max_steps = dev_batches or max_steps
+        self.min_epochs, self.min_steps = check_min_limits(min_epochs, min_steps)
         self.max_time = parse_max_time(max_time)
         self._accumulate_grad_batches = check_positive_int(
             "accumulate_grad_batches", accumulate_grad_batches
@@ -150,15 +161,21 @@ class Trainer(TrainerProperties):
             else check_positive_int("check_val_every_n_epoch", check_val_every_n_epoch)
         )
         self.num_sanity_val_steps = 0 if dev_batches else check_sanity_steps(num_sanity_val_steps)
+        self.overfit_batches = check_overfit_batches(overfit_batches)
+        overfit = self.overfit_batches or None  # Lightning: it replaces both limits
         self.limit_batches = {
-            "train": dev_batches or limit_train_batches,
-            "validation": dev_batches or limit_val_batches,
+            "train": overfit or dev_batches or limit_train_batches,
+            "validation": overfit or dev_batches or limit_val_batches,
             "test": dev_batches or limit_test_batches,
             "predict": dev_batches or limit_predict_batches,
         }
         self.log_every_n_steps = (
             1 if dev_batches else check_positive_int("log_every_n_steps", log_every_n_steps)
         )
+        self.reload_dataloaders_every_n_epochs = check_positive_int(
+            "reload_dataloaders_every_n_epochs", reload_dataloaders_every_n_epochs, allow_zero=True
+        )
+        self.inference_mode = check_bool("inference_mode", inference_mode)
         self.deterministic = deterministic
         self.detect_anomaly = detect_anomaly
         self.use_distributed_sampler = use_distributed_sampler
@@ -200,9 +217,10 @@ class Trainer(TrainerProperties):
         self._previous_deterministic = torch.are_deterministic_algorithms_enabled()
         self._router: StepRouter | None = None
         self._wrapped_model: torch.nn.Module | None = None
-        self._is_train_loader_given = False
+        self._given_stages: set[str] = set()  # loaders passed to the call (never rebuilt)
         self._pending_rng_state: dict[str, Any] | None = None  # applied when training resumes
         self._restored_metrics: dict[str, float] = {}  # callback_metrics of a resumed checkpoint
+        self._callback_metrics: dict[str, torch.Tensor] = {}  # the dict callback_metrics returns
 
     def reset_train_dataloader(self) -> None:
         """Rebuild the train dataloader from the DataModule/TrainModule and prepare it again.
@@ -213,24 +231,14 @@ class Trainer(TrainerProperties):
         Raises:
             ConfigurationError: fit received the DataLoader directly, so it cannot be rebuilt.
         """
-        if self._is_train_loader_given:
-            raise ConfigurationError(
-                "trainer.reset_train_dataloader(): fit() received the train DataLoader, which cannot be "
-                "rebuilt. Provide train_dataloader() on the module or a DataModule instead."
-            )
-        old = self._loaders.get("train")
-        rng = get_rng_states()  # preparing draws a seed; the old loader's is kept instead
-        self._loaders["train"] = self._prepare_loader("train", None, required=True)
-        set_rng_states(rng)
-        if old is not None:
-            self._loaders["train"].load_state_dict(old.state_dict())
+        reset_train_loader(self)
 
     # ---- entry points -------------------------------------------------------------------------
     def fit(
         self,
         module: TrainModule,
         train_dataloaders: DataLoader | None = None,
-        val_dataloaders: DataLoader | None = None,
+        val_dataloaders: EvalData = None,
         datamodule: DataModule | None = None,
         ckpt_path: str | None = None,
     ) -> None:
@@ -260,31 +268,32 @@ class Trainer(TrainerProperties):
     def validate(
         self,
         module: TrainModule | None = None,
-        dataloaders: DataLoader | None = None,
+        dataloaders: EvalData = None,
         ckpt_path: str | None = None,
         datamodule: DataModule | None = None,
     ) -> list[dict[str, float]]:
-        """Run one validation epoch; return ``[{metric: value}]``."""
+        """Run one validation epoch; return ``[{metric: value}]``, one dict per dataloader."""
         return self._run_eval("validation", module, dataloaders, ckpt_path, datamodule)
 
     def test(
         self,
         module: TrainModule | None = None,
-        dataloaders: DataLoader | None = None,
+        dataloaders: EvalData = None,
         ckpt_path: str | None = None,
         datamodule: DataModule | None = None,
     ) -> list[dict[str, float]]:
-        """Run one test epoch; return ``[{metric: value}]``."""
+        """Run one test epoch; return ``[{metric: value}]``, one dict per dataloader."""
         return self._run_eval("test", module, dataloaders, ckpt_path, datamodule)
 
     def predict(
         self,
         module: TrainModule | None = None,
-        dataloaders: DataLoader | None = None,
+        dataloaders: EvalData = None,
         ckpt_path: str | None = None,
         datamodule: DataModule | None = None,
     ) -> list[Any]:
-        """Run ``predict_step`` over the data; return its outputs, one per batch."""
+        """Run ``predict_step`` over the data; return its outputs, one per batch (a list of such
+        lists with several dataloaders)."""
         return self._run_eval("predict", module, dataloaders, ckpt_path, datamodule)
 
     def _run_eval(
@@ -310,9 +319,9 @@ class Trainer(TrainerProperties):
             self._handle_exception(err, run_stage)
             raise
         self._teardown(run_stage, "finished")
-        if stage == "predict":
-            return result
-        return [{k: to_float(v) for k, v in result.items()}]
+        if stage == "predict":  # one list of outputs per dataloader; Lightning unwraps one
+            return result[0] if len(result) == 1 else result
+        return [{k: to_float(v) for k, v in outputs.items()} for outputs in result]
 
     def save_checkpoint(
         self, filepath: str | os.PathLike[str], weights_only: bool = False
@@ -386,6 +395,7 @@ class Trainer(TrainerProperties):
             self.datamodule.setup(stage)
         for store in self._stores.values():  # metrics of an earlier run are not this run's
             store.reset()
+        self._callback_metrics.clear()
         self._restored_metrics = {}
         warn_on_lightning_hooks(module)
         self._call_hook("setup", stage)
@@ -397,11 +407,10 @@ class Trainer(TrainerProperties):
         steps = prepare_steps(self, module, self._router)
         self._router, self._wrapped_model = steps.router, steps.model
         self._loaders = {}
-        self._is_train_loader_given = loaders.get("train") is not None
+        self._given_stages = {name for name, given in loaders.items() if given is not None}
         for name, given in loaders.items():  # before optimizers: schedulers may need the length
-            self._loaders[name] = self._prepare_loader(
-                name, given, required=name in ("train", "test", "predict")
-            )
+            required = name in ("train", "test", "predict")
+            self._loaders[name] = load_stage(self, name, given, required=required)
         if stage == "fit":
             self.optimizers, self.lr_scheduler_configs = configure_optimizers(self, module)
         module._metric_store = self._stores["train"]
@@ -474,12 +483,3 @@ class Trainer(TrainerProperties):
                 "manual_backward: called outside trainer.fit. Call it from training_step."
             )
         self._fit_loop.manual_backward(loss, **kwargs)
-
-    def _prepare_loader(self, name: str, given: Any, *, required: bool) -> Any:
-        """Prepare the ``name`` loader and record its batch count (``num_*_batches``)."""
-        prepared, count = prepare_loader(self, name, given, required=required)
-        if name == "train":
-            self.num_training_batches = count
-        elif prepared is not None:
-            setattr(self, f"num_{'val' if name == 'validation' else name}_batches", count)
-        return prepared

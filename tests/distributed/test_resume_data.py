@@ -1,0 +1,50 @@
+"""Exact resume of augmenting data pipelines on 2 real processes (torchrun, DDP, gloo on CPU).
+
+Each rank's resumed run sees, at every step, the batch the uninterrupted run saw, bit for bit,
+and ends with equal weights: map-style data with 2 workers (persistent or not), an iterable
+stream read in the main process, and torchdata's StatefulDataLoader sharded across the ranks;
+and an Accelerator's save_state / load_state carrying each rank's StatefulDataLoader position.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from tests.distributed.resume_data_worker import SCENARIOS
+from tests.distributed.test_ddp import ROOT, torchrun
+
+pytestmark = pytest.mark.distributed
+
+
+@pytest.fixture(scope="module")
+def facts(tmp_path_factory) -> list[dict]:
+    pytest.importorskip("torchdata")
+    out = tmp_path_factory.mktemp("resume_data")
+    result = torchrun(str(ROOT / "tests/distributed/resume_data_worker.py"), str(out), timeout=600)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    return [json.loads((out / f"rank{rank}.json").read_text()) for rank in range(2)]
+
+
+@pytest.mark.parametrize("name", list(SCENARIOS))
+def test_every_rank_resumes_with_the_same_batches_and_weights(facts, name):
+    for rank_facts in facts:
+        found = rank_facts[name]
+        assert found["resumed_steps"][0] == 14  # stopped at 13
+        assert found["differing_steps"] == []  # none differs, none is missing or extra
+        assert found["weights_equal"]
+    assert facts[0][name]["first_batch"] != facts[1][name]["first_batch"]  # sharded
+
+
+def test_map_style_resumes_read_nothing_again(facts):
+    for rank_facts in facts:
+        for name in ("map_workers", "map_persistent", "map_stateful"):
+            assert rank_facts[name]["resumed_steps"] == list(range(14, 21))  # 20 steps in all
+            assert rank_facts[name]["produced"] == rank_facts[name]["consumed"] == 7 * 4
+
+
+def test_accelerator_carries_each_ranks_stateful_loader_position(facts):
+    for rank_facts in facts:
+        assert rank_facts["accelerator"]["batches_equal"]
+        assert rank_facts["accelerator"]["produced"] == 3 * 4  # nothing read again

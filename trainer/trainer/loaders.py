@@ -1,0 +1,126 @@
+"""The dataloaders of one Trainer call, stage by stage: found, prepared, counted, reloaded.
+
+- `load_stage`: a stage's data (the call's argument, else the DataModule's, else the module's
+  ``*_dataloader()``). Training takes one DataLoader; validation, test and predict take one or a
+  list / tuple / dict of them, kept as a list in that order (position = ``dataloader_idx``, as in
+  Lightning). With ``overfit_batches`` the train (and, in ``fit``, validation) loaders read in
+  order. Sets ``trainer.num_*_batches`` (the sum over an evaluation stage's loaders).
+- `reload_stage` / `is_reload_due`: ``reload_dataloaders_every_n_epochs``.
+- `reset_train_loader`: ``Trainer.reset_train_dataloader`` (BatchSizeFinder).
+
+One DataLoader is prepared by `trainer.trainer.prepare.prepare_loader`; nothing here calls a hook.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING, Any
+
+from torch.utils.data import BatchSampler, DataLoader, IterableDataset, SequentialSampler
+
+from trainer._warnings import warn_user
+from trainer.data.rebuild import rebuild_loader
+from trainer.errors import ConfigurationError
+from trainer.runtime.seed import get_rng_states, set_rng_states
+from trainer.trainer.prepare import find_loader, prepare_loader
+
+if TYPE_CHECKING:
+    from trainer.trainer.trainer import Trainer
+
+__all__ = ["is_reload_due", "load_stage", "reload_stage", "reset_train_loader"]
+
+_COUNT_ATTRIBUTE = {
+    "train": "num_training_batches",
+    "validation": "num_val_batches",
+    "test": "num_test_batches",
+    "predict": "num_predict_batches",
+}
+
+
+def load_stage(trainer: Trainer, name: str, given: Any, *, required: bool) -> Any:
+    """The prepared ``name`` loader ("train"), or list of loaders (an evaluation stage), or None.
+
+    Raises:
+        ConfigurationError: none was found and ``required``; an item is not a DataLoader.
+    """
+    source = given if given is not None else find_loader(name, trainer.datamodule, trainer.module)
+    if isinstance(source, dict):
+        source = list(source.values())
+    if source is None or (isinstance(source, list | tuple) and not source):
+        if required:
+            raise ConfigurationError(
+                f"trainer: no {name} dataloader. Pass one to the call, return one from "
+                f"{name if name != 'validation' else 'val'}_dataloader(), or use a DataModule."
+            )
+        if name == "train":
+            trainer.num_training_batches = 0
+        return None
+    items = [source] if name == "train" or not isinstance(source, list | tuple) else list(source)
+    is_overfitting = trainer.overfit_batches > 0 and (
+        name == "train" or (name == "validation" and trainer.state.stage == "fit")
+    )
+    prepared, total = [], 0.0
+    for item in items:
+        if is_overfitting and isinstance(item, DataLoader):
+            item = _in_order(item, name)
+        loader, count = prepare_loader(trainer, name, item)
+        prepared.append(loader)
+        total += count
+    setattr(trainer, _COUNT_ATTRIBUTE[name], total if math.isinf(total) else int(total))
+    return prepared[0] if name == "train" else prepared
+
+
+def is_reload_due(every_n_epochs: int, epoch: int, last_epoch: float) -> bool:
+    """Whether ``reload_dataloaders_every_n_epochs`` asks for new loaders at ``epoch``."""
+    return bool(every_n_epochs) and epoch - last_epoch >= every_n_epochs
+
+
+def reload_stage(trainer: Trainer, name: str) -> None:
+    """Ask the DataModule / module for the ``name`` loaders again (not loaders given to the call).
+
+    The global random state is left as it was, and the train loader keeps its shuffle seed, so a
+    reload changes only what the new loader reads.
+    """
+    if name in trainer._given_stages:  # Lightning "reloads" the very same object: nothing to do
+        return
+    old = trainer._loaders.get(name)
+    rng = get_rng_states()  # preparing draws a seed; the old loader's is kept instead
+    trainer._loaders[name] = load_stage(trainer, name, None, required=name == "train")
+    set_rng_states(rng)
+    new = trainer._loaders[name]
+    if name == "train" and old is not None and new is not None:
+        new.load_state_dict({"seed": old.state_dict()["seed"]})
+
+
+def reset_train_loader(trainer: Trainer) -> None:
+    """Rebuild the train loader from its source and prepare it again, keeping seed and epoch."""
+    if "train" in trainer._given_stages:
+        raise ConfigurationError(
+            "trainer.reset_train_dataloader(): fit() received the train DataLoader, which cannot be "
+            "rebuilt. Provide train_dataloader() on the module or a DataModule instead."
+        )
+    old = trainer._loaders.get("train")
+    rng = get_rng_states()  # preparing draws a seed; the old loader's is kept instead
+    trainer._loaders["train"] = load_stage(trainer, "train", None, required=True)
+    set_rng_states(rng)
+    if old is not None:
+        trainer._loaders["train"].load_state_dict(old.state_dict())
+
+
+def _in_order(loader: DataLoader, name: str) -> DataLoader:
+    """``loader`` reading its dataset in order (``overfit_batches``: the same batches each epoch).
+
+    As Lightning, a sampler other than SequentialSampler is replaced, with a warning.
+    """
+    if (
+        isinstance(loader.dataset, IterableDataset)
+        or isinstance(loader.sampler, SequentialSampler)
+        or loader.batch_size is None  # a custom batch_sampler: its order is the user's
+    ):
+        return loader
+    warn_user(
+        f"Trainer(overfit_batches=...): the {name} dataloader shuffles; it reads in order instead, "
+        "so every epoch sees the same batches (as Lightning does)."
+    )
+    batches = BatchSampler(SequentialSampler(loader.dataset), loader.batch_size, loader.drop_last)
+    return rebuild_loader(loader, batch_sampler=batches)
