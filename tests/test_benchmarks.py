@@ -137,7 +137,7 @@ def test_bench_checkpoint_reports_trainer_beside_raw_lightning_and_accelerate(
     )
 
     result = json.loads(path.read_text(encoding="utf-8"))
-    assert result["params"] == 2 * (128 * 128 + 128) and result["digest"] == "blake3"
+    assert result["params"] == 2 * (128 * 128 + 128) and result["digest"] == "sha256"
     for kind in ("save", "load"):
         for name in ("trainer", "safetensors", "Lightning", "Accelerate"):
             values = next(v for k, v in result["times"].items() if k.startswith(f"{kind} {name}"))

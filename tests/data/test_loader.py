@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from torch.utils.data import DataLoader, IterableDataset
+from torch.utils.data import DataLoader, IterableDataset, TensorDataset
 
 from trainer.data import DataLoaderShard, send_to_device, skip_first_batches
 from trainer.runtime.gradient_state import GradientState
@@ -110,3 +110,22 @@ def test_a_stateful_loader_resumes_from_its_own_state_and_ignores_the_skip():
     again.skip_batches = 2  # what the Trainer sets: the loader's own position wins
     assert [b.tolist() for b in again] == rest
     assert sorted(i for b in taken + rest for i in b) == list(range(12))
+
+
+def test_a_plain_tensor_dataset_is_read_without_seeding_each_batch() -> None:
+    """TensorDataset reads draw no random number: no seeded copy, no per-batch generator work;
+    a subclass (which may augment in __getitem__) is still seeded."""
+
+    class Noisy(TensorDataset):
+        def __getitem__(self, index: int) -> tuple[torch.Tensor, ...]:
+            return tuple(t[index] + torch.randn(()) for t in self.tensors)
+
+    data = torch.arange(8.0)
+    plain = DataLoaderShard(DataLoader(TensorDataset(data), batch_size=2, shuffle=True))
+    noisy = DataLoaderShard(DataLoader(Noisy(data), batch_size=2, shuffle=True))
+    for shard in (plain, noisy):
+        shard.seed = 3
+        shard.set_epoch(0)
+        list(shard)
+    assert plain._fetch_loader is None
+    assert noisy._fetch_loader is not None

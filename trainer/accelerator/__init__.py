@@ -1,11 +1,17 @@
 """The Accelerator layer: the one path every model, optimizer, dataloader, loss and tensor takes.
 
-- ``accelerator``: ``Accelerator`` (prepare / backward / accumulate / gather / save_state ...).
+- ``accelerator``: ``Accelerator`` (construction, prepare, backward / accumulate, trackers), with
+  its process verbs in ``process_api`` and its checkpoint verbs in ``checkpoint_api``.
+- ``engine_plugins`` / ``engine_configs`` / ``kwargs_handlers``: Accelerate's plugins and kwargs
+  handlers, translated onto the strategies and precision plugins.
+- ``parallelism``: ``ParallelismConfig`` and the strategy its mesh needs.
+- ``pipelining`` (``prepare_pippy``), ``local_sgd`` (``LocalSGD``).
 - ``optimizer``: ``AcceleratedOptimizer`` / ``AcceleratedScheduler``, the prepared wrappers.
 - ``collectives``: gather / reduce / broadcast over the strategy's process group.
 - ``memory``: ``find_executable_batch_size`` and freeing device memory.
-- ``launchers`` / ``launch_config``: ``notebook_launcher``, ``debug_launcher`` and the
-  ``trainer launch`` configuration file.
+- ``model_wrappers``: the autocast forward of mixed-precision models.
+- ``launchers`` / ``launch_config`` / ``machine_watch``: ``notebook_launcher``,
+  ``debug_launcher``, the ``trainer launch`` configuration file, and watching the other machines.
 
 May import: ``trainer.runtime``, ``trainer.strategies``, ``trainer.precision``, ``trainer.data``,
 ``trainer.checkpoint``, ``trainer.big_modeling``, ``trainer.loggers`` (registry only),

@@ -78,8 +78,11 @@ class Accelerator(ProcessAPI, CheckpointAPI):
         kwargs_handlers: Accelerate's handlers (``DistributedDataParallelKwargs``,
             ``ProfileKwargs``...), also attributes (``ddp_handler``, ``profile_handler``...).
         dynamo_backend: compile prepared models with ``torch.compile(backend=...)``.
-        deepspeed_plugin, fsdp_plugin, megatron_lm_plugin, parallelism_config, dynamo_plugin:
-            Accelerate's engine options, instead of ``strategy`` (``dynamo_backend``).
+        deepspeed_plugin: Accelerate's DeepSpeed options, instead of ``strategy``.
+        fsdp_plugin: Accelerate's FSDP options, instead of ``strategy``.
+        megatron_lm_plugin: Accelerate's Megatron-LM options, instead of ``strategy``.
+        parallelism_config: a ``ParallelismConfig`` mesh, instead of ``strategy``.
+        dynamo_plugin: ``torch.compile`` options, instead of ``dynamo_backend``.
         device_placement: move models and batches to ``self.device``.
 
     Examples:

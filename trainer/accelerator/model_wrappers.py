@@ -1,8 +1,7 @@
-"""What preparing a model wraps it in, besides the engine: the strategy choice and autocast forward.
+"""What preparing a model wraps its forward in, besides the engine: autocast.
 
-- `build_strategy`: the Strategy for ``Accelerator(strategy=..., cpu=...)``.
-- `AutocastForward`: a model's forward run under the precision plugin's autocast, kept so
-  ``unwrap_model(keep_fp32_wrapper=False)`` can take it off again.
+`AutocastForward` runs a model's forward under the precision plugin's autocast (mixed modes),
+kept as an object so ``unwrap_model(keep_fp32_wrapper=False)`` can take it off again.
 """
 
 from __future__ import annotations
@@ -11,21 +10,8 @@ from collections.abc import Callable
 from typing import Any
 
 from trainer.precision import Precision
-from trainer.strategies import Strategy, _auto_strategy_name, resolve_strategy
 
-__all__ = ["AutocastForward", "build_strategy"]
-
-
-def build_strategy(strategy: str | Strategy | None, cpu: bool) -> Strategy:
-    """The strategy for ``strategy`` (auto: from the launcher's environment), on CPU if asked."""
-    if isinstance(strategy, Strategy):
-        return strategy
-    name = _auto_strategy_name() if strategy in (None, "auto") else strategy
-    if not cpu:
-        return resolve_strategy(name)
-    return resolve_strategy(
-        name, **({"device": "cpu"} if name == "single" else {"accelerator": "cpu"})
-    )
+__all__ = ["AutocastForward"]
 
 
 class AutocastForward:

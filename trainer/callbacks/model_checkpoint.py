@@ -78,12 +78,16 @@ class ModelCheckpoint(CheckpointSchedule):
         save_on_train_epoch_end: save the epoch's checkpoint at the end of the training epoch
             (True) or after validation (False). None: at the training epoch end when validation
             runs once at the end of every epoch or not at all, after each validation otherwise.
-        enable_version_counter: a name that is taken gets ``-v1``, ``-v2``, ... (False:
-            replace it).
+        enable_version_counter: a taken name gets ``-v1``, ``-v2``, ... (False: replace it).
 
     Attributes:
-        best_model_path, best_model_score, best_k_models (path -> score),
-        kth_best_model_path, kth_value, current_score, last_model_path: as Lightning's.
+        best_model_path: the best checkpoint so far (by ``monitor``), as Lightning's.
+        best_model_score: its score.
+        best_k_models: path -> score of the kept top-k checkpoints.
+        kth_best_model_path: the worst of the kept top-k.
+        kth_value: its score.
+        current_score: the monitored value at the last save.
+        last_model_path: the newest ``last`` checkpoint.
 
     Raises:
         ConfigurationError: an argument is invalid; the three triggers are combined; or

@@ -16,7 +16,15 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
-from torch.utils.data import BatchSampler, DataLoader, IterableDataset, RandomSampler, Sampler
+from torch.utils.data import (
+    BatchSampler,
+    DataLoader,
+    IterableDataset,
+    RandomSampler,
+    Sampler,
+    TensorDataset,
+    default_collate,
+)
 
 from trainer.data.generators import forget_generator_states
 from trainer.data.rebuild import is_stateful_loader, rebuild_loader, stateful_sampler_types
@@ -236,7 +244,7 @@ class DataLoaderShard:
     def _seeded_loader(self) -> DataLoader | None:
         """The copy of the loader whose fetches are seeded by their place (built once)."""
         base = self.base_dataloader
-        if self.seed is None or not isinstance(base, DataLoader):
+        if self.seed is None or not isinstance(base, DataLoader) or _draws_nothing(base):
             return None
         if self._fetch_loader is None:
             if isinstance(base.dataset, IterableDataset):
@@ -258,6 +266,18 @@ class DataLoaderShard:
 
 
 _DONE = object()
+# Datasets whose reads draw no random number (they index tensors): seeding their fetches would
+# cost tens of microseconds a batch (seed three generators, save and restore the training's)
+# and change nothing. A subclass may override __getitem__, so only these exact types qualify.
+_DATASETS_THAT_DRAW_NOTHING: tuple[type, ...] = (TensorDataset,)
+
+
+def _draws_nothing(loader: DataLoader) -> bool:
+    """Whether reading ``loader`` draws no random number: a tensor dataset, default collation."""
+    return type(loader.dataset) in _DATASETS_THAT_DRAW_NOTHING and loader.collate_fn in (
+        default_collate,
+        None,
+    )
 
 
 def _call(function: Callable[..., Any], *args: Any) -> Any:

@@ -4,6 +4,8 @@
 - ``gradient_state``: whether this micro-batch ends an accumulation window or the dataloader.
 - ``seed``: ``seed_everything`` and the RNG states a checkpoint carries.
 - ``configs``: the Accelerator's configuration dataclasses (``ProjectConfiguration``, ...).
+- ``engine_plugins`` / ``kwargs_handlers``: Accelerate's plugin and kwargs-handler dataclasses
+  (``FullyShardedDataParallelPlugin``, ``DistributedDataParallelKwargs`` ...), data only.
 
 May import: ``trainer.errors`` and the other base modules (``trainer._imports``,
 ``trainer._warnings``) only. Strategies, precision plugins, data, the Accelerator and the

@@ -152,10 +152,16 @@ class FullyShardedDataParallelPlugin:
         transformer_cls_names_to_wrap: layer class names (a list or "A,B").
         transformer_layer_cls_to_wrap: the launch file's name for the same list.
         min_num_params: the size threshold of "size_based_wrap".
-        backward_prefetch, forward_prefetch, use_orig_params, sync_module_states,
-        limit_all_gathers: FSDP1 options with no FSDP2 meaning (accepted, as by Accelerate's
-            FSDP2); ``forward_prefetch=True`` is refused, as there.
-        ignored_modules, param_init_fn, state_dict_config, optim_state_dict_config,
+        backward_prefetch: an FSDP1 option with no FSDP2 meaning (accepted, as by Accelerate's
+            FSDP2).
+        forward_prefetch: FSDP1 only; ``True`` is refused, as by Accelerate's FSDP2.
+        use_orig_params: FSDP1 only (accepted).
+        sync_module_states: FSDP1 only (accepted).
+        limit_all_gathers: FSDP1 only (accepted).
+        ignored_modules: refused when set.
+        param_init_fn: refused when set.
+        state_dict_config: refused when set.
+        optim_state_dict_config: refused when set.
         activation_checkpointing_offload: refused when set.
 
     Examples:
@@ -233,8 +239,8 @@ class MegatronLMPlugin:
         gradient_clipping: refused: call ``accelerator.clip_grad_norm_`` (tensor-parallel aware).
         sequence_parallelism: split activations along the sequence between tensor-parallel
             peers (CUDA only).
-        recompute_activations, use_distributed_optimizer: refused (no such MegatronStrategy
-            option).
+        recompute_activations: refused (no such MegatronStrategy option).
+        use_distributed_optimizer: refused (no such MegatronStrategy option).
 
     Examples:
         >>> accelerator = Accelerator(megatron_lm_plugin=MegatronLMPlugin(tp_degree=2))

@@ -226,7 +226,11 @@ class ProfileKwargs(KwargsHandler):
         schedule_option: ``torch.profiler.schedule`` arguments (wait, warmup, active, repeat,
             skip_first); call ``prof.step()`` once per step.
         on_trace_ready: called with the profiler when a scheduled trace is ready.
-        record_shapes, profile_memory, with_stack, with_flops, with_modules: as in torch.
+        record_shapes: as in ``torch.profiler.profile``.
+        profile_memory: as in ``torch.profiler.profile``.
+        with_stack: as in ``torch.profiler.profile``.
+        with_flops: as in ``torch.profiler.profile``.
+        with_modules: as in ``torch.profiler.profile``.
         output_trace_dir: write ``profile_<process_index>.json`` (a Chrome trace) here.
 
     Examples:
@@ -311,7 +315,9 @@ class TERecipeKwargs(KwargsHandler):
 
     Args:
         use_autocast_during_eval: fp8 also in eval mode (here the fp8 region always runs).
-        margin, interval, amax_history_len: scaling-factor bookkeeping.
+        margin: scaling-factor margin.
+        interval: steps between scaling-factor updates.
+        amax_history_len: how many amax values the scaling factor looks back on.
         fp8_format: "HYBRID", "E4M3" or "E5M2".
         amax_compute_algo: "max" or "most_recent".
         override_linear_precision: run (fprop, dgrad, wgrad) in higher precision.

@@ -3,7 +3,12 @@
 - ``trainer``: ``Trainer`` (fit / validate / test / predict), its state and progress.
 - ``module`` / ``module_hooks``: ``TrainModule`` and ``DataModule``, and the hooks they receive.
 - ``hooks``: which hooks exist, in which order they run, and who receives each.
-- ``metrics``: the store behind ``self.log`` (step / epoch values, reductions, sync).
+- ``fit_loop`` / ``evaluation_loop`` / ``validation_schedule``: the loops and when to validate;
+  ``loss``, ``closure``, ``manual_step``: a training step's result, closure optimizers (LBFGS),
+  manual optimization's ``step()``.
+- ``loaders`` / ``dataloader_idx``: each stage's dataloaders; several eval loaders.
+- ``hook_table``, ``prepare``, ``properties``, ``run``, ``logger_rows``: see docs/layout.md.
+- ``metrics`` / ``metric_entry``: the store behind ``self.log`` (step / epoch values, sync).
 - ``optimizer_config``: turning ``configure_optimizers``' return value into optimizers and schedulers.
 - ``options``: resolving the Trainer's constructor arguments (callbacks, loggers, plugins ...).
 - ``checkpoint_state``: what the Trainer puts in a checkpoint and how it takes it back.
