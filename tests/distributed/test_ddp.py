@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -34,9 +35,18 @@ def torchrun(script: str, *args: str, timeout: float = 300) -> subprocess.Comple
         script,
         *args,
     ]
-    return subprocess.run(
-        command, capture_output=True, text=True, timeout=timeout, env=env, cwd=ROOT
-    )
+    # Its own session: on a timeout the workers go too, not only the torchrun agent.
+    with subprocess.Popen(
+        command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=ROOT,
+        start_new_session=True,
+    ) as process:  # fmt: skip
+        try:
+            stdout, stderr = process.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.communicate()
+            raise
+    return subprocess.CompletedProcess(command, process.returncode, stdout, stderr)
 
 
 @pytest.fixture(scope="module")
@@ -127,6 +137,23 @@ def test_an_exception_on_one_rank_ends_the_job_promptly_with_its_traceback():
 def test_ddp_strategy_outside_a_launcher_says_how_to_start_it():
     with pytest.raises(trainer.StrategyError, match="trainer launch --num_processes N"):
         trainer.Trainer(strategy="ddp", accelerator="cpu")
+
+
+def test_a_ddp_wrapper_released_after_end_training_lets_the_process_exit(tmp_path):
+    """#13, second cause: the wrapper's C++ Reducer released the ended group last, joining gloo's
+    threads with the GIL held while one needed it to finish a collective: the process hung at
+    exit (tests/distributed/test_local_sgd.py hung in CI that way, 1 run in 3 on a loaded machine).
+    """
+    script = str(ROOT / "tests/distributed/exit_gil_worker.py")
+    try:
+        result = torchrun(script, str(tmp_path), timeout=120)
+    except subprocess.TimeoutExpired:
+        written = sorted(path.name for path in tmp_path.iterdir())
+        pytest.fail(f"the job did not exit within 120 s; rank files written: {written}")
+    assert result.returncode == 0, (result.stdout + result.stderr)[-4000:]
+    for rank in range(2):
+        facts = json.loads((tmp_path / f"rank{rank}.json").read_text())
+        assert facts["release_s"] < 1.0  # the release does not wait for rank 1's late collective
 
 
 def test_process_group_ends_inside_teardown_and_later_stages_join_again(tmp_path):

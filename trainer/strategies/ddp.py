@@ -25,11 +25,13 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import ctypes
 import datetime as dt
 import functools
 import gc
 import itertools
 import os
+import time
 import weakref
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -217,6 +219,7 @@ class DDPStrategy(Strategy):
         if self.ddp_comm_hook is not None:
             wrapped.register_comm_hook(self.ddp_comm_state, self.ddp_comm_hook)
         self._wrapped.append(wrapped)
+        _LIVE_WRAPPERS.add(wrapped)
         return wrapped
 
     @contextlib.contextmanager
@@ -290,7 +293,7 @@ class DDPStrategy(Strategy):
             gc.collect()
         self._dropped = []
         dist.barrier()
-        dist.destroy_process_group()
+        destroy_default_group()
         self._own_group = None
         PartialState._reset_state()
 
@@ -348,6 +351,38 @@ def register_exit_fallback() -> None:
 
 def _destroy_process_group_at_exit() -> None:
     """The fallback: collect dead wrappers first, then end the group (the order avoids an abort)."""
+    gc.collect()
     if dist.is_initialized():
-        gc.collect()
-        dist.destroy_process_group()
+        destroy_default_group()
+    release_ended_groups()
+    if _ENDED_GROUPS:  # a wrapper outlives the interpreter: never free its group (see below)
+        time.sleep(0.05)  # GIL released: a worker finishing a collective's cleanup gets it now
+        for group in _ENDED_GROUPS:
+            ctypes.pythonapi.Py_IncRef(ctypes.py_object(group))
+
+
+# Every DDP wrapper built here, and the groups ended while one of them was alive. A wrapper's
+# C++ Reducer holds its group; released last by the Reducer, the group's destructor joins the
+# gloo worker threads with the GIL held (pybind frees a Reducer without releasing it). A worker
+# still freeing a finished collective launched during backward needs the GIL for that (torch
+# stashes a Python context in the work's thread-local state), so the process hangs at exit.
+# Kept here, the Reducer's release is not the last one; ours is, through the Python group
+# object, whose release lets go of the GIL while the threads are joined.
+_LIVE_WRAPPERS: weakref.WeakSet[DistributedDataParallel] = weakref.WeakSet()
+_ENDED_GROUPS: list[Any] = []
+
+
+def destroy_default_group() -> None:
+    """``destroy_process_group()``, keeping the ended groups while a DDP wrapper lives."""
+    release_ended_groups()
+    groups = list(getattr(dist.distributed_c10d._world, "pg_map", {}))
+    dist.destroy_process_group()
+    if len(_LIVE_WRAPPERS):
+        _ENDED_GROUPS.extend(groups)
+    # else: ``groups`` holds the last references; they go (GIL released) when this returns
+
+
+def release_ended_groups() -> None:
+    """Free the ended groups once no DDP wrapper built here is alive."""
+    if _ENDED_GROUPS and not len(_LIVE_WRAPPERS):
+        _ENDED_GROUPS.clear()
