@@ -4,27 +4,20 @@ group are built with, and one Chrome trace per process from ``accelerator.profil
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
+from tests.distributed.launch import ROOT, output_tail, torchrun
+
 pytestmark = pytest.mark.distributed
 
 
 @pytest.fixture(scope="module")
 def facts(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[dict]]:
     out = tmp_path_factory.mktemp("handlers")
-    command = [
-        sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
-        str(ROOT / "tests/distributed/handlers_worker.py"), str(out),
-    ]  # fmt: skip
-    env = dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1")
-    result = subprocess.run(command, capture_output=True, text=True, timeout=300, env=env, cwd=ROOT)
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    result = torchrun(ROOT / "tests/distributed/handlers_worker.py", str(out))
+    assert result.returncode == 0, output_tail(result)
     ranks = [json.loads((out / f"rank{r}.json").read_text()) for r in range(2)]
     for rank in ranks:
         assert "error" not in rank, rank.get("error")

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.distributed.test_ddp import ROOT, torchrun
+from tests.distributed.launch import ROOT, torchrun
 from trainer.checkpoint import verify_checkpoint
 
 pytestmark = pytest.mark.distributed

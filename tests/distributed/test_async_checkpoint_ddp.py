@@ -5,29 +5,23 @@ resumed or not (trainer/plugins/async_checkpoint.py)."""
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 from safetensors.torch import load_file
 
+from tests.distributed.launch import ROOT, output_tail, torchrun
 from trainer.checkpoint import read_checkpoint, verify_checkpoint
 from trainer.checkpoint.atomic import is_temporary
 
-ROOT = Path(__file__).resolve().parents[2]
 WORKER = ROOT / "tests" / "distributed" / "async_checkpoint_worker.py"
 pytestmark = [pytest.mark.distributed, pytest.mark.slow]
 
 
-def torchrun(root: Path, *args: str) -> None:
-    env = dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1")
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
-    command += ["--nproc_per_node", "2", str(WORKER), str(root), *args]
-    result = subprocess.run(command, capture_output=True, text=True, timeout=300, env=env)
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+def run_worker(root: Path, *args: str) -> None:
+    result = torchrun(WORKER, str(root), *args)
+    assert result.returncode == 0, output_tail(result)
 
 
 def outcome(root: Path, mode: str) -> tuple[list[str], list[dict], dict[str, torch.Tensor]]:
@@ -41,10 +35,10 @@ def outcome(root: Path, mode: str) -> tuple[list[str], list[dict], dict[str, tor
 
 
 def test_ddp_background_saves_match_synchronous_ones_and_resume_exactly(tmp_path):
-    torchrun(tmp_path / "sync", "full", "--sync")
-    torchrun(tmp_path / "async", "full")
-    torchrun(tmp_path / "resumed", "first-half")
-    torchrun(tmp_path / "resumed", "resume")
+    run_worker(tmp_path / "sync", "full", "--sync")
+    run_worker(tmp_path / "async", "full")
+    run_worker(tmp_path / "resumed", "first-half")
+    run_worker(tmp_path / "resumed", "resume")
     names, tracked, weights = outcome(tmp_path / "sync", "full")
     assert names == ["epoch=2-step=16", "epoch=2-step=18", "last"]
     assert read_checkpoint(tmp_path / "sync" / "checkpoints" / "last")["global_step"] == 18

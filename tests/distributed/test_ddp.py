@@ -4,12 +4,8 @@ collectives, resume, and a failing rank ending the job."""
 from __future__ import annotations
 
 import json
-import os
-import signal
 import subprocess
-import sys
 import time
-from pathlib import Path
 
 import pytest
 import torch
@@ -18,35 +14,9 @@ from torch.utils.data import DataLoader
 
 import trainer
 from tests.distributed.ddp_worker import Net, regression
+from tests.distributed.launch import ROOT, torchrun
 
-ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.distributed
-
-
-def torchrun(script: str, *args: str, timeout: float = 300) -> subprocess.CompletedProcess:
-    env = dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1")
-    command = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--standalone",
-        "--nproc_per_node",
-        "2",
-        script,
-        *args,
-    ]
-    # Its own session: on a timeout the workers go too, not only the torchrun agent.
-    with subprocess.Popen(
-        command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=ROOT,
-        start_new_session=True,
-    ) as process:  # fmt: skip
-        try:
-            stdout, stderr = process.communicate(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            os.killpg(process.pid, signal.SIGKILL)
-            process.communicate()
-            raise
-    return subprocess.CompletedProcess(command, process.returncode, stdout, stderr)
 
 
 @pytest.fixture(scope="module")

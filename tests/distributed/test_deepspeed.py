@@ -20,7 +20,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from tests.distributed.test_ddp import ROOT
+from tests.distributed.launch import ROOT, job_env, torchrun
 from trainer.checkpoint import read_checkpoint, verify_checkpoint
 from trainer.errors import CheckpointError
 
@@ -39,7 +39,7 @@ ATOL = 1e-6
 
 
 def _env() -> dict[str, str]:
-    env = dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1", DS_ACCELERATOR="cpu")
+    env = job_env(DS_ACCELERATOR="cpu")
     env.setdefault(
         "TORCH_EXTENSIONS_DIR", os.path.join(os.path.expanduser("~"), ".cache", "torch_extensions")
     )
@@ -69,12 +69,8 @@ def docs_example(tmp_path_factory):
 @pytest.fixture(scope="module")
 def ds_run(tmp_path_factory, docs_example):
     out = tmp_path_factory.mktemp("deepspeed")
-    command = [
-        sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
-        str(ROOT / "tests/distributed/deepspeed_worker.py"), str(out),
-    ]  # fmt: skip
-    result = subprocess.run(
-        command, capture_output=True, text=True, timeout=600, env=_env(), cwd=ROOT
+    result = torchrun(
+        ROOT / "tests/distributed/deepspeed_worker.py", str(out), timeout=600, env=_env()
     )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-5000:]
     return out, [json.loads((out / f"rank{r}.json").read_text()) for r in range(2)]

@@ -14,7 +14,7 @@ import torch
 import yaml
 from safetensors.torch import load_file
 
-from tests.distributed.test_ddp import ROOT, torchrun
+from tests.distributed.launch import ROOT, run_job, torchrun
 from trainer.checkpoint import read_checkpoint, verify_checkpoint
 
 pytestmark = pytest.mark.distributed
@@ -93,9 +93,9 @@ def test_trainer_launch_with_an_fsdp_config_file_runs_fsdp_on_cpu(tmp_path):
         "fsdp_config": {"fsdp_version": 2, "fsdp_auto_wrap_policy": "NO_WRAP", "fsdp_state_dict_type": "FULL_STATE_DICT"},
     }))  # fmt: skip
     env = {**os.environ, "PYTHONPATH": str(ROOT), "XDG_CACHE_HOME": str(tmp_path)}
-    result = subprocess.run(
+    result = run_job(
         [sys.executable, "-m", "trainer.cli", "launch", "--config_file", str(config), "tests/distributed/launch_target.py", str(tmp_path)],
-        capture_output=True, text=True, env=env, cwd=ROOT, timeout=240,
+        timeout=240, env=env,
     )  # fmt: skip
     assert result.returncode == 0, result.stderr[-3000:]
     facts = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]

@@ -8,16 +8,13 @@ and at the end: the job's weights must be those.
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from types import SimpleNamespace
 
 import pytest
 import torch
 
+from tests.distributed.launch import ROOT, torchrun
 from tests.distributed.local_sgd_worker import LR, STEPS, data
-from tests.distributed.test_ddp import ROOT
 from trainer import Accelerator, ConfigurationError, DistributedType
 from trainer.accelerator.local_sgd import LocalSGD
 
@@ -25,12 +22,7 @@ from trainer.accelerator.local_sgd import LocalSGD
 @pytest.fixture(scope="module")
 def run2(tmp_path_factory):
     out = tmp_path_factory.mktemp("local_sgd")
-    env = dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1")
-    script = str(ROOT / "tests/distributed/local_sgd_worker.py")
-    result = subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", script, str(out)],
-        capture_output=True, text=True, timeout=300, env=env, cwd=ROOT,
-    )  # fmt: skip
+    result = torchrun(ROOT / "tests/distributed/local_sgd_worker.py", str(out))
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     return [json.loads((out / f"rank{r}.json").read_text()) for r in range(2)]
 

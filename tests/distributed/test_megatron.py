@@ -11,8 +11,8 @@ import torch
 from safetensors.torch import load_file
 
 import trainer
+from tests.distributed.launch import ROOT, torchrun
 from tests.distributed.megatron_worker import CLIP, DenseNet, loader
-from tests.distributed.test_ddp import ROOT, torchrun
 from trainer._imports import is_available
 from trainer.checkpoint import verify_checkpoint
 from trainer.cli.checkpoint import consolidate  # `trainer checkpoint consolidate`, in-process

@@ -5,9 +5,6 @@ dense model, sharded save -> resume, consolidation) and 4 processes (DP=2 x TP=2
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 
 import pytest
 import torch
@@ -15,27 +12,18 @@ from safetensors.torch import load_file
 from torch.utils.data import DataLoader
 
 import trainer
+from tests.distributed.launch import ROOT, output_tail, torchrun
 from tests.distributed.model_parallel_worker import CLIP, Net, regression
-from tests.distributed.test_ddp import ROOT
 from trainer.checkpoint import verify_checkpoint
 from trainer.cli.checkpoint import consolidate  # `trainer checkpoint consolidate`, in-process
 from trainer.errors import ConfigurationError
 from trainer.strategies import ClusterEnvironment, ModelParallelStrategy, resolve_strategy
 
 
-def torchrun(nprocs: int, *args: str) -> subprocess.CompletedProcess:
-    env = dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1")
-    script = str(ROOT / "tests/distributed/model_parallel_worker.py")
-    return subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(nprocs), script, *args],
-        capture_output=True, text=True, timeout=300, env=env, cwd=ROOT,
-    )  # fmt: skip
-
-
 def launch(tmp_path_factory, nprocs: int) -> tuple:
     out = tmp_path_factory.mktemp(f"model_parallel{nprocs}")
-    result = torchrun(nprocs, str(out))
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    result = torchrun(ROOT / "tests/distributed/model_parallel_worker.py", str(out), nprocs=nprocs)
+    assert result.returncode == 0, output_tail(result)
     return out, [json.loads((out / f"rank{r}.json").read_text()) for r in range(nprocs)]
 
 

@@ -9,26 +9,18 @@ match the dense model trained in one process with the global batch.
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 
 import pytest
 
-from tests.distributed.test_ddp import ROOT
+from tests.distributed.launch import ROOT, output_tail, torchrun
 
 pytestmark = pytest.mark.distributed
 
 
 def launch(tmp_path_factory, nprocs: int) -> dict[str, list[dict]]:
     out = tmp_path_factory.mktemp(f"parallelism{nprocs}")
-    env = dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1")
-    script = str(ROOT / "tests/distributed/parallelism_worker.py")
-    result = subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(nprocs), script, str(out)],
-        capture_output=True, text=True, timeout=300, env=env, cwd=ROOT,
-    )  # fmt: skip
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    result = torchrun(ROOT / "tests/distributed/parallelism_worker.py", str(out), nprocs=nprocs)
+    assert result.returncode == 0, output_tail(result)
     ranks = [json.loads((out / f"rank{r}.json").read_text()) for r in range(nprocs)]
     return {layout: [facts[layout] for facts in ranks] for layout in ranks[0]}
 

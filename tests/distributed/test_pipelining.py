@@ -9,15 +9,12 @@ checks and the one-process pass-through run here.
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 
 import pytest
 import torch
 
+from tests.distributed.launch import ROOT, torchrun
 from tests.distributed.pipelining_worker import Net
-from tests.distributed.test_ddp import ROOT
 from trainer import ConfigurationError
 from trainer.accelerator.pipelining import balanced_split_points, prepare_pippy
 
@@ -25,12 +22,7 @@ from trainer.accelerator.pipelining import balanced_split_points, prepare_pippy
 @pytest.fixture(scope="module")
 def run2(tmp_path_factory):
     out = tmp_path_factory.mktemp("pipelining")
-    env = dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1")
-    script = str(ROOT / "tests/distributed/pipelining_worker.py")
-    result = subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", script, str(out)],
-        capture_output=True, text=True, timeout=300, env=env, cwd=ROOT,
-    )  # fmt: skip
+    result = torchrun(ROOT / "tests/distributed/pipelining_worker.py", str(out))
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     return [json.loads((out / f"rank{r}.json").read_text()) for r in range(2)]
 

@@ -12,8 +12,8 @@ import json
 
 import pytest
 
+from tests.distributed.launch import ROOT, torchrun
 from tests.distributed.resume_data_worker import SCENARIOS
-from tests.distributed.test_ddp import ROOT, torchrun
 
 pytestmark = pytest.mark.distributed
 

@@ -1,0 +1,60 @@
+"""Start a real multi-process job as users do — torchrun, gloo on CPU — for the distributed tests.
+
+One place for what every such test needs: the repository on ``PYTHONPATH``, one OpenMP thread
+per process (2 cores), and on a timeout the whole job killed, workers included (a hung worker
+left behind would keep its ports and CPU for the rest of the test run).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def job_env(**extra: str) -> dict[str, str]:
+    """The environment of a job: this one, the repository importable, one thread per process."""
+    return dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1", **extra)
+
+
+def run_job(
+    command: Sequence[str],
+    timeout: float = 300,
+    env: Mapping[str, str] | None = None,
+    cwd: Path | str = ROOT,
+) -> subprocess.CompletedProcess:
+    """Run ``command`` in a session of its own; on a timeout kill the session, then re-raise."""
+    with subprocess.Popen(
+        list(command), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        env=dict(env) if env is not None else job_env(), cwd=cwd, start_new_session=True,
+    ) as process:  # fmt: skip
+        try:
+            stdout, stderr = process.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.communicate()
+            raise
+    return subprocess.CompletedProcess(list(command), process.returncode, stdout, stderr)
+
+
+def torchrun(
+    script: str | Path,
+    *args: str,
+    nprocs: int = 2,
+    timeout: float = 300,
+    env: Mapping[str, str] | None = None,
+) -> subprocess.CompletedProcess:
+    """``torchrun --standalone --nproc_per_node nprocs script args...`` from the repository root."""
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
+    command += ["--nproc_per_node", str(nprocs), str(script), *args]
+    return run_job(command, timeout=timeout, env=env)
+
+
+def output_tail(result: subprocess.CompletedProcess, size: int = 3000) -> str:
+    """The end of a job's stdout and stderr, for an assertion message."""
+    return result.stdout[-size:] + result.stderr[-size:]
