@@ -72,6 +72,7 @@ from benchmarks.workload import (
     flat_params,
     output_to,
     read_clocks,
+    run_accelerator_loop,
 )
 from trainer import Accelerator, Trainer, TrainModule
 from trainer.callbacks.callback import Callback
@@ -182,18 +183,7 @@ def run_trainer_logging(dataset: TensorDataset, steps: int, workdir: str) -> Run
 
 
 def run_accelerator(dataset: TensorDataset, steps: int, workdir: str) -> RunTimes:
-    net, loader = build_net(), build_loader(dataset)
-    start = read_clocks()
-    accelerator = Accelerator(cpu=True)
-    model, optimizer, prepared = accelerator.prepare(net, build_optimizer(net.parameters()), loader)
-    loop_start = read_clocks()
-    for x, y in prepared:
-        loss = F.cross_entropy(model(x), y)
-        accelerator.backward(loss)
-        optimizer.step()
-        optimizer.zero_grad()
-    end = read_clocks()
-    return RunTimes(start, loop_start, end, end, flat_params(net))
+    return run_accelerator_loop(Accelerator, dataset)
 
 
 # Each runner takes (dataset, steps, a temporary folder it may write into).

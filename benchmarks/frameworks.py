@@ -27,6 +27,7 @@ from benchmarks.workload import (
     build_optimizer,
     flat_params,
     read_clocks,
+    run_accelerator_loop,
 )
 
 __all__ = [
@@ -163,15 +164,4 @@ def run_hf_accelerate(dataset: TensorDataset, steps: int, workdir: str) -> RunTi
     ``accelerator`` variant, line for line."""
     from accelerate import Accelerator
 
-    net, loader = build_net(), build_loader(dataset)
-    start = read_clocks()
-    accelerator = Accelerator(cpu=True)
-    model, optimizer, prepared = accelerator.prepare(net, build_optimizer(net.parameters()), loader)
-    loop_start = read_clocks()
-    for x, y in prepared:
-        loss = F.cross_entropy(model(x), y)
-        accelerator.backward(loss)
-        optimizer.step()
-        optimizer.zero_grad()
-    end = read_clocks()
-    return RunTimes(start, loop_start, end, end, flat_params(net))
+    return run_accelerator_loop(Accelerator, dataset)

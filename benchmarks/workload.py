@@ -14,6 +14,7 @@ import itertools
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch.utils.data import DataLoader, TensorDataset
@@ -29,6 +30,7 @@ __all__ = [
     "flat_params",
     "output_to",
     "read_clocks",
+    "run_accelerator_loop",
 ]
 
 BATCH_SIZE = 32
@@ -91,6 +93,23 @@ def build_dataset(steps: int) -> TensorDataset:
 
 def build_loader(dataset: TensorDataset) -> DataLoader:
     return DataLoader(dataset, batch_size=BATCH_SIZE, shuffle=False)
+
+
+def run_accelerator_loop(accelerator_class: Any, dataset: TensorDataset) -> RunTimes:
+    """The hand-written loop on ``accelerator_class(cpu=True)``: trainer's and Hugging Face's
+    Accelerator run these same lines, so only the class differs between their figures."""
+    net, loader = build_net(), build_loader(dataset)
+    start = read_clocks()
+    accelerator = accelerator_class(cpu=True)
+    model, optimizer, prepared = accelerator.prepare(net, build_optimizer(net.parameters()), loader)
+    loop_start = read_clocks()
+    for x, y in prepared:
+        loss = torch.nn.functional.cross_entropy(model(x), y)
+        accelerator.backward(loss)
+        optimizer.step()
+        optimizer.zero_grad()
+    end = read_clocks()
+    return RunTimes(start, loop_start, end, end, flat_params(net))
 
 
 def flat_params(module: torch.nn.Module) -> torch.Tensor:
