@@ -9,9 +9,19 @@ from __future__ import annotations
 
 from trainer import _old_paths
 from trainer.accelerator.accelerator import Accelerator
+from trainer.accelerator.data_loader import prepare_data_loader
 from trainer.accelerator.launchers import debug_launcher, notebook_launcher
 from trainer.accelerator.local_sgd import LocalSGD
 from trainer.accelerator.memory import find_executable_batch_size
+from trainer.accelerator.operations import (
+    broadcast,
+    broadcast_object_list,
+    gather,
+    gather_object,
+    pad_across_processes,
+    reduce,
+    wait_for_everyone,
+)
 from trainer.accelerator.parallelism import ParallelismConfig
 from trainer.accelerator.pipelining import prepare_pippy
 from trainer.big_modeling.api import (
@@ -102,12 +112,16 @@ __all__ = [
     "TrainModule",
     "Trainer",
     "TrainerError",
+    "broadcast",
+    "broadcast_object_list",
     "cpu_offload",
     "cpu_offload_with_hook",
     "debug_launcher",
     "disk_offload",
     "dispatch_model",
     "find_executable_batch_size",
+    "gather",
+    "gather_object",
     "infer_auto_device_map",
     "init_empty_weights",
     "init_on_device",
@@ -115,10 +129,14 @@ __all__ = [
     "load_checkpoint_and_dispatch",
     "load_checkpoint_in_model",
     "notebook_launcher",
+    "pad_across_processes",
+    "prepare_data_loader",
     "prepare_pippy",
+    "reduce",
     "seed_everything",
     "skip_first_batches",
     "synchronize_rng_states",
+    "wait_for_everyone",
 ]
 
 _old_paths.install()

@@ -1,13 +1,16 @@
 """The Accelerator layer: the one path every model, optimizer, dataloader, loss and tensor takes.
 
 - ``accelerator``: ``Accelerator`` (construction, prepare, backward / accumulate, trackers), with
-  its process verbs in ``process_api`` and its checkpoint verbs in ``checkpoint_api``.
+  its process verbs in ``process_api`` (the ``on_*_process`` decorators from ``decorators``,
+  ``trigger_sync_in_backward`` from ``triggers``) and its checkpoint verbs in ``checkpoint_api``.
 - ``engine_plugins`` / ``engine_configs`` / ``kwargs_handlers``: Accelerate's plugins and kwargs
   handlers, translated onto the strategies and precision plugins.
 - ``parallelism``: ``ParallelismConfig`` and the strategy its mesh needs.
 - ``pipelining`` (``prepare_pippy``), ``local_sgd`` (``LocalSGD``).
 - ``optimizer``: ``AcceleratedOptimizer`` / ``AcceleratedScheduler``, the prepared wrappers.
-- ``collectives``: gather / reduce / broadcast over the strategy's process group.
+- ``collectives``: gather / reduce / broadcast over the strategy's process group;
+  ``operations``: the same as Accelerate's free functions, over the current process group;
+  ``data_loader``: the free ``prepare_data_loader``.
 - ``memory``: ``find_executable_batch_size`` and freeing device memory.
 - ``model_wrappers``: the autocast forward of mixed-precision models.
 - ``launchers`` / ``launch_config`` / ``machine_watch``: ``notebook_launcher``,

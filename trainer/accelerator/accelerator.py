@@ -29,7 +29,7 @@ from trainer.accelerator.optimizer import (
 )
 from trainer.accelerator.process_api import ProcessAPI
 from trainer.data.loader import DataLoaderShard, skip_first_batches
-from trainer.data.rebuild import to_stateful_loader
+from trainer.data.prepare import prepare_loader_shard
 from trainer.errors import ConfigurationError
 from trainer.precision import Precision
 from trainer.runtime.configs import (
@@ -74,7 +74,9 @@ class Accelerator(ProcessAPI, CheckpointAPI):
         log_with: tracker names (``LoggerType`` or str), Logger instances, or a list of them.
         gradient_accumulation_plugin: full accumulation options (exclusive with the steps arg).
         step_scheduler_with_optimizer: prepared schedulers step only with a real optimizer step.
-        rng_types: generators synchronised across processes at each epoch.
+        rng_types: generators given the main process's state at each pass of a prepared
+            loader ("torch", "cuda", "generator"); None: ["generator"], the shuffling
+            sampler's own generator when it has one.
         kwargs_handlers: Accelerate's handlers (``DistributedDataParallelKwargs``,
             ``ProfileKwargs``...), also attributes (``ddp_handler``, ``profile_handler``...).
         dynamo_backend: compile prepared models with ``torch.compile(backend=...)``.
@@ -261,43 +263,36 @@ class Accelerator(ProcessAPI, CheckpointAPI):
         return model
 
     def prepare_data_loader(
-        self, data_loader: DataLoader, device_placement: bool | None = None, *, shard: bool = True
+        self,
+        data_loader: DataLoader,
+        device_placement: bool | None = None,
+        slice_fn_for_dispatch: Any = None,
+        *,
+        shard: bool = True,
     ) -> DataLoaderShard:
-        """Wrap a DataLoader for this process: placement, end-of-data tracking, input cast."""
-        if self.dataloader_config.use_stateful_dataloader:
-            data_loader = to_stateful_loader(data_loader)
-        remainder = -1
-        if (
-            self.num_processes > 1 and shard
-        ):  # shard=False: the loader already gives each process its part
-            from trainer.data.sharding import shard_data_loader
+        """Wrap a DataLoader for this process: its share, placement, end-of-data tracking, cast.
 
-            sharding = self.strategy.distributed_sampler_kwargs
-            data_loader, remainder = shard_data_loader(
-                data_loader,
-                num_processes=sharding["num_replicas"],
-                process_index=sharding["rank"],
-                config=self.dataloader_config,
-            )
+        ``shard=False``: the loader already gives each process its part. Every process reads
+        its own share, so ``slice_fn_for_dispatch`` (Accelerate's, for dispatched batches) is
+        accepted and not used.
+        """
+        sharding = self.strategy.distributed_sampler_kwargs
         place = self.device_placement if device_placement is None else device_placement
-        shard = DataLoaderShard(
+        cast = self.precision.convert_input if self.precision.param_dtype is not None else None
+        prepared = prepare_loader_shard(
             data_loader,
+            num_processes=sharding["num_replicas"] if shard else 1,
+            process_index=sharding["rank"],
+            world_size=self.num_processes,
+            config=self.dataloader_config,
+            broadcast=lambda tensor: self.strategy.broadcast(tensor, src=0),
             device=self.device if place else None,
             gradient_state=self.gradient_state,
-            transform=self.precision.convert_input
-            if self.precision.param_dtype is not None
-            else None,
-            process_index=self.strategy.distributed_sampler_kwargs["rank"],
+            transform=cast,
+            rng_types=["generator"] if self.rng_types is None else self.rng_types,
         )
-        shard.remainder = remainder
-        if self.dataloader_config.use_seedable_sampler or self.num_processes > 1:
-            # Drawn from the global generator, so torch.manual_seed(...) before prepare decides
-            # it; the main process's draw is used everywhere, so every process shuffles alike.
-            seed = torch.randint(0, 2**31 - 1, (1,))
-            shard.seed = int(self.strategy.broadcast(seed, src=0).item())
-            shard.set_epoch(0)
-        self._dataloaders.append(shard)
-        return shard
+        self._dataloaders.append(prepared)
+        return prepared
 
     def prepare_optimizer(self, optimizer: torch.optim.Optimizer) -> AcceleratedOptimizer:
         """Wrap an optimizer so it steps through the strategy and honours accumulation."""

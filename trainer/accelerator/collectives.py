@@ -1,8 +1,10 @@
 """Collective operations over nested structures of tensors, built on the Strategy's four verbs.
 
 The Accelerator's ``gather`` / ``gather_for_metrics`` / ``reduce`` / ``pad_across_processes`` /
-``broadcast`` live here so the facade stays thin. With one process each is the identity
-(``gather`` of a 0-dim tensor still returns shape ``(1,)``, as in Accelerate).
+``broadcast`` live here so the facade stays thin, and so do Accelerate's free functions
+(``gather_object``, ``broadcast_object_list``): ``trainer.accelerator.operations`` calls the same
+functions with the current process's strategy. With one process each is the identity
+(``gather`` of a 0-dim tensor still returns shape ``(1,)``, as the Accelerator's always has).
 """
 
 from __future__ import annotations
@@ -12,16 +14,19 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from trainer.errors import ConfigurationError
+from trainer.errors import ConfigurationError, describe
 
 if TYPE_CHECKING:
     from trainer.runtime.gradient_state import GradientState
     from trainer.strategies import Strategy
 
 __all__ = [
+    "REDUCTIONS",
     "broadcast",
+    "broadcast_object_list",
     "gather",
     "gather_for_metrics",
+    "gather_object",
     "map_tensors",
     "pad_across_processes",
     "reduce",
@@ -84,20 +89,42 @@ def _has_tensor(data: Any) -> bool:
 def _gather_objects(strategy: Strategy, data: Any) -> list[Any]:
     if strategy.world_size == 1:
         return list(data) if isinstance(data, list | tuple) else [data]
-    gathered: list[Any] = [None] * strategy.world_size
-    torch.distributed.all_gather_object(gathered, data)
+    return gather_object(strategy, data)
+
+
+def gather_object(strategy: Strategy, obj: Any) -> Any:
+    """Every process's picklable ``obj``, in rank order: lists and tuples are concatenated into one
+    list, any other object is one item per process. One process: ``obj`` itself."""
+    if strategy.world_size == 1:
+        return obj
     flat: list[Any] = []
-    for item in gathered:
+    for item in strategy.all_gather_object(obj):
         flat.extend(item if isinstance(item, list | tuple) else [item])
     return flat
 
 
-_REDUCTIONS = ("sum", "mean", "none")
+def broadcast_object_list(
+    strategy: Strategy, object_list: list[Any], from_process: int = 0
+) -> list[Any]:
+    """Replace the items of ``object_list`` (in place) by those of process ``from_process``."""
+    if not isinstance(object_list, list):
+        raise ConfigurationError(
+            f"broadcast_object_list(object_list={describe(object_list)}): expected a list, which "
+            "is filled in place. Pass a list, e.g. [value]."
+        )
+    if strategy.world_size > 1:
+        object_list[:] = strategy.broadcast(list(object_list), src=from_process)
+    return object_list
+
+
+REDUCTIONS = ("sum", "mean", "max", "min", "none")
 
 
 def reduce(strategy: Strategy, data: Any, reduction: str = "sum", scale: float = 1.0) -> Any:
-    if reduction not in _REDUCTIONS:
-        raise ConfigurationError(f"reduce(reduction={reduction!r}): expected one of {_REDUCTIONS}.")
+    if reduction not in REDUCTIONS:
+        raise ConfigurationError(
+            f"reduce(reduction={reduction!r}): expected one of {REDUCTIONS}. Pass one of them."
+        )
 
     def _reduce(tensor: torch.Tensor) -> torch.Tensor:
         if reduction == "none":

@@ -3,20 +3,23 @@
 `ProcessAPI` is the base of `trainer.accelerator.Accelerator`: the facts about the processes
 (``process_index``, ``num_processes``, ``is_main_process`` ...), the collectives over them
 (``gather``, ``gather_for_metrics``, ``reduce``, ``broadcast``, ``pad_across_processes``) and
-control (``wait_for_everyone``, ``split_between_processes``, ``main_process_first``,
-``on_main_process``). Everything delegates to the Strategy (``trainer.accelerator.collectives``)
-or to ``PartialState``; nothing here prepares, trains or saves.
+control (``wait_for_everyone``, ``split_between_processes``, ``main_process_first``, the
+``on_*_process`` decorators, ``set_trigger`` / ``check_trigger``, ``trigger_sync_in_backward``).
+Everything delegates to the Strategy (``trainer.accelerator.collectives``) or to
+``PartialState``; nothing here prepares, trains or saves.
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import torch
 
-from trainer.accelerator import collectives
+from trainer.accelerator import collectives, triggers
+from trainer.accelerator.decorators import checked_index, run_only_where
 
 if TYPE_CHECKING:
     from trainer.runtime.gradient_state import GradientState
@@ -32,6 +35,7 @@ class ProcessAPI:
     strategy: Strategy  # set by the Accelerator's constructor
     state: PartialState
     gradient_state: GradientState
+    flag_tensor: torch.Tensor | None = None  # set_trigger's flag (Accelerate's attribute)
 
     # ---- facts ------------------------------------------------------------------------------
     @property
@@ -89,7 +93,12 @@ class ProcessAPI:
         )
 
     def reduce(self, tensor: Any, reduction: str = "sum", scale: float = 1.0) -> Any:
-        """Reduce ``tensor`` (or a nest) over processes with "sum", "mean" or "none"."""
+        """Reduce ``tensor`` (or a nest) over processes: "sum", "mean", "max", "min" or "none".
+
+        With 2 processes holding ``[1, 2]`` and ``[3, 4]``: "sum" gives ``[4, 6]``, "max"
+        ``[3, 4]``, "min" ``[1, 2]`` on both; "none" returns ``tensor``. ``scale`` multiplies
+        the result.
+        """
         return collectives.reduce(self.strategy, tensor, reduction, scale)
 
     def pad_across_processes(
@@ -125,10 +134,78 @@ class ProcessAPI:
         if self.is_local_main_process:
             print(*args, **kwargs)
 
-    def on_main_process(self, function: Callable[..., Any]) -> Callable[..., Any]:
-        """Decorator: run ``function`` on the main process only (returns None elsewhere)."""
+    # ---- decorators: the function runs on one process, returns None elsewhere -------------
+    # With one process every one of them runs the function, as in Accelerate.
+    def on_main_process(self, function: Callable[..., Any] | None = None) -> Callable[..., Any]:
+        """Decorator: run ``function`` on the main process only (returns None elsewhere).
 
-        def wrapper(*args: Any, **kwargs: Any) -> Any:
-            return function(*args, **kwargs) if self.is_main_process else None
+        Examples:
+            >>> @accelerator.on_main_process
+            ... def save_report(): ...
+        """
+        return run_only_where(function, lambda: self.is_main_process, "on_main_process")
 
-        return wrapper
+    def on_local_main_process(
+        self, function: Callable[..., Any] | None = None
+    ) -> Callable[..., Any]:
+        """Decorator: run ``function`` on each machine's main process only."""
+        return run_only_where(function, lambda: self.is_local_main_process, "on_local_main_process")
+
+    def on_last_process(self, function: Callable[..., Any]) -> Callable[..., Any]:
+        """Decorator: run ``function`` on the last process only (``num_processes - 1``)."""
+        return run_only_where(function, lambda: self.is_last_process, "on_last_process")
+
+    def on_process(
+        self, function: Callable[..., Any] | None = None, process_index: int | None = None
+    ) -> Callable[..., Any]:
+        """Decorator: run ``function`` on the process ``process_index`` only.
+
+        Examples:
+            >>> @accelerator.on_process(process_index=1)
+            ... def report(): ...
+        """
+        if function is None and process_index is not None:
+            return functools.partial(self.on_process, process_index=process_index)
+        index = checked_index("on_process", "process_index", process_index)
+        return run_only_where(
+            function,
+            lambda: self.num_processes == 1 or self.process_index == index,
+            "on_process",
+        )
+
+    def on_local_process(
+        self, function: Callable[..., Any] | None = None, local_process_index: int | None = None
+    ) -> Callable[..., Any]:
+        """Decorator: run ``function`` on the process ``local_process_index`` of each machine."""
+        if function is None and local_process_index is not None:
+            return functools.partial(self.on_local_process, local_process_index=local_process_index)
+        index = checked_index("on_local_process", "local_process_index", local_process_index)
+        return run_only_where(
+            function,
+            lambda: self.num_processes == 1 or self.local_process_index == index,
+            "on_local_process",
+        )
+
+    # ---- triggers: any process raises a flag, every process sees it -----------------------
+    def set_trigger(self) -> None:
+        """Raise this process's flag; the next `check_trigger` on every process returns True."""
+        self.flag_tensor = torch.tensor(1, device=self.device)
+
+    def check_trigger(self) -> bool:
+        """Whether any process called `set_trigger` since the last check; then lower every flag.
+
+        A collective: call it on every process at the same point, e.g. once per step.
+
+        Examples:
+            >>> if not torch.isfinite(loss):
+            ...     accelerator.set_trigger()
+            >>> if accelerator.check_trigger():
+            ...     break
+        """
+        is_raised = self.flag_tensor is not None and bool(self.flag_tensor.item())
+        is_set = self.strategy.reduce_boolean_decision(is_raised, all=False)  # any process
+        if is_set or self.flag_tensor is None:
+            self.flag_tensor = torch.tensor(0, device=self.device)
+        return is_set
+
+    trigger_sync_in_backward = staticmethod(triggers.trigger_sync_in_backward)

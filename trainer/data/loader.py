@@ -5,8 +5,11 @@ that the Accelerator knows, while the last batch is being used, that it is the l
 accumulation syncs there; ``gather_for_metrics`` trims there). With a ``seed`` it reads through a
 copy whose fetches are seeded by their place (``trainer/data/seeding.py``), so a resumed epoch
 sees the same augmented values; a torchdata ``StatefulDataLoader`` keeps its own position in
-``state_dict()``. Sharding across processes is decided by the strategy's
-``distributed_sampler_kwargs`` and lives in ``trainer/data/sharding.py``.
+``state_dict()``. Without a seed, a shuffling sampler that has its own generator keeps it (as in
+Accelerate): each pass starts by giving every process the main process's generator state (the
+``rng_types``), and ``state_dict()`` holds that state, so a reloaded loader shuffles alike.
+Sharding across processes is decided by the strategy's ``distributed_sampler_kwargs`` and lives
+in ``trainer/data/sharding.py``; ``trainer/data/prepare.py`` puts the pieces together.
 """
 
 from __future__ import annotations
@@ -27,9 +30,16 @@ from torch.utils.data import (
 )
 
 from trainer.data.generators import forget_generator_states
-from trainer.data.rebuild import is_stateful_loader, rebuild_loader, stateful_sampler_types
-from trainer.data.seeding import DataRng, PositionedBatchSampler, seeded_dataset
-from trainer.errors import ConfigurationError
+from trainer.data.rebuild import (
+    index_batches_of,
+    is_stateful_loader,
+    rebuild_loader,
+    stateful_sampler_types,
+    with_index_batches,
+)
+from trainer.data.seeding import DataRng, PositionedBatchSampler, batch_seed, seeded_dataset
+from trainer.errors import CheckpointError, ConfigurationError, describe
+from trainer.runtime.seed import synchronize_rng_states
 
 __all__ = ["DataLoaderShard", "SkipBatchSampler", "send_to_device", "skip_first_batches"]
 
@@ -104,6 +114,11 @@ class DataLoaderShard:
         self._data_rng: DataRng | None = None  # keeps main-process reads off training's streams
         self._loader_state: dict[str, Any] | None = None  # a StatefulDataLoader's, batch-exact
         self._pending_loader_state: dict[str, Any] | None = None  # loaded; used by the next pass
+        # Accelerate's names: generators given the main process's state at each pass ("torch",
+        # "cuda", "generator": the sampler's own generator, which then decides the order).
+        self.rng_types: list[str] | None = None
+        self.synchronized_generator: torch.Generator | None = None
+        self._pass_generator_state: torch.Tensor | None = None  # at the start of the open pass
 
     def __getattr__(self, name: str) -> Any:
         # Delegate dataset, batch_size, sampler, ... to the wrapped loader.
@@ -134,9 +149,11 @@ class DataLoaderShard:
 
     def _seed_epoch(self, seed: int) -> None:
         loader = self.base_dataloader
-        loader.generator = torch.Generator().manual_seed(seed)  # workers' base seed
+        # The workers' base seed, on a stream of its own: mixed, so it is none of the samplers'.
+        loader.generator = torch.Generator().manual_seed(batch_seed(seed))
         for sampler in _random_samplers(loader):
-            sampler.generator = torch.Generator().manual_seed(seed + 1)
+            # Accelerate's SeedableRandomSampler: seed + epoch, so a data_seed orders alike.
+            sampler.generator = torch.Generator().manual_seed(seed)
 
     @property
     def is_stateful(self) -> bool:
@@ -145,10 +162,15 @@ class DataLoaderShard:
 
     def state_dict(self) -> dict[str, Any]:
         """Where the loader stands: seed and epoch; a StatefulDataLoader's state after the batches
-        yielded so far (the read-ahead batch not counted). Other positions are the Trainer's."""
+        yielded so far (the read-ahead batch not counted); the synchronized generator's state
+        (as the open pass started, else now). Other positions are the Trainer's."""
         state: dict[str, Any] = {"seed": self.seed, "epoch": self._epoch}
         if self._loader_state is not None:
             state["loader"] = self._loader_state
+        generator = self.synchronized_generator
+        if generator is not None:  # an open pass restarts from its start: its order again
+            opened = self._pass_generator_state
+            state["generator"] = opened.clone() if opened is not None else generator.get_state()
         return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -158,6 +180,9 @@ class DataLoaderShard:
         self.set_epoch(state.get("epoch", self._epoch))
         if state.get("loader") is not None and self.is_stateful:
             self._loader_state = self._pending_loader_state = state["loader"]
+        if state.get("generator") is not None and self.synchronized_generator is not None:
+            _set_generator_state(self.synchronized_generator, state["generator"])
+            self._pass_generator_state = None
 
     def __iter__(self) -> Iterator[Any]:
         """One pass over the loader; a pass that runs to the end advances the epoch.
@@ -168,6 +193,7 @@ class DataLoaderShard:
         replays exactly. The Trainer calls ``set_epoch`` itself before each epoch.
         """
         self.set_epoch(self._epoch)
+        self._synchronize_generators()
         self.end_of_dataloader = False
         self.batches_yielded = 0
         skip, self.skip_batches = self.skip_batches, 0  # a skip applies to one iteration only
@@ -206,8 +232,18 @@ class DataLoaderShard:
                 current = following
             self._epoch += 1  # only a pass that ran to its end (a break closes the generator)
         finally:
+            self._pass_generator_state = None
             if state is not None:
                 state.end_iteration(self)
+
+    def _synchronize_generators(self) -> None:
+        """Give ``rng_types`` the main process's state (Accelerate's start of an iteration) and
+        remember where the synchronized generator starts this pass."""
+        generator = self.synchronized_generator
+        if self.rng_types:
+            synchronize_rng_states(self.rng_types, generator)
+        if generator is not None:
+            self._pass_generator_state = generator.get_state()
 
     def _plan_pass(self, skip: int) -> tuple[DataLoader, int]:
         """The loader this pass reads, and how many of its first batches to read and drop.
@@ -238,7 +274,7 @@ class DataLoaderShard:
             return loader, 0
         if _can_skip_indices(loader):
             # Skip whole index batches: no sample of the skipped batches is loaded.
-            return _with_batch_sampler(loader, SkipBatchSampler(loader.batch_sampler, skip)), 0
+            return _skipping(loader, skip), 0
         return loader, skip
 
     def _seeded_loader(self) -> DataLoader | None:
@@ -314,13 +350,25 @@ def _can_skip_indices(loader: DataLoader) -> bool:
     return (
         isinstance(loader, DataLoader)
         and not isinstance(loader.dataset, IterableDataset)
-        and loader.batch_sampler is not None
+        and index_batches_of(loader) is not None
     )
 
 
-def _with_batch_sampler(loader: DataLoader, batch_sampler: Sampler[list[int]]) -> DataLoader:
-    """A one-pass copy of ``loader`` drawing its index batches from ``batch_sampler``."""
-    return rebuild_loader(loader, batch_sampler=batch_sampler, persistent_workers=False)
+def _skipping(loader: DataLoader, skip: int) -> DataLoader:
+    """A one-pass copy of ``loader`` whose first ``skip`` index batches are dropped unread."""
+    batches = SkipBatchSampler(index_batches_of(loader), skip)
+    return with_index_batches(loader, batches, persistent_workers=False)
+
+
+def _set_generator_state(generator: torch.Generator, state: Any) -> None:
+    """Restore a saved generator state, refusing anything torch would not have written."""
+    try:
+        generator.set_state(state)
+    except (RuntimeError, TypeError) as err:
+        raise CheckpointError(
+            f"loader state: field 'generator' is not a torch.Generator state (received "
+            f"{describe(state)}). Load a checkpoint saved from this loader's setup."
+        ) from err
 
 
 def skip_first_batches(dataloader: Any, num_batches: int = 0) -> Any:
@@ -346,14 +394,15 @@ def skip_first_batches(dataloader: Any, num_batches: int = 0) -> Any:
         shard.limit = dataloader.limit
         shard.seed = dataloader.seed
         shard._epoch = dataloader._epoch
+        shard.rng_types = dataloader.rng_types
+        shard.synchronized_generator = dataloader.synchronized_generator
         return shard
     if isinstance(dataloader, DataLoader) and not isinstance(dataloader.dataset, IterableDataset):
-        if dataloader.batch_sampler is None:
+        if index_batches_of(dataloader) is None:
             raise ConfigurationError(
                 "skip_first_batches(dataloader): the DataLoader has batch_size=None, so it has no "
-                "batches to skip. Give it a batch_size or a batch_sampler."
+                "batches to skip. Give it a batch_size, a batch_sampler, or a BatchSampler as "
+                "its sampler."
             )
-        return _with_batch_sampler(
-            dataloader, SkipBatchSampler(dataloader.batch_sampler, num_batches)
-        )
+        return _skipping(dataloader, num_batches)
     return DataLoaderShard(dataloader, skip_batches=num_batches)

@@ -13,11 +13,18 @@ import sys
 import warnings
 from typing import Any
 
-from torch.utils.data import DataLoader, Dataset, IterableDataset
+from torch.utils.data import BatchSampler, DataLoader, Dataset, IterableDataset
 
 from trainer._imports import require
 
-__all__ = ["is_stateful_loader", "rebuild_loader", "stateful_sampler_types", "to_stateful_loader"]
+__all__ = [
+    "index_batches_of",
+    "is_stateful_loader",
+    "rebuild_loader",
+    "stateful_sampler_types",
+    "to_stateful_loader",
+    "with_index_batches",
+]
 
 _STATEFUL_MODULE = "torchdata.stateful_dataloader"
 _UNSET: Any = object()
@@ -40,6 +47,7 @@ def rebuild_loader(
     *,
     dataset: Dataset | None = None,
     batch_sampler: Any = _UNSET,
+    sampler: Any = _UNSET,
     batch_size: int | None = None,
     persistent_workers: bool | None = None,
     stateful: bool | None = None,
@@ -50,6 +58,8 @@ def rebuild_loader(
         loader: the loader whose other settings are kept.
         dataset: the new dataset (default: the loader's).
         batch_sampler: the new index batches of a map-style dataset (default: the loader's).
+        sampler: for a loader without a batch sampler (``batch_size=None``), what it draws
+            each read from (default: the loader's), e.g. whole index batches.
         batch_size: for an iterable dataset, the new batch size (default: the loader's).
         persistent_workers: default: the loader's.
         stateful: build torchdata's StatefulDataLoader (default: when ``loader`` is one).
@@ -82,8 +92,10 @@ def rebuild_loader(
         options["batch_sampler"] = (
             loader.batch_sampler if batch_sampler is _UNSET else batch_sampler
         )
-        if options["batch_sampler"] is None:  # batch_size=None: one sample at a time
-            options.update(batch_size=None, sampler=loader.sampler)
+        if options["batch_sampler"] is None:  # batch_size=None: one read per sampler item
+            options.update(
+                batch_size=None, sampler=loader.sampler if sampler is _UNSET else sampler
+            )
     if stateful:
         module = require(_STATEFUL_MODULE, extra="stateful", feature="StatefulDataLoader")
         snapshot_every = getattr(loader, "snapshot_every_n_steps", 1)
@@ -93,6 +105,22 @@ def rebuild_loader(
                 dataset, snapshot_every_n_steps=snapshot_every, **options
             )
     return DataLoader(dataset, **options)
+
+
+def index_batches_of(loader: DataLoader) -> Any:
+    """What yields ``loader``'s index batches: its batch sampler, or a ``BatchSampler`` given as
+    its ``sampler`` with ``batch_size=None`` (each read is then a whole batch); else None."""
+    if loader.batch_sampler is not None:
+        return loader.batch_sampler
+    return loader.sampler if isinstance(loader.sampler, BatchSampler) else None
+
+
+def with_index_batches(loader: DataLoader, index_batches: Any, **options: Any) -> DataLoader:
+    """A copy of ``loader`` whose index batches come from ``index_batches``, in the place the
+    loader had them (``batch_sampler``, or ``sampler`` when it reads whole batches)."""
+    if loader.batch_sampler is None:
+        return rebuild_loader(loader, batch_sampler=None, sampler=index_batches, **options)
+    return rebuild_loader(loader, batch_sampler=index_batches, **options)
 
 
 def to_stateful_loader(loader: DataLoader) -> DataLoader:

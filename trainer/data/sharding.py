@@ -6,7 +6,9 @@ sampler is seeded the same everywhere) and dealt round-robin — process ``p`` g
 ``p`` gets slice ``p`` of it. With ``even_batches=True`` the last round is completed with samples
 from the start, so every process steps the same number of times with full batches; the number of
 real samples in the last gathered batch (``remainder``) lets ``gather_for_metrics`` drop the
-duplicates. Iterable data: every process reads the stream and keeps its share of each chunk.
+duplicates. A ``BatchSampler`` given as the loader's ``sampler`` (``batch_size=None``: the dataset
+reads a whole batch of indices at once) is sharded the same way. Iterable data: every process
+reads the stream and keeps its share of each chunk.
 
 Example (2 processes, batch size 5, 9 samples, even_batches): process 0 gets [0..4], process 1
 gets [5, 6, 7, 8, 0]; gathering the last batch gives 10 rows and ``remainder`` 9 keeps 9.
@@ -20,7 +22,7 @@ from typing import Any
 
 from torch.utils.data import BatchSampler, DataLoader, IterableDataset, Sampler
 
-from trainer.data.rebuild import rebuild_loader
+from trainer.data.rebuild import index_batches_of, rebuild_loader, with_index_batches
 from trainer.errors import ConfigurationError
 from trainer.runtime.configs import DataLoaderConfiguration
 
@@ -190,19 +192,21 @@ def shard_data_loader(
             loader.batch_size if config.split_batches else loader.batch_size * num_processes
         )
     else:
-        if loader.batch_sampler is None:
+        index_batches = index_batches_of(loader)
+        if index_batches is None:
             raise ConfigurationError(
-                "prepare: a DataLoader with batch_size=None cannot be sharded; give it a batch_size."
+                "prepare: a DataLoader with batch_size=None cannot be sharded; give it a "
+                "batch_size, or a BatchSampler as its sampler."
             )
         batch_sampler = BatchSamplerShard(
-            loader.batch_sampler,
+            index_batches,
             num_processes,
             process_index,
             split_batches=config.split_batches,
             even_batches=config.even_batches,
         )
-        sharded = rebuild_loader(loader, batch_sampler=batch_sampler)
-        size = getattr(loader.batch_sampler, "batch_size", None) or 1
+        sharded = with_index_batches(loader, batch_sampler)
+        size = getattr(index_batches, "batch_size", None) or 1
         global_batch = size if config.split_batches else size * num_processes
     if length is None or loader.drop_last or not config.even_batches:
         return sharded, -1

@@ -12,6 +12,8 @@ from trainer.errors import ConfigurationError, describe
 
 __all__ = ["DataLoaderConfiguration", "GradientAccumulationPlugin", "ProjectConfiguration"]
 
+_MAX_DATA_SEED = 2**32 - 1  # seed_everything's range: numpy's legacy generator takes 32 bits
+
 
 @dataclass
 class ProjectConfiguration:
@@ -58,6 +60,9 @@ class DataLoaderConfiguration:
         even_batches: complete the last batch with samples from the start so every process
             steps equally; ``gather_for_metrics`` drops the duplicates.
         use_seedable_sampler: shuffle with a sampler seeded identically on every process.
+        data_seed: with ``use_seedable_sampler``, the seed of the shuffle (an int in
+            [0, 2**32 - 1]); None draws one from torch's global generator when the loader is
+            prepared, so ``torch.manual_seed`` before ``prepare`` decides it.
         non_blocking: copy batches to the device asynchronously (with pinned memory).
         use_stateful_dataloader: prepare loaders as torchdata's ``StatefulDataLoader``, whose
             position ``save_state`` / ``load_state`` carry, so a resume reads nothing again
@@ -68,8 +73,19 @@ class DataLoaderConfiguration:
     dispatch_batches: bool | None = None
     even_batches: bool = True
     use_seedable_sampler: bool = False
+    data_seed: int | None = None
     non_blocking: bool = False
     use_stateful_dataloader: bool = False
+
+    def __post_init__(self) -> None:
+        seed = self.data_seed
+        if seed is not None and (
+            not isinstance(seed, int) or isinstance(seed, bool) or not 0 <= seed <= _MAX_DATA_SEED
+        ):
+            raise ConfigurationError(
+                f"DataLoaderConfiguration(data_seed={describe(seed)}): expected None or an int in "
+                f"[0, {_MAX_DATA_SEED}]. Pass a seed such as 42."
+            )
 
 
 @dataclass

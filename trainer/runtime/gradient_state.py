@@ -13,7 +13,8 @@ class GradientState:
     """Whether this batch synchronises gradients and steps, and where the dataloader is.
 
     ``step`` counts batches inside the accumulation window; ``end_of_dataloader`` is set by the
-    prepared dataloader while its last batch is in use.
+    prepared dataloader while its last batch is in use; ``active_dataloader`` is the prepared
+    dataloader being iterated (Accelerate's name).
     """
 
     num_steps: int = 1
@@ -53,4 +54,10 @@ class GradientState:
 
     @property
     def in_dataloader(self) -> bool:
+        """Whether a prepared dataloader is being iterated."""
         return bool(self.active_dataloaders)
+
+    @property
+    def active_dataloader(self) -> Any:
+        """The prepared dataloader being iterated (the innermost one), None outside any."""
+        return self.active_dataloaders[-1] if self.active_dataloaders else None

@@ -1,0 +1,1 @@
+"""Differential tests: the same scripts on Hugging Face Accelerate and on ``trainer.Accelerator``."""
