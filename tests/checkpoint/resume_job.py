@@ -34,7 +34,7 @@ class Net(trainer.TrainModule):
         return loss
 
     def configure_optimizers(self):
-        optimizer = torch.optim.SGD(self.parameters(), lr=0.05, momentum=0.9)
+        optimizer = torch.optim.SGD(self.parameters(), lr=0.02, momentum=0.9)
         return [optimizer], [torch.optim.lr_scheduler.StepLR(optimizer, 1, 0.7)]
 
 

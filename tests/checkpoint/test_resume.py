@@ -35,6 +35,7 @@ def _uninterrupted(tmp_path, **kwargs) -> Net:
 
 def _assert_same(a: torch.nn.Module, b: torch.nn.Module) -> None:
     for (name, p), q in zip(a.named_parameters(), b.parameters(), strict=True):
+        assert torch.isfinite(p).all(), f"{name}: the uninterrupted run diverged (lower the lr)"
         assert torch.equal(p, q), name
 
 
