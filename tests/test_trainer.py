@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import datetime as dt
 import math
+import time
 
 import pytest
 import torch
@@ -197,7 +198,7 @@ class _ValCounter(Callback):
     [
         ({"val_check_interval": 0.5}, [2, 4, 6, 8]),
         ({"val_check_interval": 1}, [1, 2, 3, 4, 5, 6, 7, 8]),
-        ({"val_check_interval": 3}, [3, 4, 7, 8]),
+        ({"val_check_interval": 3}, [3, 7]),  # Lightning: no extra one at the epoch's end
         ({"check_val_every_n_epoch": 2}, [8]),
     ],
 )
@@ -606,3 +607,52 @@ def test_plateau_with_strict_false_skips_when_the_metric_is_missing(tmp_path):
     t = quiet_trainer(tmp_path, max_epochs=2)
     t.fit(Loose(), make_loader(n=8))
     assert t.optimizers[0].param_groups[0]["lr"] == 1.0
+
+
+class _ValAt(Callback):
+    """Where each validation of a fit starts: (epoch, global_step)."""
+
+    def __init__(self) -> None:
+        self.at: list[tuple[int, int]] = []
+
+    def on_validation_start(self, trainer, module):
+        if not trainer.sanity_checking:
+            self.at.append((trainer.current_epoch, trainer.global_step))
+
+
+def test_validation_counted_over_the_fit_continues_across_a_resume(tmp_path):
+    """check_val_every_n_epoch=None counts val_check_interval's batches over the whole fit; the
+    count is in the checkpoint, so a resumed run validates where the uninterrupted one does."""
+    options = dict(
+        max_epochs=3, val_check_interval=4, check_val_every_n_epoch=None, accumulate_grad_batches=2
+    )
+    full = _ValAt()
+    quiet_trainer(tmp_path / "full", callbacks=[full], **options).fit(
+        LinearModule(), make_loader(n=12), make_loader(n=8)
+    )
+    # 3 batches per epoch, 2 optimizer steps each: the fit's 4th and 8th batches validate.
+    assert full.at == [(1, 2), (2, 5)]
+    first = quiet_trainer(tmp_path / "a", max_steps=3, **options)
+    first.fit(LinearModule(), make_loader(n=12), make_loader(n=8))
+    assert (first.progress.total_batches, first.global_step) == (5, 3)
+    first.save_checkpoint(tmp_path / "ck")
+    resumed = _ValAt()
+    second = quiet_trainer(tmp_path / "b", callbacks=[resumed], **options)
+    second.fit(LinearModule(), make_loader(n=12), make_loader(n=8), ckpt_path=tmp_path / "ck")
+    assert resumed.at == [(2, 5)]
+    assert (second.progress.total_batches, second.global_step) == (9, 6)
+
+
+def test_max_time_validates_after_the_batch_it_stops(tmp_path):
+    """Lightning's Timer turns max_time into should_stop, after which the batch validates."""
+
+    class Slow(LinearModule):
+        def training_step(self, batch, batch_idx):
+            time.sleep(0.1)
+            return super().training_step(batch, batch_idx)
+
+    at = _ValAt()
+    fit = quiet_trainer(tmp_path, max_epochs=1, max_time={"seconds": 2}, callbacks=[at])
+    fit.fit(Slow(), make_loader(n=400, batch_size=4), make_loader(n=8))  # 100 batches
+    assert 0 < fit.global_step < 100
+    assert at.at == [(0, fit.global_step)]

@@ -21,6 +21,11 @@ __all__ = ["Callback"]
 class Callback:
     """Base class for callbacks; override the hooks you need.
 
+    The evaluation batch hooks (``on_validation_batch_start`` / ``_end``, ``on_test_batch_*``,
+    ``on_predict_batch_*``) end with ``dataloader_idx: int = 0``, as Lightning's do: with several
+    dataloaders the Trainer passes the index of the one the batch came from; with one it passes
+    none, so the default applies.
+
     Examples:
         >>> class PrintLoss(Callback):
         ...     def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx):
@@ -79,11 +84,22 @@ class Callback:
     def on_validation_epoch_end(self, trainer: Trainer, module: TrainModule) -> None: ...
 
     def on_validation_batch_start(
-        self, trainer: Trainer, module: TrainModule, batch: Any, batch_idx: int
+        self,
+        trainer: Trainer,
+        module: TrainModule,
+        batch: Any,
+        batch_idx: int,
+        dataloader_idx: int = 0,
     ) -> None: ...
 
     def on_validation_batch_end(
-        self, trainer: Trainer, module: TrainModule, outputs: Any, batch: Any, batch_idx: int
+        self,
+        trainer: Trainer,
+        module: TrainModule,
+        outputs: Any,
+        batch: Any,
+        batch_idx: int,
+        dataloader_idx: int = 0,
     ) -> None: ...
 
     def on_test_start(self, trainer: Trainer, module: TrainModule) -> None: ...
@@ -92,11 +108,22 @@ class Callback:
     def on_test_epoch_end(self, trainer: Trainer, module: TrainModule) -> None: ...
 
     def on_test_batch_start(
-        self, trainer: Trainer, module: TrainModule, batch: Any, batch_idx: int
+        self,
+        trainer: Trainer,
+        module: TrainModule,
+        batch: Any,
+        batch_idx: int,
+        dataloader_idx: int = 0,
     ) -> None: ...
 
     def on_test_batch_end(
-        self, trainer: Trainer, module: TrainModule, outputs: Any, batch: Any, batch_idx: int
+        self,
+        trainer: Trainer,
+        module: TrainModule,
+        outputs: Any,
+        batch: Any,
+        batch_idx: int,
+        dataloader_idx: int = 0,
     ) -> None: ...
 
     def on_predict_start(self, trainer: Trainer, module: TrainModule) -> None: ...
@@ -105,11 +132,22 @@ class Callback:
     def on_predict_epoch_end(self, trainer: Trainer, module: TrainModule) -> None: ...
 
     def on_predict_batch_start(
-        self, trainer: Trainer, module: TrainModule, batch: Any, batch_idx: int
+        self,
+        trainer: Trainer,
+        module: TrainModule,
+        batch: Any,
+        batch_idx: int,
+        dataloader_idx: int = 0,
     ) -> None: ...
 
     def on_predict_batch_end(
-        self, trainer: Trainer, module: TrainModule, outputs: Any, batch: Any, batch_idx: int
+        self,
+        trainer: Trainer,
+        module: TrainModule,
+        outputs: Any,
+        batch: Any,
+        batch_idx: int,
+        dataloader_idx: int = 0,
     ) -> None: ...
 
     def on_save_checkpoint(

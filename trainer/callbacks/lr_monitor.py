@@ -37,11 +37,12 @@ class LearningRateMonitor(Callback):
 
     When (Lightning's rule): with ``logging_interval=None`` a scheduler stepped per ``"step"``
     is logged at the start of each batch whose step is due for logging
-    (``(global_step + 1) % log_every_n_steps == 0``: with gradient accumulation, every batch of
-    that step), one stepped per ``"epoch"`` at the start of each epoch, and an optimizer without
+    (``(progress.batches_stepped + 1) % log_every_n_steps == 0``: with gradient accumulation,
+    every batch of that step), one stepped per ``"epoch"`` at the start of each epoch, and an optimizer without
     a scheduler at both. ``"step"`` logs every
     optimizer at the due batches only, ``"epoch"`` every optimizer at each epoch start. Rows
-    are written at ``step=global_step``; the values also go to ``trainer.callback_metrics``
+    are written at the loggers' step, ``trainer.progress.batches_stepped`` (``global_step``
+    under automatic optimization); the values also go to ``trainer.callback_metrics``
     (where ``ModelCheckpoint`` or ``EarlyStopping`` can monitor them) and to ``self.lrs``
     (name -> list of floats).
 
@@ -103,7 +104,10 @@ class LearningRateMonitor(Callback):
         if self.logging_interval == "epoch":
             return
         # Lightning's rule, checked per batch: with accumulation each batch of a due step logs.
-        if (trainer.global_step + 1) % trainer.log_every_n_steps and not trainer.should_stop:
+        # The loggers' step (Lightning's batches that stepped), not global_step: with manual
+        # optimization of two optimizers global_step counts two per batch.
+        due = (trainer.progress.batches_stepped + 1) % trainer.log_every_n_steps == 0
+        if not due and not trainer.should_stop:
             return
         self._log(trainer, self.extract_stats(trainer, "any" if self.logging_interval else "step"))
 
@@ -217,7 +221,7 @@ class LearningRateMonitor(Callback):
     def _log(self, trainer: Trainer, stats: dict[str, float]) -> None:
         if stats and trainer.is_global_zero:
             for logger in trainer.loggers:
-                logger.log_metrics(stats, step=trainer.global_step)
+                logger.log_metrics(stats, step=trainer.progress.batches_stepped)
 
 
 def _unwrap(optimizer: Any) -> Any:

@@ -83,8 +83,8 @@ class BasePredictionWriter(Callback):
                     f"{type(self).__name__}(write_interval={write_interval!r}) does not "
                     f"implement {method}. Implement it, or choose another write_interval."
                 )
-        self._predictions: list[Any] = []
-        self._batch_indices: list[list[int]] = []
+        self._predictions: list[list[Any]] = []  # per dataloader
+        self._batch_indices: list[list[list[int]]] = []  # per dataloader, per batch
         self._seen = 0
 
     def write_on_batch_end(
@@ -113,8 +113,9 @@ class BasePredictionWriter(Callback):
     ) -> None:
         """Write all ``predictions`` of the epoch (one per batch) with their ``batch_indices``.
 
-        As in Lightning, ``batch_indices`` has one entry per dataloader (here always one), a
-        list of each batch's indices: ``[[[0, 1, 2, 3], [4, 5, 6, 7]]]`` for two batches of 4.
+        As in Lightning, ``batch_indices`` has one entry per dataloader, a list of each batch's
+        indices: ``[[[0, 1, 2, 3], [4, 5, 6, 7]]]`` for one dataloader of two batches of 4. With
+        several dataloaders ``predictions`` has one list per dataloader too.
         """
         raise NotImplementedError(
             f"{type(self).__name__} has write_interval={self.interval.value!r} but does not "
@@ -125,22 +126,38 @@ class BasePredictionWriter(Callback):
         self._predictions, self._batch_indices, self._seen = [], [], 0
 
     def on_predict_batch_end(
-        self, trainer: Trainer, module: TrainModule, outputs: Any, batch: Any, batch_idx: int
+        self,
+        trainer: Trainer,
+        module: TrainModule,
+        outputs: Any,
+        batch: Any,
+        batch_idx: int,
+        dataloader_idx: int = 0,
     ) -> None:
+        while len(self._batch_indices) <= dataloader_idx:  # a new dataloader numbers from 0
+            self._predictions.append([])
+            self._batch_indices.append([])
+            self._seen = 0
         size = _batch_size(batch)
         indices = list(range(self._seen, self._seen + size))
         self._seen += size
         if self.interval.on_epoch:
-            self._predictions.append(outputs)
-            self._batch_indices.append(indices)
+            self._predictions[dataloader_idx].append(outputs)
+            self._batch_indices[dataloader_idx].append(indices)
         if self.interval.on_batch:
-            self.write_on_batch_end(trainer, module, outputs, indices, batch, batch_idx, 0)
+            self.write_on_batch_end(
+                trainer, module, outputs, indices, batch, batch_idx, dataloader_idx
+            )
 
     def on_predict_epoch_end(self, trainer: Trainer, module: TrainModule) -> None:
         if self.interval.on_epoch:
-            predictions, indices = self._predictions, self._batch_indices
+            predictions, indices = self._predictions or [[]], self._batch_indices or [[]]
             self._predictions, self._batch_indices = [], []
-            self.write_on_epoch_end(trainer, module, predictions, [indices])
+            # Lightning's shapes: one dataloader's predictions as a flat list, several as one
+            # list each; the indices always one list per dataloader.
+            self.write_on_epoch_end(
+                trainer, module, predictions[0] if len(predictions) == 1 else predictions, indices
+            )
 
 
 def _batch_size(batch: Any) -> int:

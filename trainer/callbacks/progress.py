@@ -113,7 +113,13 @@ class RichProgressBar(ProgressBar):
             self._refresh(trainer, is_train=True)
 
     def on_validation_batch_end(
-        self, trainer: Trainer, module: TrainModule, outputs: Any, batch: Any, batch_idx: int
+        self,
+        trainer: Trainer,
+        module: TrainModule,
+        outputs: Any,
+        batch: Any,
+        batch_idx: int,
+        dataloader_idx: int = 0,
     ) -> None:
         self._eval_count += 1
         if self._eval_count >= self._eval_due_count and monotonic() >= self._due_time:

@@ -336,7 +336,10 @@ class TrainerCLI:
     def _run_subcommand(self, trainer: Trainer) -> Any:
         """``trainer.<stage>(model, datamodule=..., ckpt_path=...)``; print eval metrics."""
         method = getattr(trainer, str(self.subcommand))
-        result = method(self.model, datamodule=self.datamodule, ckpt_path=self.config.ckpt_path)
+        options = {"verbose": False} if self.subcommand in ("validate", "test") else {}
+        result = method(
+            self.model, datamodule=self.datamodule, ckpt_path=self.config.ckpt_path, **options
+        )
         if self.subcommand in ("validate", "test") and trainer.is_global_zero:
             for metrics in result:  # one dict per dataloader
                 for name, value in sorted(metrics.items()):

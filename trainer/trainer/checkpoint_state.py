@@ -158,6 +158,9 @@ def restore_checkpoint(trainer: Trainer, checkpoint: dict[str, Any], *, full: bo
     trainer.progress.global_step = progress["global_step"]
     trainer.progress.batch_idx = progress["batch_idx"]
     trainer.progress.last_val_step = progress.get("last_val_step", -1)
+    # Checkpoints written before these counters existed: automatic optimization's values.
+    trainer.progress.total_batches = _count(progress, "total_batches", progress["global_step"])
+    trainer.progress.batches_stepped = _count(progress, "batches_stepped", progress["global_step"])
     trainer._restored_metrics = dict(checkpoint.get("callback_metrics") or {})
     callback_states = checkpoint.get("callbacks") or {}
     for callback in trainer.callbacks:
@@ -191,3 +194,20 @@ def _restore_optimizers(trainer: Trainer, checkpoint: dict[str, Any]) -> None:
             raise CheckpointError(
                 f"the checkpoint's optimizer state does not fit {type(optimizer.optimizer).__name__}: {err}"
             ) from err
+
+
+def _count(progress: dict[str, Any], key: str, default: int) -> int:
+    """``progress[key]``, a count (an int >= 0); ``default`` when the checkpoint has none.
+
+    Raises:
+        CheckpointError: the value is not an int >= 0.
+    """
+    if key not in progress:
+        return default
+    value = progress[key]
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise CheckpointError(
+            f"the checkpoint's progress.{key} is {describe(value)}; expected an int >= 0. The "
+            "checkpoint was edited or written by another program: resume from another one."
+        )
+    return value

@@ -4,9 +4,9 @@ Lightning passes ``dataloader_idx`` to the module's ``validation_step`` / ``test
 ``predict_step`` and to the ``on_*_batch_start`` / ``on_*_batch_end`` hooks only when a stage has
 more than one dataloader, and refuses a module whose overridden step or batch hook cannot take it
 then (or requires it with one dataloader). `check_dataloader_idx` applies that rule before the
-epoch starts. Callbacks written without the argument (this package's ``Callback`` hooks do not
-declare it) are called without it: `takes_dataloader_idx` tells them apart once, when the hook
-table is built.
+epoch starts. ``Callback``'s own batch hooks declare ``dataloader_idx: int = 0`` as Lightning's
+do; a callback that overrides one without the argument is called without it (where Lightning
+would fail): `takes_dataloader_idx` tells them apart once, when the hook table is built.
 """
 
 from __future__ import annotations

@@ -13,6 +13,10 @@ Where Lightning 2.6 does something particular, so does this loop:
   optimizer step, ``ReduceLROnPlateau`` after the validation (step) or ``on_train_epoch_end``
   (epoch) whose metric it reads;
 - ``on_train_batch_start`` returning -1 ends the epoch without its validation;
+- validation follows the ``val_check_interval``'s batches and a batch that stops the fit, and
+  no other (none at an epoch's end the interval does not reach);
+- a module that overrides ``optimizer_step`` / ``optimizer_zero_grad`` gets them called where
+  Lightning calls them (`trainer.trainer.step_hooks`); one that does not keeps the plain path;
 - a checkpoint taken once the epoch's batches (and its validation) were done resumes at the next
   epoch, without that epoch's ``on_train_epoch_end`` again. (A resume inside an epoch runs
   ``on_train_epoch_start`` for it, which Lightning does not: callbacks set up per-epoch state
@@ -31,14 +35,18 @@ from trainer.runtime.seed import set_rng_states
 from trainer.trainer import profiling
 from trainer.trainer.closure import check_closure_precision, needs_closure, stepping_with
 from trainer.trainer.evaluation_loop import run_eval_epoch
+from trainer.trainer.hook_table import is_overridden
 from trainer.trainer.loaders import is_reload_due, reload_stage
 from trainer.trainer.logger_rows import send_to_loggers
 from trainer.trainer.loss import anomaly_backward, check_finite, loss_of
 from trainer.trainer.manual_step import bind_manual_steps
+from trainer.trainer.module import TrainModule
 from trainer.trainer.optimizer_config import step_schedulers
 from trainer.trainer.options import warn_on_empty_epoch
 from trainer.trainer.preemption import PreemptionSignal, is_preempted, save_and_exit
+from trainer.trainer.step_hooks import HookedStep
 from trainer.trainer.validation_schedule import (
+    is_val_check_batch,
     run_sanity_check,
     should_validate_epoch,
     val_check_batches,
@@ -78,14 +86,30 @@ class FitLoop:
         self._reloaded_at: dict[str, float] = {}  # set when the run starts
 
     def _set_up_schedulers_and_closure(self) -> None:
-        """Whether the fit steps "step" ReduceLROnPlateau schedulers, and LBFGS' closure."""
+        """Whether the fit steps "step" ReduceLROnPlateau schedulers, LBFGS' closure, and the
+        module's optimizer_step / optimizer_zero_grad hooks (only when it overrides them)."""
         trainer = self.trainer
-        is_automatic = trainer.module.automatic_optimization
+        module = trainer.module
+        is_automatic = module.automatic_optimization
         self._has_step_plateau = False  # read again each epoch: callbacks may add schedulers
         optimizer = trainer.optimizers[0] if is_automatic and trainer.optimizers else None
         self._needs_closure = optimizer is not None and needs_closure(optimizer)
         if self._needs_closure:
             check_closure_precision(optimizer, trainer.precision_plugin)
+        self._has_zero_grad_hook = is_automatic and is_overridden(
+            module, "optimizer_zero_grad", TrainModule
+        )
+        self._hooked_step = (
+            HookedStep(
+                module,
+                optimizer,
+                run_batch=self._run_batch,
+                before_step=self._before_step,
+                normalize=trainer.accumulate_grad_batches,
+            )
+            if optimizer is not None and is_overridden(module, "optimizer_step", TrainModule)
+            else None
+        )
         self._closure_batch: tuple[Any, int] | None = None
         self._closure_loss: torch.Tensor | None = None
 
@@ -102,7 +126,11 @@ class FitLoop:
         trainer = self.trainer
         is_manual = not trainer.module.automatic_optimization
         # Manual optimization: optimizer.step() runs the hook and takes a closure (Lightning's).
-        unbind = bind_manual_steps(trainer.optimizers, self._run.hooks) if is_manual else None
+        unbind = (
+            bind_manual_steps(trainer.optimizers, self._run.hooks, trainer.progress)
+            if is_manual
+            else None
+        )
         try:
             self._run.hooks.call("on_train_start")
             while not self._is_done():
@@ -145,12 +173,9 @@ class FitLoop:
             trainer.min_steps is None or trainer.global_step >= trainer.min_steps
         )
 
-    def _is_step_limit_reached(self) -> bool:
-        """The per-batch part of ``_is_done`` (epochs cannot end mid-epoch): steps and time."""
+    def _is_max_steps_reached(self) -> bool:
         max_steps = self.trainer.max_steps
-        if max_steps != -1 and self.trainer.global_step >= max_steps:
-            return True
-        return self.trainer.max_time is not None and self._time_is_up()
+        return max_steps != -1 and self.trainer.global_step >= max_steps
 
     def _time_is_up(self) -> bool:
         max_time = self.trainer.max_time
@@ -178,7 +203,8 @@ class FitLoop:
         run.model.train()
         run.hooks.call("on_train_epoch_start")
         self._has_step_plateau = self._has_schedulers("step", is_plateau=True)
-        val_every = self._val_check_batches()
+        val_every = val_check_batches(trainer, run)  # 0: after the epoch's last batch only
+        is_counted_over_fit = trainer.check_val_every_n_epoch is None
         is_multi_process = trainer.world_size > 1
         is_epoch_complete = True
         is_skipped = False
@@ -190,40 +216,46 @@ class FitLoop:
         )
         for batch_idx, batch in enumerate(batches, start=first_batch_idx):
             progress.batch_idx = batch_idx + 1
+            progress.total_batches += 1
             if self._train_batch(batch, batch_idx) is _SKIP_EPOCH:
-                is_skipped = True
+                is_skipped = True  # Lightning: no validation, the epoch counts as complete
                 break
             if (self.received_signal.signum is not None or is_multi_process) and is_preempted(
                 trainer, self.received_signal
             ):
                 save_and_exit(trainer, self.received_signal)
             is_last = loader.end_of_dataloader
-            if (
-                val_every
-                and (batch_idx + 1) % val_every == 0
-                and not is_last
-                and self._should_validate_epoch()
-            ):
+            # Lightning's rule: after the interval's batches (not again at the epoch's end when
+            # the interval does not divide it), and after a batch that stops the fit: by
+            # should_stop, or by max_time (Lightning's Timer sets should_stop then), checked once.
+            is_time_up = trainer.max_time is not None and self._time_is_up()
+            is_stopping = (trainer.should_stop and self._can_stop_early()) or is_time_up
+            if val_every:  # `is_val_check_batch`, inlined: this runs every batch
+                count = progress.total_batches if is_counted_over_fit else batch_idx + 1
+                is_due = count % val_every == 0
+            else:
+                is_due = is_last
+            if (is_stopping or is_due) and self._should_validate_epoch():
                 self._run_validation()
-            if (trainer.should_stop and self._can_stop_early()) or self._is_step_limit_reached():
+            if self._has_step_plateau:  # after the validation it may read
+                self._step_plateau_after_batch()
+            if is_stopping or self._is_max_steps_reached():
                 is_epoch_complete = is_last
                 break
-            if self._has_step_plateau and not is_last:  # after the validation it may read
-                self._step_plateau_after_batch()
         if first_batch_idx == 0 and progress.batch_idx == 0:  # nothing came: never would
             warn_on_empty_epoch(progress.epoch)
             trainer.should_stop = self._is_exhausted = True
-        is_validated = progress.last_val_step == progress.global_step  # e.g. on resume
-        if (
-            not is_skipped  # Lightning: a skipped epoch does not validate at its end
-            and self._should_validate_epoch()
-            and (is_epoch_complete or trainer.should_stop)
-            and not is_validated
-        ):
-            self._run_validation()
-        if self._has_step_plateau and not is_skipped and progress.batch_idx > first_batch_idx:
-            self._step_plateau_after_batch()
+        elif progress.batch_idx == first_batch_idx and not is_skipped:
+            self._validate_resumed_epoch_end(val_every)
         self._end_train_epoch(is_epoch_complete)
+
+    def _validate_resumed_epoch_end(self, val_every: int) -> None:
+        """Resumed after the epoch's last batch but before the validation that follows it."""
+        progress = self.trainer.progress
+        is_validated = progress.last_val_step == progress.global_step
+        is_due = is_val_check_batch(self.trainer, val_every, progress.batch_idx - 1, is_last=True)
+        if is_due and not is_validated and self._should_validate_epoch():
+            self._run_validation()
 
     def _end_train_epoch(self, is_complete: bool) -> None:
         """Epoch-end hooks and metrics; a stopped epoch keeps its position for resuming."""
@@ -267,32 +299,29 @@ class FitLoop:
             return _SKIP_EPOCH
         is_stepping = False
         if not trainer.module.automatic_optimization:
-            optimizers = trainer.optimizers
-            steps_before = sum(opt.step_count for opt in optimizers)
-            with accelerator.autocast():
+            with accelerator.autocast():  # each optimizer.step() counts a global step
                 output = run.training_step(batch, batch_idx)
-            stepped = sum(opt.step_count for opt in optimizers) - steps_before
-            trainer.progress.global_step += stepped
-            if stepped and trainer.global_step % trainer.log_every_n_steps < stepped:
-                send_to_loggers(trainer, store.step_items(for_logger=True))
+            progress = trainer.progress
+            # Lightning counts every batch as stepped here (whatever the optimizers did): the
+            # loggers' step, and the row due every log_every_n_steps of them.
+            progress.batches_stepped += 1
+            is_stepping = True
+            if progress.batches_stepped % trainer.log_every_n_steps == 0:
+                self.is_step_row_due = True
         else:
             with accelerator.accumulate(run.model):
-                with accelerator.autocast():
-                    output = run.training_step(batch, batch_idx)
-                loss = loss_of(trainer, output, batch_idx)
-                # Lightning's order: gradients are cleared after the step of the window's first
-                # batch, not after the optimizer step, so hooks and callbacks still see them.
-                if batch_idx % trainer.accumulate_grad_batches == 0:
-                    self._zero_grad()
-                if loss is not None:
-                    self.backward(loss)
                 # The Accelerator decides whether this batch ends an accumulation window.
                 is_stepping = accelerator.sync_gradients
-                if is_stepping:
-                    if self._needs_closure:  # LBFGS: its closure's first call returns this loss
-                        self._closure_batch = (batch, batch_idx)
-                        self._closure_loss = None if loss is None else loss.detach()
-                    self._optimizer_step(is_skipped=loss is None)
+                if is_stepping and self._hooked_step is not None:  # the module's optimizer_step
+                    output = self._hooked_step.run(trainer.current_epoch, batch, batch_idx)
+                    self._count_step()
+                else:
+                    output, loss = self._run_batch(batch, batch_idx)
+                    if is_stepping:
+                        if self._needs_closure:  # LBFGS: the closure's first call: this loss
+                            self._closure_batch = (batch, batch_idx)
+                            self._closure_loss = None if loss is None else loss.detach()
+                        self._optimizer_step(is_skipped=loss is None)
             self.is_stepping = is_stepping
         if trainer.checkpoint_io is not None:  # a background save that ended: finish it or raise
             trainer.checkpoint_io.poll()
@@ -304,6 +333,19 @@ class FitLoop:
         if self.is_step_row_due or (is_stepping and trainer.should_stop):
             self.send_step_row()
         return output
+
+    def _run_batch(self, batch: Any, batch_idx: int) -> tuple[Any, torch.Tensor | None]:
+        """``training_step``, then (Lightning's order) ``zero_grad`` on the first batch of a
+        window, so hooks and callbacks still see the last step's gradients, then backward."""
+        trainer = self.trainer
+        with trainer.accelerator.autocast():
+            output = self._run.training_step(batch, batch_idx)
+        loss = loss_of(trainer, output, batch_idx)
+        if batch_idx % trainer.accumulate_grad_batches == 0:
+            self._zero_grad(batch_idx)
+        if loss is not None:
+            self.backward(loss)
+        return output, loss
 
     def send_step_row(self) -> None:
         """Write the training step row (after ``on_train_batch_end``, or before a checkpoint)."""
@@ -330,14 +372,21 @@ class FitLoop:
             check_finite(loss, "training_step (manual_backward)")
         self.backward(loss, **kwargs)
 
-    def _zero_grad(self) -> None:
+    def _zero_grad(self, batch_idx: int) -> None:
         """``on_before_zero_grad``, then clear the gradients (first batch of each window)."""
-        optimizer = self.trainer.optimizers[0]
+        trainer = self.trainer
+        optimizer = trainer.optimizers[0]
         hooks = self._run.hooks
         if hooks["on_before_zero_grad"]:
             hooks.call("on_before_zero_grad", optimizer)
-        # The wrapped optimizer's own zero_grad: the prepared one's is a no-op inside a window.
-        optimizer.optimizer.zero_grad()
+        # The wrapped optimizer's own zero_grad: the prepared one's is a no-op inside a window
+        # (Lightning, too, hands the module's optimizer_zero_grad the torch optimizer).
+        if self._has_zero_grad_hook:
+            trainer.module.optimizer_zero_grad(
+                trainer.current_epoch, batch_idx, optimizer.optimizer
+            )
+        else:
+            optimizer.optimizer.zero_grad()
 
     def _optimizer_step(self, *, is_skipped: bool = False) -> None:
         """Unscale, hook, clip, step; count the step and step the interval schedulers.
@@ -345,9 +394,7 @@ class FitLoop:
         ``is_skipped`` (training_step returned None): as in Lightning, the hook runs and the
         step is counted, but the optimizer does not step.
         """
-        trainer = self.trainer
-        accelerator = trainer.accelerator
-        optimizer = trainer.optimizers[0]
+        optimizer = self.trainer.optimizers[0]
         self._before_step(is_skipped)
         if not is_skipped:
             if self._needs_closure:
@@ -355,13 +402,21 @@ class FitLoop:
                     optimizer.step()
             else:
                 optimizer.step()
-        trainer.progress.global_step += 1
+        self._count_step()
+
+    def _count_step(self) -> None:
+        """Count the optimizer step; step the interval schedulers; mark the logger row due."""
+        trainer = self.trainer
+        accelerator = trainer.accelerator
+        progress = trainer.progress
+        progress.global_step += 1
+        progress.batches_stepped += 1  # = global_step under automatic optimization
         if trainer.lr_scheduler_configs and trainer.module.automatic_optimization:
             if not accelerator.optimizer_step_was_skipped:
                 self._step_schedulers("step", is_plateau=False)
             if self._run.loaders["train"].end_of_dataloader:
                 self._step_schedulers("epoch", is_plateau=False)  # Lightning: before validation
-        if trainer.global_step % trainer.log_every_n_steps == 0:
+        if progress.batches_stepped % trainer.log_every_n_steps == 0:
             self.is_step_row_due = True  # written after on_train_batch_end (`_train_batch`)
 
     def _before_step(self, is_skipped: bool) -> None:
@@ -387,15 +442,7 @@ class FitLoop:
         if self._closure_loss is not None:
             loss, self._closure_loss = self._closure_loss, None
             return loss
-        trainer = self.trainer
-        batch, batch_idx = self._closure_batch
-        with trainer.accelerator.autocast():
-            output = self._run.training_step(batch, batch_idx)
-        loss = loss_of(trainer, output, batch_idx)
-        if batch_idx % trainer.accumulate_grad_batches == 0:
-            self._zero_grad()
-        if loss is not None:
-            self.backward(loss)
+        _, loss = self._run_batch(*self._closure_batch)
         self._before_step(is_skipped=loss is None)
         return None if loss is None else loss.detach()
 
@@ -428,9 +475,6 @@ class FitLoop:
             self._step_schedulers("step", is_plateau=True)
 
     # ---- validation inside fit ------------------------------------------------------------
-    def _val_check_batches(self) -> int:
-        return val_check_batches(self.trainer, self._run)
-
     def _should_validate_epoch(self) -> bool:
         return should_validate_epoch(self.trainer, self._run)
 

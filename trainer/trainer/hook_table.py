@@ -98,7 +98,7 @@ class HookTable:
 
     def call_with_dataloader_idx(self, name: str, *args: Any) -> None:
         """Run evaluation batch hook ``name`` with ``args`` ending in ``dataloader_idx``, which a
-        function written without that parameter (as ``Callback``'s own hooks) does not receive."""
+        callback's override written without that parameter does not receive."""
         takes = self._takes_index.get(name)
         if takes is None:
             takes = [takes_dataloader_idx(raw, len(args) - 1) for raw in self._raw[name]]

@@ -21,11 +21,13 @@ def send_to_loggers(
 ) -> None:
     """Read the values (the one host sync) and write them to every logger on rank zero.
 
-    ``step`` defaults to Lightning's training step: the optimizer steps done before the current
-    batch's, ``global_step - 1`` once it has stepped (every ``log_every_n_steps``: steps n-1,
-    2n-1, ...; epoch-end rows share the step of the epoch's last batch, -1 when no optimizer
-    step was taken yet, as in Lightning). Rows carry ``epoch`` unless ``has_epoch`` is False
-    (Lightning's validation/test step rows).
+    ``step`` defaults to Lightning's training step: the batches that stepped before the current
+    one, ``progress.batches_stepped - 1`` once it has stepped (every ``log_every_n_steps``:
+    steps n-1, 2n-1, ...; epoch-end rows share the step of the epoch's last batch, -1 when no
+    batch stepped yet, as in Lightning). Under automatic optimization that count is
+    ``global_step``; under manual optimization every batch counts once, however many
+    optimizers it stepped. Rows carry ``epoch`` unless ``has_epoch`` is False (Lightning's
+    validation/test step rows).
     """
     if not items or not trainer.loggers or not trainer.is_global_zero:
         return
@@ -35,7 +37,7 @@ def send_to_loggers(
 
 def _write_row(trainer: Trainer, items: dict[str, Any], step: int | None, has_epoch: bool) -> None:
     if step is None:
-        step = trainer.progress.global_step - 1
+        step = trainer.progress.batches_stepped - 1
     metrics = {name: to_float(value) for name, value in items.items()}
     if has_epoch:
         metrics.setdefault("epoch", float(trainer.progress.epoch))
@@ -44,11 +46,13 @@ def _write_row(trainer: Trainer, items: dict[str, Any], step: int | None, has_ep
 
 
 def eval_epoch_step(trainer: Trainer) -> int:
-    """Lightning's step for validation/test epoch rows: within fit, the optimizer steps taken
-    before the current batch's (the step of its training row); otherwise all of them."""
-    step = trainer.progress.global_step
-    if trainer.state.stage == "fit" and trainer.accelerator.sync_gradients:
-        step -= 1  # this batch stepped: its row is at global_step - 1
+    """Lightning's step for validation/test epoch rows: within fit, the batches that stepped
+    before the current one (the step of its training row); otherwise all of them."""
+    step = trainer.progress.batches_stepped
+    if trainer.state.stage == "fit" and (
+        trainer.accelerator.sync_gradients or not trainer.module.automatic_optimization
+    ):
+        step -= 1  # this batch stepped (manual optimization: every batch counts)
     return step
 
 

@@ -19,14 +19,22 @@ from trainer.trainer.closure import needs_closure, stepping_with
 
 if TYPE_CHECKING:
     from trainer.trainer.hook_table import HookTable
+    from trainer.trainer.run import Progress
 
 __all__ = ["bind_manual_steps"]
 
 
-def bind_manual_steps(optimizers: list[Any], hooks: HookTable) -> Callable[[], None]:
-    """Make each prepared optimizer's ``step(closure=None)`` Lightning's; return the undo."""
+def bind_manual_steps(
+    optimizers: list[Any], hooks: HookTable, progress: Progress
+) -> Callable[[], None]:
+    """Make each prepared optimizer's ``step(closure=None)`` Lightning's; return the undo.
+
+    Each step taken counts one ``progress.global_step`` as it returns (so ``self.global_step``
+    inside ``training_step`` is current after each, as in Lightning); one the ``16-mixed``
+    grad scaler skipped does not count (docs/precision.md).
+    """
     for optimizer in optimizers:
-        optimizer.step = partial(_step, optimizer, hooks)
+        optimizer.step = partial(_step, optimizer, hooks, progress)
 
     def unbind() -> None:
         for optimizer in optimizers:
@@ -35,7 +43,12 @@ def bind_manual_steps(optimizers: list[Any], hooks: HookTable) -> Callable[[], N
     return unbind
 
 
-def _step(optimizer: Any, hooks: HookTable, closure: Callable[[], Any] | None = None) -> Any:
+def _step(
+    optimizer: Any,
+    hooks: HookTable,
+    progress: Progress,
+    closure: Callable[[], Any] | None = None,
+) -> Any:
     """Run ``closure`` (if any) and ``on_before_optimizer_step``, then step; return what the
     closure returned first."""
     if closure is not None and not callable(closure):
@@ -53,6 +66,7 @@ def _step(optimizer: Any, hooks: HookTable, closure: Callable[[], Any] | None = 
         return result
 
     prepared_step = type(optimizer).step  # the class's: through the strategy and precision
+    steps_before = optimizer.step_count
     if closure is not None or needs_closure(optimizer):
         with stepping_with(optimizer, run_closure):  # the optimizer calls it (LBFGS: often)
             prepared_step(optimizer)
@@ -61,4 +75,5 @@ def _step(optimizer: Any, hooks: HookTable, closure: Callable[[], Any] | None = 
         prepared_step(optimizer)
     if not results:  # the prepared optimizer did not step (it never does while accumulating)
         run_closure()
+    progress.global_step += optimizer.step_count - steps_before
     return results[0]

@@ -188,6 +188,48 @@ class TrainModule(_HyperparameterMixin, ModuleHooks, torch.nn.Module):
         else:
             scheduler.step(metric)
 
+    def optimizer_step(
+        self,
+        epoch: int,
+        batch_idx: int,
+        optimizer: Any,
+        optimizer_closure: Callable[[], Any] | None = None,
+    ) -> None:
+        """Step the optimizer on each batch that steps (automatic optimization; Lightning's hook).
+
+        ``optimizer_closure`` runs the batch's ``training_step``, ``zero_grad`` and backward;
+        ``optimizer.step(closure=optimizer_closure)`` runs it, then ``on_before_optimizer_step``
+        and gradient clipping, then steps. Override it to act around the step, and call the
+        closure in any case (``optimizer_closure()`` alone trains without stepping). Not called
+        while gradients accumulate, nor under manual optimization.
+
+        Args:
+            epoch: the current epoch.
+            batch_idx: the index of the batch inside the epoch.
+            optimizer: the prepared optimizer (``self.optimizers()``).
+            optimizer_closure: the batch's training closure.
+
+        Examples:
+            >>> def optimizer_step(self, epoch, batch_idx, optimizer, optimizer_closure):
+            ...     scale = min(1.0, (self.trainer.global_step + 1) / 500)  # warm-up
+            ...     for group in optimizer.param_groups:
+            ...         group["lr"] = scale * 1e-3
+            ...     optimizer.step(closure=optimizer_closure)
+        """
+        optimizer.step(closure=optimizer_closure)
+
+    def optimizer_zero_grad(self, epoch: int, batch_idx: int, optimizer: Any) -> None:
+        """Clear the gradients on the first batch of each accumulation window (automatic
+        optimization; Lightning's hook), after ``training_step``, before backward.
+
+        Args:
+            epoch: the current epoch.
+            batch_idx: the index of the batch inside the epoch.
+            optimizer: the torch optimizer (not the prepared one, whose ``zero_grad`` does
+                nothing inside an accumulation window).
+        """
+        optimizer.zero_grad()
+
     # ---- logging --------------------------------------------------------------------------
     def log(
         self,

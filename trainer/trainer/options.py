@@ -237,7 +237,12 @@ def check_clip(value: float | None, algorithm: str) -> str:
     return algorithm
 
 
-def check_val_interval(value: int | float) -> int | float:
+def check_val_interval(value: int | float, check_val_every_n_epoch: int | None) -> int | float:
+    """``val_check_interval``: a fraction of an epoch in (0.0, 1.0], or an int of batches.
+
+    A fraction other than 1.0 needs epochs to count it in: with ``check_val_every_n_epoch=None``
+    it is refused, as Lightning refuses it.
+    """
     if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
         raise ConfigurationError(
             f"Trainer(val_check_interval={describe(value)}): expected a float in (0.0, 1.0] "
@@ -247,6 +252,12 @@ def check_val_interval(value: int | float) -> int | float:
         raise ConfigurationError(
             f"Trainer(val_check_interval={value}): a float must be in (0.0, 1.0]; for a count of "
             "batches pass an int."
+        )
+    if isinstance(value, float) and value != 1.0 and check_val_every_n_epoch is None:
+        raise ConfigurationError(
+            f"Trainer(val_check_interval={value}, check_val_every_n_epoch=None): a fraction of "
+            "an epoch needs epochs to count in. Pass an int number of training batches, or "
+            "set check_val_every_n_epoch."
         )
     return value
 

@@ -29,6 +29,12 @@ class Progress:
     global_step: int = 0  # optimizer steps taken
     batch_idx: int = 0  # next batch index inside the current epoch
     last_val_step: int = -1  # global step of the last validation during fit
+    # Training batches started in the whole fit (Lightning's total_batch_idx + 1): what
+    # val_check_interval counts with check_val_every_n_epoch=None.
+    total_batches: int = 0
+    # Batches that stepped (automatic optimization: = global_step) or ran (manual optimization,
+    # where global_step counts every optimizer's steps): the step loggers write rows at.
+    batches_stepped: int = 0
 
 
 @dataclass

@@ -38,7 +38,7 @@ from trainer.trainer.fit_loop import FitLoop, run_sanity_check
 from trainer.trainer.hook_table import HookTable
 from trainer.trainer.loaders import load_stage, reset_train_loader
 from trainer.trainer.logger_rows import log_hyperparams
-from trainer.trainer.metrics import stage_stores, to_float
+from trainer.trainer.metrics import stage_stores
 from trainer.trainer.module import DataModule, TrainModule
 from trainer.trainer.module_hooks import warn_on_lightning_hooks
 from trainer.trainer.optimizer_config import SchedulerConfig
@@ -71,6 +71,7 @@ from trainer.trainer.prepare import (
     prepare_steps,
 )
 from trainer.trainer.properties import TrainerProperties
+from trainer.trainer.results_table import eval_results
 from trainer.trainer.run import Progress, Run, TrainerState
 
 __all__ = ["Progress", "Trainer", "TrainerState"]
@@ -154,11 +155,11 @@ class Trainer(TrainerProperties):
         )
         self.gradient_clip_val = gradient_clip_val
         self.gradient_clip_algorithm = check_clip(gradient_clip_val, gradient_clip_algorithm)
-        self.val_check_interval = 1.0 if dev_batches else check_val_interval(val_check_interval)
-        self.check_val_every_n_epoch = (
-            None
-            if check_val_every_n_epoch is None
-            else check_positive_int("check_val_every_n_epoch", check_val_every_n_epoch)
+        if check_val_every_n_epoch is not None:
+            check_positive_int("check_val_every_n_epoch", check_val_every_n_epoch)
+        self.check_val_every_n_epoch = 1 if dev_batches else check_val_every_n_epoch
+        self.val_check_interval = (
+            1.0 if dev_batches else check_val_interval(val_check_interval, check_val_every_n_epoch)
         )
         self.num_sanity_val_steps = 0 if dev_batches else check_sanity_steps(num_sanity_val_steps)
         self.overfit_batches = check_overfit_batches(overfit_batches)
@@ -270,20 +271,24 @@ class Trainer(TrainerProperties):
         module: TrainModule | None = None,
         dataloaders: EvalData = None,
         ckpt_path: str | None = None,
+        verbose: bool = True,
         datamodule: DataModule | None = None,
     ) -> list[dict[str, float]]:
-        """Run one validation epoch; return ``[{metric: value}]``, one dict per dataloader."""
-        return self._run_eval("validation", module, dataloaders, ckpt_path, datamodule)
+        """Run one validation epoch; return ``[{metric: value}]``, one dict per dataloader
+        (with ``verbose``, also printed as Lightning's table on global rank zero)."""
+        return self._run_eval("validation", module, dataloaders, ckpt_path, datamodule, verbose)
 
     def test(
         self,
         module: TrainModule | None = None,
         dataloaders: EvalData = None,
         ckpt_path: str | None = None,
+        verbose: bool = True,
         datamodule: DataModule | None = None,
     ) -> list[dict[str, float]]:
-        """Run one test epoch; return ``[{metric: value}]``, one dict per dataloader."""
-        return self._run_eval("test", module, dataloaders, ckpt_path, datamodule)
+        """Run one test epoch; return ``[{metric: value}]``, one dict per dataloader
+        (with ``verbose``, also printed as Lightning's table on global rank zero)."""
+        return self._run_eval("test", module, dataloaders, ckpt_path, datamodule, verbose)
 
     def predict(
         self,
@@ -303,6 +308,7 @@ class Trainer(TrainerProperties):
         dataloaders: Any,
         ckpt_path: str | None,
         datamodule: DataModule | None,
+        verbose: bool = False,
     ) -> Any:
         run_stage = STAGE_OF[stage]
         module = module if module is not None else self.module
@@ -315,13 +321,15 @@ class Trainer(TrainerProperties):
         try:
             self._setup(run_stage, {stage: dataloaders}, ckpt_path)
             result = run_eval_epoch(self, self._run, stage)
+            if stage != "predict":  # floats; Lightning's table printed on rank zero
+                result = eval_results(result, run_stage, verbose=verbose and self.is_global_zero)
         except BaseException as err:
             self._handle_exception(err, run_stage)
             raise
         self._teardown(run_stage, "finished")
         if stage == "predict":  # one list of outputs per dataloader; Lightning unwraps one
             return result[0] if len(result) == 1 else result
-        return [{k: to_float(v) for k, v in outputs.items()} for outputs in result]
+        return result
 
     def save_checkpoint(
         self, filepath: str | os.PathLike[str], weights_only: bool = False

@@ -19,7 +19,13 @@ if TYPE_CHECKING:
     from trainer.trainer.run import Run
     from trainer.trainer.trainer import Trainer
 
-__all__ = ["has_validation", "run_sanity_check", "should_validate_epoch", "val_check_batches"]
+__all__ = [
+    "has_validation",
+    "is_val_check_batch",
+    "run_sanity_check",
+    "should_validate_epoch",
+    "val_check_batches",
+]
 
 
 def run_sanity_check(trainer: Trainer, run: Run) -> None:
@@ -56,21 +62,48 @@ def has_validation(trainer: Trainer, run: Run) -> bool:
 
 
 def val_check_batches(trainer: Trainer, run: Run) -> int:
-    """Run validation every this many train batches inside the epoch (0: only at the end)."""
+    """Validate after every this many train batches (0: after an epoch's last batch only).
+
+    Lightning's ``val_check_batch``: an int ``val_check_interval`` as given, a float that
+    fraction of the epoch's batches (at least 1; 1.0 is the whole epoch); 0 when the loader has
+    no length and the interval is 1.0. The batches are counted inside the epoch, or over the
+    whole fit with ``check_val_every_n_epoch=None`` (`is_val_check_batch`).
+
+    Raises:
+        ConfigurationError: an int interval longer than the epoch while
+            ``check_val_every_n_epoch`` counts epochs (Lightning's check).
+    """
     if not has_validation(trainer, run):
         return 0
     interval = trainer.val_check_interval
+    batches = trainer.num_training_batches
     if isinstance(interval, int):
-        if interval > trainer.num_training_batches:
+        limit = trainer.limit_batches["validation"]
+        if (
+            interval > batches
+            and trainer.check_val_every_n_epoch is not None
+            and (limit is None or limit > 0)
+        ):
             raise ConfigurationError(
-                f"Trainer(val_check_interval={interval}) is more than the "
-                f"{trainer.num_training_batches} training batches per epoch. Use a smaller "
-                "int, or a float fraction of the epoch."
+                f"Trainer(val_check_interval={interval}) is more than the {batches} training "
+                "batches per epoch. Use a smaller int, a float fraction of the epoch, or "
+                "check_val_every_n_epoch=None to count batches over the whole fit."
             )
         return interval
-    if interval >= 1.0 or math.isinf(trainer.num_training_batches):
+    if math.isinf(batches):
         return 0
-    return max(1, int(trainer.num_training_batches * interval))
+    return max(1, int(batches * interval))
+
+
+def is_val_check_batch(trainer: Trainer, every: int, batch_idx: int, *, is_last: bool) -> bool:
+    """Whether the batch ``batch_idx`` just trained is one validation follows (Lightning's
+    ``_should_check_val_fx`` for batch intervals; the epoch and ``should_stop`` are the
+    caller's). ``every`` is `val_check_batches`' answer."""
+    if not every:
+        return is_last
+    if trainer.check_val_every_n_epoch is None:  # counted over the whole fit
+        return trainer.progress.total_batches % every == 0
+    return (batch_idx + 1) % every == 0
 
 
 def should_validate_epoch(trainer: Trainer, run: Run) -> bool:

@@ -1,0 +1,75 @@
+"""Parity by difference: when validation runs inside ``fit``, on lightning.pytorch 2.6 and trainer.
+
+Lightning's rule (``_should_check_val_fx``): in an epoch ``check_val_every_n_epoch`` selects,
+validation runs after the batches whose index + 1 is a multiple of ``val_check_interval`` in
+batches (a float: that fraction of the epoch's batches, at least 1) — counted inside the epoch,
+or over the whole fit when ``check_val_every_n_epoch=None`` — and after a batch that asks to
+stop (``should_stop``, once ``min_epochs`` / ``min_steps`` allow it); there is no extra
+validation at the epoch's end when the interval does not divide the epoch. Each scenario
+records where each validation started (epoch, global_step), the epoch ends, and the final
+weights, on both frameworks; Lightning's run is the expected value.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+import trainer
+from tests.parity.frameworks import LIGHTNING, TRAINER, loader, quiet, recording_callback
+from tests.parity.frameworks import regression as regression_class
+
+# Not on_train_end: its current_epoch after a stop inside an epoch is a deliberate difference
+# (docs/migration/lightning.md), compared in test_loop_features.py.
+_HOOKS = ("on_validation_start", "on_train_epoch_end")
+
+
+def _run(fw: Any, *, train: int = 20, stop_at: int | None = None, **options: Any) -> Any:
+    calls: list[Any] = []
+
+    class Stopping(regression_class(fw.Module)):  # type: ignore[misc]
+        def on_train_batch_end(self, outputs, batch, batch_idx):
+            if stop_at is not None and self.global_step == stop_at:
+                self.trainer.should_stop = True
+
+    recorder = recording_callback(fw.Callback, calls, _HOOKS)
+    options = quiet(num_sanity_val_steps=0, **{"max_epochs": 3, **options})
+    fit = fw.trainer(callbacks=[recorder], **options)
+    module = Stopping()
+    fit.fit(module, loader(train), loader(4, seed=1))
+    weight = [round(v, 5) for v in module.net.weight.detach().flatten().tolist()]
+    return calls, fit.global_step, weight
+
+
+@pytest.mark.parametrize(
+    "options",
+    [
+        {"val_check_interval": 0.3},  # 10 batches: after 3, 6 and 9; not after the 10th
+        {"val_check_interval": 0.25},  # int(2.5) = 2: after 2, 4, 6, 8 and 10
+        {"val_check_interval": 3},
+        {"val_check_interval": 4, "accumulate_grad_batches": 3},
+        {"val_check_interval": 0.3, "limit_train_batches": 7},  # int(2.1) = 2 of 7 batches
+        {"val_check_interval": 0.5},
+        {"val_check_interval": 3, "check_val_every_n_epoch": 2},
+        {"val_check_interval": 7, "check_val_every_n_epoch": None},  # over the whole fit
+        {"val_check_interval": 25, "check_val_every_n_epoch": None},  # longer than an epoch
+        {"check_val_every_n_epoch": None},  # 1.0: once per epoch's worth of batches
+        {"val_check_interval": 3, "max_steps": 7},  # max_steps ends the fit between checks
+        {"val_check_interval": 3, "max_steps": 20},  # on an epoch's end, between checks
+        {"val_check_interval": 0.3, "stop_at": 5},  # should_stop: validates at once
+    ],
+    ids=lambda options: ",".join(f"{k}={v}" for k, v in options.items()),
+)
+def test_validation_runs_where_lightning_runs_it(options: dict[str, Any]) -> None:
+    expected = _run(LIGHTNING, **options)
+    assert any(call[0] == "on_validation_start" for call in expected[0]), "no validation ran"
+    assert _run(TRAINER, **options) == expected
+
+
+def test_fraction_with_check_val_every_n_epoch_none_is_refused() -> None:
+    """Lightning refuses a float interval without epochs to count it in; so does trainer."""
+    with pytest.raises(Exception, match="val_check_interval"):
+        LIGHTNING.trainer(val_check_interval=0.5, check_val_every_n_epoch=None)
+    with pytest.raises(trainer.ConfigurationError, match="val_check_interval=0.5"):
+        TRAINER.trainer(val_check_interval=0.5, check_val_every_n_epoch=None)
