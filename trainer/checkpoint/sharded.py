@@ -3,8 +3,9 @@
 Owns the save and load shared by the strategies whose state is split over ranks (FSDP,
 Megatron). On save, every rank writes its shards into one staging folder beside the checkpoint;
 rank 0 then moves that folder to ``<name>/dcp`` inside the atomic directory and writes the JSON
-state and the manifest next to it. On load, every rank verifies and reads the JSON state, then
-DCP fills the state dicts the strategy built for this rank.
+state and the manifest next to it (`agree_on_staging`, `commit_staged`; the background form,
+with DCP's ``async_save``, is ``sharded_async.py`` and commits the same way). On load, every rank
+verifies and reads the JSON state, then DCP fills the state dicts the strategy built for this rank.
 
 Loading runs no code from the files, even when an attacker re-hashed the manifest. DCP keeps its
 ``.metadata`` as a pickle and unpickles byte items (non-tensor values: learning rates, ...) with
@@ -24,14 +25,13 @@ from __future__ import annotations
 import io
 import os
 import shutil
-import uuid
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 
-from trainer.checkpoint.atomic import atomic_directory, refusal_to_replace
+from trainer.checkpoint.atomic import atomic_directory, process_tag, refusal_to_replace
 from trainer.checkpoint.format import read_checkpoint, write_checkpoint_files
 from trainer.checkpoint.paths import resolve_inside
 from trainer.checkpoint.safe_unpickle import load_weights_only, restricted_loads
@@ -43,6 +43,8 @@ if TYPE_CHECKING:
 __all__ = [
     "DCP_DIR",
     "ShardedStrategy",
+    "agree_on_staging",
+    "commit_staged",
     "has_sharded_state",
     "load_sharded_checkpoint",
     "safe_storage_reader",
@@ -116,10 +118,9 @@ def save_staged_checkpoint(
 ) -> None:
     """Every rank writes its shards to one staging folder; rank 0 commits it as ``path/subdir``.
 
-    The staging folder is a hidden sibling of ``path`` (``.<name>.tmp-<subdir>-<token>``, so a
-    crash leaves nothing that looks like a checkpoint). Rank 0 then builds the checkpoint in an
-    atomic directory: the staging folder moved in as ``subdir``, ``rest`` written as JSON and
-    tensor files, and the manifest over all of it. Every rank must call it.
+    The staging folder is a hidden sibling of ``path`` (`agree_on_staging`), so a crash leaves
+    nothing that looks like a checkpoint. Rank 0 then builds the checkpoint in an atomic
+    directory (`commit_staged`). Every rank must call it.
 
     Args:
         strategy: gives the collectives and ranks (broadcast, barrier, is_global_zero).
@@ -133,24 +134,62 @@ def save_staged_checkpoint(
             on rank 0, when it could not create, write or rename the directory.
     """
     final = Path(path)
-    # One collective tells every rank the staging name and whether rank 0 may write at path,
-    # so a refusal is raised on all ranks instead of leaving the others at the barrier.
-    token, refusal = strategy.broadcast(
-        (uuid.uuid4().hex[:12], refusal_to_replace(final)) if strategy.is_global_zero else None
-    )
-    if refusal is not None:
-        raise CheckpointError(refusal)
-    staging = final.parent / f".{final.name}.tmp-{subdir}-{token}"
+    staging = agree_on_staging(strategy, final, subdir)
     write_shards(staging)
     strategy.barrier()
     if strategy.is_global_zero:
-        try:
-            with atomic_directory(final) as directory:
-                os.rename(staging, directory / subdir)
-                write_checkpoint_files(directory, rest, world_size=strategy.world_size)
-        finally:
-            shutil.rmtree(staging, ignore_errors=True)
+        commit_staged(final, staging, subdir, rest, world_size=strategy.world_size)
     strategy.barrier()
+
+
+def agree_on_staging(
+    strategy: ShardedStrategy,
+    final: Path,
+    subdir: str,
+    check: Callable[[], str | None] | None = None,
+) -> Path:
+    """The staging folder every rank writes its shards to, named by rank 0 (a collective).
+
+    It is a hidden sibling of ``final``, ``.<name>.<subdir>.tmp-<pid>-<host>-<id>`` after rank 0's
+    process, so `trainer.checkpoint.atomic.remove_stale_temporaries` removes it once that process
+    is gone (a killed save). One broadcast carries the name and whether rank 0 may write at
+    ``final`` (and ``check``'s refusal, run on rank 0), so a refusal is raised on every rank
+    instead of leaving the others waiting in a collective.
+
+    Raises:
+        CheckpointError: on every rank, when ``final`` holds something that is not a checkpoint
+            or ``check`` returned a reason.
+    """
+    proposal = None
+    if strategy.is_global_zero:
+        refusal = refusal_to_replace(final) or (check() if check is not None else None)
+        proposal = (f".{final.name}.{subdir}.tmp-{process_tag()}", refusal)
+    name, refusal = strategy.broadcast(proposal)
+    if refusal is not None:
+        raise CheckpointError(refusal)
+    return final.parent / name
+
+
+def commit_staged(
+    final: Path, staging: Path, subdir: str, rest: dict[str, Any], *, world_size: int
+) -> None:
+    """On rank 0, once every rank's shards are in ``staging``: make the checkpoint ``final``.
+
+    ``staging`` is moved into an atomic directory as ``subdir``, ``rest`` is written next to it
+    (``write_checkpoint_files``: JSON, tensor files, and the manifest over every file, shards
+    included), and the directory is renamed into place. ``staging`` is gone afterwards, whatever
+    happened.
+
+    Raises:
+        CheckpointError: the directory could not be created, written or renamed; an earlier
+            checkpoint at ``final`` is intact.
+    """
+    try:
+        with atomic_directory(final) as directory:
+            os.rename(staging, directory / subdir)
+            write_checkpoint_files(directory, rest, world_size=world_size)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
 
 
 def load_sharded_checkpoint(

@@ -1,11 +1,14 @@
 """Checkpoints copied off the device at the step boundary and written on a background thread.
 
-This module owns the snapshot (every tensor of the checkpoint copied to host memory, pinned on
-CUDA), the one writer thread, the one save in flight (`PendingSave`), and running on the training
-thread what has to wait until a save is complete (a ModelCheckpoint's rotation and ``last`` swap).
+This module owns the one writer thread, the one save in flight (`PendingSave`), and running on the
+training thread what has to wait until a save is complete (a ModelCheckpoint's rotation and
+``last`` swap). The copy of the state it writes is `trainer.plugins.async_snapshot`'s (every
+tensor copied to host memory, pinned on CUDA; re-exported here).
 It does not own the file format, hashing, fsync or the atomic rename: the background thread calls
-the same `trainer.checkpoint.write_checkpoint` as a synchronous save. Nor does it decide when or
-what to save (``ModelCheckpoint``) or where the loop checks on the save (``trainer/trainer/trainer.py``).
+the same `trainer.checkpoint.write_checkpoint` as a synchronous save, or, for a strategy whose
+every rank writes shards (FSDP's SHARDED state dicts), finishes the sharded save that
+`trainer.plugins.async_sharded` started with DCP's ``async_save``. Nor does it decide when or what
+to save (``ModelCheckpoint``) or where the loop checks on the save (``trainer/trainer/trainer.py``).
 
 The guarantees of a synchronous save hold (DESIGN §6, docs/checkpointing.md "Asynchronous saves"):
 a checkpoint appears under its name only when complete; it holds the state of its own step; at
@@ -17,21 +20,21 @@ complete.
 from __future__ import annotations
 
 import concurrent.futures
-import copy
-import dataclasses
+import functools
 import logging
 import sys
 import time
 import warnings
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 
-from trainer.checkpoint.codec import encode
 from trainer.checkpoint.format import write_checkpoint
 from trainer.errors import CheckpointError
+from trainer.plugins.async_sharded import ShardedSaves, saves_sharded
+from trainer.plugins.async_snapshot import Snapshot, snapshot_checkpoint
 
 if TYPE_CHECKING:
     import os
@@ -43,6 +46,7 @@ __all__ = [
     "AsyncCheckpointIO",
     "PendingSave",
     "Snapshot",
+    "Writer",
     "find_checkpoint_io",
     "snapshot_checkpoint",
 ]
@@ -51,20 +55,35 @@ _log = logging.getLogger(__name__)
 _THREAD_NAME = "trainer-async-checkpoint"
 
 
-@dataclasses.dataclass
-class Snapshot:
-    """A checkpoint copied to host memory, as the writer thread writes it.
+class Writer(Protocol):
+    """What a `PendingSave` writes with: the jobs for the writer thread, and the memory after."""
 
-    Attributes:
-        checkpoint: the copy (same structure; every tensor a host tensor of its own).
-        events: CUDA events recorded after the device-to-host copies (none on CPU); the writer
-            synchronizes on them before reading.
-        buffers: the host tensors allocated for it, reused by the next snapshot once written.
-    """
+    def prepare(self, path: Path) -> Callable[[], None]:
+        """On the training thread: the job that writes to ``path`` on the writer thread."""
+        ...
 
-    checkpoint: dict[str, Any]
-    events: list[Any]
-    buffers: list[torch.Tensor]
+    def release(self) -> list[torch.Tensor]:
+        """Once every job ended: host tensors the next snapshot may reuse."""
+        ...
+
+
+class _SnapshotWriter:
+    """Process 0 writes a whole-state `Snapshot` with the synchronous writer (single, DDP, FULL)."""
+
+    def __init__(self, snapshot: Snapshot, world_size: int) -> None:
+        self._snapshot = snapshot
+        self._world_size = world_size
+
+    def prepare(self, path: Path) -> Callable[[], None]:
+        return functools.partial(self._write, path)
+
+    def _write(self, path: Path) -> None:
+        for event in self._snapshot.events:  # the device-to-host copies
+            event.synchronize()
+        write_checkpoint(path, self._snapshot.checkpoint, world_size=self._world_size)
+
+    def release(self) -> list[torch.Tensor]:
+        return self._snapshot.buffers
 
 
 class PendingSave:
@@ -81,20 +100,17 @@ class PendingSave:
         paths: every destination of this snapshot (``path``, then those of `also_write`).
     """
 
-    def __init__(
-        self, io: AsyncCheckpointIO, path: Path, snapshot: Snapshot | None, world_size: int = 1
-    ) -> None:
+    def __init__(self, io: AsyncCheckpointIO, path: Path, writer: Writer | None) -> None:
         self.path = path
         self.paths = [path]
         self._io = io
-        self._snapshot = snapshot  # None on a process that writes nothing (not process 0)
-        self._is_writer = snapshot is not None
-        self._world_size = world_size
+        self._writer = writer  # None on a process that writes nothing (not process 0 under DDP)
+        self._is_writer = writer is not None
         self._futures: list[concurrent.futures.Future[None]] = []
         self._continuations: list[Callable[[], None]] = []
         self._error: BaseException | None = None  # set by the writer thread
         self._failed_path: Path | None = None
-        self._is_finished = snapshot is None  # written and its continuations run (or failed)
+        self._is_finished = writer is None  # written and its continuations run (or failed)
 
     @property
     def is_complete(self) -> bool:
@@ -120,7 +136,9 @@ class PendingSave:
         It belongs to this save: complete when both are, from one copy of the state.
 
         Raises:
-            CheckpointError: the save is already complete (its copy of the state is released).
+            CheckpointError: the save is already complete (its copy of the state is released),
+                or, for a sharded save (every process calls it then), ``path`` holds something
+                that is not a checkpoint.
         """
         path = Path(path)
         if self._is_writer and self._is_finished:
@@ -130,8 +148,8 @@ class PendingSave:
                 "save_checkpoint, before the next step boundary."
             )
         self.paths.append(path)
-        if self._snapshot is not None:
-            self._futures.append(self._io._submit(self, path))
+        if self._writer is not None:  # sharded: every process agrees on its staging folder here
+            self._futures.append(self._io._submit(self, path, self._writer.prepare(path)))
 
     def wait(self) -> None:
         """Block until complete; then run what waited for it.
@@ -143,15 +161,12 @@ class PendingSave:
             self._io._wait_for(self)
 
     # ---- the writer thread ----------------------------------------------------------------
-    def _write(self, path: Path) -> None:
-        """On the writer thread: wait for the device copies, then write atomically."""
-        snapshot = self._snapshot
-        if self._error is not None or snapshot is None:  # an earlier destination failed
+    def _run(self, path: Path, job: Callable[[], None]) -> None:
+        """On the writer thread: write one destination, unless an earlier one failed."""
+        if self._error is not None:
             return
         try:
-            for event in snapshot.events:
-                event.synchronize()
-            write_checkpoint(path, snapshot.checkpoint, world_size=self._world_size)
+            job()
         except BaseException as err:  # kept for the training thread, which raises it
             self._error, self._failed_path = err, path
 
@@ -168,9 +183,13 @@ class AsyncCheckpointIO:
     files, sha256, fsync, atomic rename). At most one save is in flight: a new one first waits
     for the previous. Extra host memory: one copy of the checkpoint's tensors.
 
+    Under FSDP's SHARDED state dicts every process copies its own shards and writes them with
+    ``torch.distributed.checkpoint.async_save``; process 0 commits the checkpoint (manifest,
+    digests, rename) once every process wrote its part (`trainer.plugins.async_sharded`).
+
     A save runs in the background only while ``fit`` runs; elsewhere (after ``fit``, in
-    ``on_exception``) it is synchronous. Strategies that write their own files (FSDP / DCP,
-    DeepSpeed, Megatron, XLA) save synchronously, with a warning the first time.
+    ``on_exception``) it is synchronous. Strategies that write through their own engine
+    (DeepSpeed, Megatron, XLA) save synchronously, with a warning the first time.
 
     Attributes:
         last_wait_s: seconds the latest save waited for the one before it.
@@ -196,6 +215,7 @@ class AsyncCheckpointIO:
         self._executor: concurrent.futures.ThreadPoolExecutor | None = None
         self._waited = 0.0  # since the latest save started
         self._spare: list[torch.Tensor] = []  # the last snapshot's host memory, once written
+        self._sharded = ShardedSaves()  # the group and stager of sharded saves, during a stage
         self._warned: set[str] = set()
 
     def save_checkpoint(
@@ -217,21 +237,28 @@ class AsyncCheckpointIO:
                 previous background save failed.
         """
         self.wait()  # at most one in flight
-        if not in_background or not _writes_with_common_writer(strategy):
+        is_sharded = saves_sharded(strategy)
+        if not in_background or not (is_sharded or _writes_with_common_writer(strategy)):
             if in_background:
                 self._warn_synchronous(strategy)
             strategy.save_checkpoint(path, checkpoint)
             return None
         self.last_wait_s, self._waited = self._waited, 0.0
-        if not strategy.is_global_zero:  # as the synchronous path: only process 0 writes
+        if not is_sharded and not strategy.is_global_zero:  # as synchronously: process 0 writes
             return PendingSave(self, Path(path), None)
         start = time.perf_counter()
-        snapshot = snapshot_checkpoint(checkpoint, spare=self._spare)
-        self._spare = []  # those not reused are freed
+        writer: Writer
+        if is_sharded:  # every process copies and writes its shards
+            writer = self._sharded.start(strategy, path, checkpoint)
+        else:
+            writer = _SnapshotWriter(
+                snapshot_checkpoint(checkpoint, spare=self._spare), strategy.world_size
+            )
+            self._spare = []  # those not reused are freed
         self.last_snapshot_s = time.perf_counter() - start
-        pending = PendingSave(self, Path(path), snapshot, strategy.world_size)
+        pending = PendingSave(self, Path(path), writer)
         self._in_flight = pending
-        pending._futures.append(self._submit(pending, pending.path))
+        pending._futures.append(self._submit(pending, pending.path, writer.prepare(pending.path)))
         self.save_count += 1
         _log.debug(
             "checkpoint %s: snapshot in %.3f s, written in the background (waited %.3f s for "
@@ -283,14 +310,17 @@ class AsyncCheckpointIO:
         finally:
             self._stop_thread()
             self._spare = []  # no host copy is kept once the stage is over
+            self._sharded.release(is_clean=status == "finished")
 
     # ---- internals -------------------------------------------------------------------------
-    def _submit(self, pending: PendingSave, path: Path) -> concurrent.futures.Future[None]:
+    def _submit(
+        self, pending: PendingSave, path: Path, job: Callable[[], None]
+    ) -> concurrent.futures.Future[None]:
         if self._executor is None:
             self._executor = concurrent.futures.ThreadPoolExecutor(
                 max_workers=1, thread_name_prefix=_THREAD_NAME
             )
-        return self._executor.submit(pending._write, path)
+        return self._executor.submit(pending._run, path, job)
 
     def _wait_for(self, pending: PendingSave) -> None:
         if not pending._is_written():
@@ -309,8 +339,8 @@ class AsyncCheckpointIO:
         if pending._is_finished:
             return
         pending._is_finished = True
-        if pending._snapshot is not None:  # the host copy: its memory serves the next snapshot
-            self._spare, pending._snapshot = pending._snapshot.buffers, None
+        if pending._writer is not None:  # the host copy: its memory serves the next snapshot
+            self._spare, pending._writer = pending._writer.release(), None
         error = pending._error
         if error is not None:
             raise CheckpointError(
@@ -333,104 +363,26 @@ class AsyncCheckpointIO:
             return
         self._warned.add(name)
         warnings.warn(
-            f"AsyncCheckpointIO: {name} writes its own checkpoint files (sharded or through its "
-            "engine), so its checkpoints are saved synchronously. Remove AsyncCheckpointIO from "
-            "plugins to silence this, or use a strategy whose state is written whole by process "
-            "0 (single device, DDP).",
+            f"AsyncCheckpointIO: {name} writes its own checkpoint files (through its engine), "
+            "so its checkpoints are saved synchronously. Remove AsyncCheckpointIO from plugins "
+            "to silence this, or use a strategy it saves in the background (single device, "
+            "DDP, FSDP).",
             stacklevel=4,
         )
 
 
 def _writes_with_common_writer(strategy: Strategy) -> bool:
-    """Whether ``strategy`` saves with the base writer (process 0, one directory): DDP, single.
+    """Whether ``strategy`` saves with the base writer (process 0, one directory): single, DDP,
+    and FSDP with FULL state dicts (``has_sharded_checkpoints`` False: gathered on process 0).
 
-    Strategies that override ``save_checkpoint`` write shards or engine files collectively,
-    which a background thread on one process cannot do.
+    Other strategies that override ``save_checkpoint`` write shards or engine files
+    collectively, which a background thread on one process cannot do.
     """
     from trainer.strategies.strategy import Strategy
 
+    if getattr(strategy, "has_sharded_checkpoints", None) is False:
+        return True
     return type(strategy).save_checkpoint is Strategy.save_checkpoint
-
-
-def snapshot_checkpoint(
-    checkpoint: dict[str, Any], *, spare: list[torch.Tensor] | None = None
-) -> Snapshot:
-    """A copy of ``checkpoint`` that later training cannot change.
-
-    Dicts, lists and tuples are rebuilt; every tensor is copied to host memory (one copy per
-    distinct tensor, so tied weights stay tied); numpy values are copied; numbers, strings and
-    bytes are immutable. CUDA tensors go to pinned memory with asynchronous copies, awaited by
-    the writer through the returned events. Host tensors of the same shape and dtype in
-    ``spare`` (an earlier snapshot's, already written) are filled instead of allocating: fresh
-    memory costs page faults, several times the copy itself.
-
-    Raises:
-        CheckpointError: a value cannot be stored in a checkpoint (the message gives its path).
-    """
-    pool: dict[tuple[Any, ...], list[torch.Tensor]] = {}
-    for buffer in spare or []:
-        pool.setdefault((tuple(buffer.shape), buffer.dtype), []).append(buffer)
-    copies: dict[tuple[Any, ...], torch.Tensor] = {}
-    devices: set[torch.device] = set()
-
-    def copied(value: Any, path: str) -> Any:
-        if value is None or isinstance(value, bool | int | float | str | bytes):
-            return value
-        if isinstance(value, torch.Tensor):
-            return _copy_tensor(value, copies, pool, devices)
-        if isinstance(value, dict):
-            return {key: copied(item, f"{path}.{key}") for key, item in value.items()}
-        if isinstance(value, list):
-            return [copied(item, f"{path}.{i}") for i, item in enumerate(value)]
-        if isinstance(value, tuple):
-            return tuple(copied(item, f"{path}.{i}") for i, item in enumerate(value))
-        if type(value).__module__ == "numpy":
-            return copy.deepcopy(value)
-        encode(value, {}, path)  # raises the format's own error for a value it cannot store
-        return value
-
-    result = {key: copied(value, str(key)) for key, value in checkpoint.items()}
-    events = []
-    for device in devices:  # after every copy was queued on the device's current stream
-        event = torch.cuda.Event()
-        event.record(torch.cuda.current_stream(device))
-        events.append(event)
-    return Snapshot(result, events, list(copies.values()))
-
-
-def _copy_tensor(
-    tensor: torch.Tensor,
-    copies: dict[tuple[Any, ...], torch.Tensor],
-    pool: dict[tuple[Any, ...], list[torch.Tensor]],
-    devices: set[torch.device],
-) -> torch.Tensor:
-    """A host copy of ``tensor``; the same copy for another entry that is the same view."""
-    tensor = tensor.detach()
-    if tensor.device.type == "meta":
-        return tensor  # no data: the writer reports it as it would synchronously
-    view = (
-        tensor.device,
-        tensor.untyped_storage().data_ptr(),
-        tensor.storage_offset(),
-        tuple(tensor.shape),
-        tuple(tensor.stride()),
-        tensor.dtype,
-    )
-    if view in copies and tensor.numel() > 0:
-        return copies[view]
-    is_cuda = tensor.device.type == "cuda"
-    # Any host buffer will do: pinned or not, the copy is correct (pinned ones are faster).
-    reusable = pool.get((tuple(tensor.shape), tensor.dtype))
-    host = (
-        reusable.pop()
-        if reusable
-        else torch.empty(tensor.shape, dtype=tensor.dtype, device="cpu", pin_memory=is_cuda)
-    )
-    host.copy_(tensor, non_blocking=is_cuda)
-    if is_cuda:
-        devices.add(tensor.device)
-    copies[view] = host
-    return host
 
 
 def find_checkpoint_io(plugins: Any) -> AsyncCheckpointIO | None:

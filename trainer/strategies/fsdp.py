@@ -5,7 +5,8 @@ each wrapped block is gathered just before its forward and backward. Order of ap
 as torchtitan does it: activation checkpointing first (it wraps layers), then ``fully_shard`` on
 each chosen layer, then on the root. Checkpoints: FULL gathers to rank 0 and writes safetensors;
 SHARDED writes ``torch.distributed.checkpoint`` shards from every rank into the same atomic
-directory with the same manifest.
+directory with the same manifest, synchronously or, with ``AsyncCheckpointIO``, from DCP's
+``async_save`` (`start_async_save`).
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import datetime as dt
 import json
 import os
 from collections.abc import Iterable, Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -31,6 +32,12 @@ from trainer.runtime.state import DistributedType
 from trainer.strategies.ddp import DDPStrategy
 from trainer.strategies.environment import ClusterEnvironment
 from trainer.strategies.fsdp_config import parse_fsdp_config
+
+if TYPE_CHECKING:
+    from torch.distributed import ProcessGroup
+    from torch.distributed.checkpoint.staging import AsyncStager
+
+    from trainer.checkpoint.sharded_async import AsyncShardedSave
 
 __all__ = ["FSDPStrategy"]
 
@@ -343,6 +350,43 @@ class FSDPStrategy(DDPStrategy):
             super().save_checkpoint(path, checkpoint)
             return
         save_sharded_checkpoint(self, path, checkpoint)
+
+    @property
+    def has_sharded_checkpoints(self) -> bool:
+        """Whether every rank writes DCP shards (SHARDED); FULL: rank 0 writes the gathered state."""
+        return self.state_dict_type == "SHARDED"
+
+    def start_async_save(
+        self,
+        path: str | os.PathLike[str],
+        checkpoint: dict[str, Any],
+        *,
+        process_group: ProcessGroup,
+        stager: AsyncStager,
+    ) -> AsyncShardedSave:
+        """SHARDED, in the background: copy this rank's shards, start DCP's ``async_save``.
+
+        Every rank calls it on the training thread (``trainer.plugins.AsyncCheckpointIO``
+        does); the checkpoint is committed as `save_checkpoint`'s, from a background thread.
+
+        Args:
+            path: the checkpoint directory to create or replace.
+            checkpoint: the checkpoint dict, with this rank's sharded state dicts.
+            process_group: the gloo group the background write uses (not training's).
+            stager: copies the state to host memory before this returns.
+
+        Returns:
+            The save in flight (`trainer.checkpoint.sharded_async.AsyncShardedSave`).
+
+        Raises:
+            CheckpointError: on every rank, when ``path`` holds something that is not a
+                checkpoint or a value cannot be stored.
+        """
+        from trainer.checkpoint.sharded_async import start_async_sharded_save
+
+        return start_async_sharded_save(
+            self, path, checkpoint, process_group=process_group, stager=stager
+        )
 
     def load_checkpoint(
         self, path: str | os.PathLike[str], module: torch.nn.Module | None = None

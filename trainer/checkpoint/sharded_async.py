@@ -1,0 +1,269 @@
+"""Sharded checkpoints written in the background: DCP's ``async_save``, then the usual commit.
+
+Owns the background form of `trainer.checkpoint.sharded.save_sharded_checkpoint`. On the
+training thread, every rank agrees on the staging folder (the same collective as a synchronous
+save), copies its shards of the state to host memory with DCP's stager, and starts
+``torch.distributed.checkpoint.async_save`` into the staging folder; training then goes on. On a
+background thread, every rank waits for DCP's write, the ranks agree that every one succeeded,
+rank 0 commits the checkpoint exactly as a synchronous save does (`commit_staged`: shards moved
+into an atomic directory, JSON state, manifest with every file's digest, rename), and rank 0 tells
+the others whether it did. So a checkpoint appears under its name only when complete on every
+rank, and every rank learns of a failure.
+
+The background collectives run on a process group of their own (``process_group``, gloo), never
+on the one training uses: two threads issuing collectives on one group could pair them up
+differently on different ranks.
+
+Not owned: when to save, the thread that waits, and what runs once a save is complete
+(``trainer.plugins.AsyncCheckpointIO``); the directory format and loading (``sharded.py``,
+``format.py``), which are those of a synchronous sharded save.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import dataclasses
+import shutil
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from trainer.checkpoint.codec import encode
+from trainer.checkpoint.sharded import DCP_DIR, ShardedStrategy, agree_on_staging, commit_staged
+from trainer.errors import CheckpointError, TrainerError
+
+if TYPE_CHECKING:
+    import os
+
+    from torch.distributed import ProcessGroup
+    from torch.distributed.checkpoint.staging import AsyncStager
+
+__all__ = ["AsyncShardedSave", "PassThroughStager", "start_async_sharded_save"]
+
+
+@dataclasses.dataclass
+class _Destination:
+    """One directory the staged state is written to, and its agreed staging folder."""
+
+    final: Path
+    staging: Path
+
+
+class PassThroughStager:
+    """An ``AsyncStager`` for a state dict that is already a private copy: nothing to copy again.
+
+    ``async_save`` receives the dict `start_async_sharded_save` staged itself (the same copy also
+    serves a second destination, ``last``).
+    """
+
+    _synchronize_after_execute = False
+
+    @property
+    def should_synchronize_after_execute(self) -> bool:
+        """Staging is finished before ``async_save`` is called: nothing to wait for."""
+        return False
+
+    def stage(self, state_dict: dict[str, Any]) -> dict[str, Any]:
+        """Return ``state_dict`` itself."""
+        return state_dict
+
+    def synchronize_staging(self) -> None:
+        """Nothing is staged asynchronously."""
+
+    def close(self) -> None:
+        """Nothing is held."""
+
+
+class AsyncShardedSave:
+    """One sharded checkpoint written in the background, on every rank.
+
+    Made by `start_async_sharded_save`. `add_destination` (training thread, every rank, a
+    collective) writes the same copy to another directory too; `write` (background thread, every
+    rank, each destination once and in order) finishes one destination.
+
+    Attributes:
+        destinations: the checkpoint directories, in the order they are written.
+    """
+
+    def __init__(
+        self,
+        strategy: ShardedStrategy,
+        *,
+        tensors: dict[str, Any],
+        rest: dict[str, Any],
+        process_group: ProcessGroup,
+        first: _Destination,
+        upload: concurrent.futures.Future[Any],
+    ) -> None:
+        self._strategy = strategy
+        self._is_zero = strategy.is_global_zero
+        self._world_size = strategy.world_size
+        self._tensors = tensors  # this rank's staged shards
+        self._rest = rest  # rank 0's staged JSON state (empty elsewhere: only rank 0 writes it)
+        self._group = process_group
+        self._destinations = [first]
+        self._upload = upload
+
+    @property
+    def destinations(self) -> list[Path]:
+        """The checkpoint directories, in the order they are written."""
+        return [destination.final for destination in self._destinations]
+
+    def add_destination(self, path: str | os.PathLike[str]) -> int:
+        """Write the same copy to ``path`` as well (ModelCheckpoint's ``last``); its index.
+
+        Every rank must call it, on the training thread (it agrees on the staging folder).
+
+        Raises:
+            CheckpointError: on every rank, when ``path`` holds something that is not a checkpoint.
+        """
+        final = Path(path)
+        staging = agree_on_staging(self._strategy, final, DCP_DIR)
+        self._destinations.append(_Destination(final, staging))
+        return len(self._destinations) - 1
+
+    def write(self, index: int) -> None:
+        """On the background thread: write destination ``index`` and commit it (every rank).
+
+        The first destination's shards are DCP's ``async_save``; a further one is a ``dcp.save``
+        of the same copy. Then the ranks agree that all wrote their shards, rank 0 commits, and
+        every rank learns whether it did.
+
+        Raises:
+            CheckpointError: on every rank, when any rank's shards or rank 0's commit failed,
+                with each cause (the caller names the checkpoint).
+        """
+        import torch.distributed.checkpoint as dcp
+
+        destination = self._destinations[index]
+        error: BaseException | None = None
+        try:
+            if index == 0:
+                self._upload.result()
+            else:
+                dcp.save(
+                    self._tensors,
+                    checkpoint_id=str(destination.staging),
+                    process_group=self._group,
+                )
+        except BaseException as err:  # DCP's CheckpointException is a BaseException
+            error = err
+        failures = self._gather(_describe(error) if error is not None else None)
+        if failures and error is None:
+            error = CheckpointError(f"another process could not write its shards: {failures[0]}")
+        if self._is_zero:
+            if error is None:
+                try:
+                    commit_staged(
+                        destination.final, destination.staging, DCP_DIR, self._rest,
+                        world_size=self._world_size,
+                    )  # fmt: skip
+                except BaseException as err:
+                    error = err
+            else:
+                shutil.rmtree(destination.staging, ignore_errors=True)
+        committed = self._broadcast(_describe(error) if error is not None else None)
+        if error is None and committed is not None:
+            error = CheckpointError(f"process 0 could not commit it: {committed}")
+        if isinstance(error, KeyboardInterrupt | SystemExit):
+            raise error
+        if error is not None:
+            raise CheckpointError(_describe(error)) from error
+
+    def _gather(self, failure: str | None) -> list[str]:
+        """Every rank's failure, if any (one all-gather on the checkpoint group)."""
+        import torch.distributed as dist
+
+        if self._world_size == 1:
+            return [failure] if failure else []
+        gathered: list[str | None] = [None] * self._world_size
+        dist.all_gather_object(gathered, failure, group=self._group)
+        return [f"process {rank}: {item}" for rank, item in enumerate(gathered) if item]
+
+    def _broadcast(self, failure: str | None) -> str | None:
+        """Rank 0's commit failure, if any, on every rank (one broadcast on the checkpoint group)."""
+        import torch.distributed as dist
+
+        if self._world_size == 1:
+            return failure
+        box = [failure]
+        dist.broadcast_object_list(box, group=self._group, group_src=0)
+        return box[0]
+
+
+def start_async_sharded_save(
+    strategy: ShardedStrategy,
+    path: str | os.PathLike[str],
+    checkpoint: dict[str, Any],
+    *,
+    process_group: ProcessGroup,
+    stager: AsyncStager,
+) -> AsyncShardedSave:
+    """Copy this rank's state and start writing it as a sharded checkpoint at ``path``.
+
+    Every rank must call it, on the training thread, at the same point. When it returns the
+    state is copied (``stager``): training may change the tensors, the checkpoint holds those
+    of this moment. ``checkpoint["state_dict"]`` and ``checkpoint["optimizer_states"]`` are this
+    rank's sharded state dicts (DCP shards); the rest is rank 0's JSON state, as for
+    `trainer.checkpoint.sharded.save_sharded_checkpoint`. Finish it with
+    `AsyncShardedSave.write` on a background thread.
+
+    Args:
+        strategy: gives the ranks and the collectives of the training thread.
+        path: the checkpoint directory to create or replace.
+        checkpoint: the checkpoint dict; it is not modified.
+        process_group: the group DCP and the background agreement use (gloo; not training's).
+        stager: copies the state to host memory (``DefaultStager``; pinned memory on CUDA).
+
+    Returns:
+        The save in flight; its first destination is ``path``.
+
+    Raises:
+        CheckpointError: on every rank, when ``path`` holds something that is not a checkpoint
+            or a value outside the tensors cannot be stored (the message names where it is).
+    """
+    import torch.distributed.checkpoint as dcp
+
+    rest = dict(checkpoint)
+    tensors = {"model": rest.pop("state_dict"), "optimizers": rest.pop("optimizer_states", [])}
+    final = Path(path)
+    staging = agree_on_staging(strategy, final, DCP_DIR, check=lambda: _refusal_to_store(rest))
+    staged = stager.stage(tensors)
+    staged_rest = stager.stage(rest) if strategy.is_global_zero else {}
+    if isinstance(staged, concurrent.futures.Future):  # a stager that copies in the background
+        staged = staged.result()
+    if isinstance(staged_rest, concurrent.futures.Future):
+        staged_rest = staged_rest.result()
+    upload = dcp.async_save(
+        staged,
+        checkpoint_id=str(staging),
+        process_group=process_group,
+        async_stager=PassThroughStager(),
+    )
+    if not isinstance(upload, concurrent.futures.Future):  # an AsyncSaveResponse (torch >= 2.9)
+        upload = upload.upload_completion
+    return AsyncShardedSave(
+        strategy, tensors=staged, rest=staged_rest, process_group=process_group,
+        first=_Destination(final, staging), upload=upload,
+    )  # fmt: skip
+
+
+def _refusal_to_store(rest: dict[str, Any]) -> str | None:
+    """Why ``rest`` cannot be written as JSON (naming where), or None: checked before any copy."""
+    try:
+        encode(rest, {}, "state")
+    except CheckpointError as err:
+        return str(err)
+    return None
+
+
+def _describe(error: BaseException) -> str:
+    """One line for ``error``; DCP's per-rank wrapper is opened to show each rank's cause."""
+    failures = getattr(error, "failures", None)
+    if isinstance(failures, dict) and failures:
+        return "; ".join(
+            f"process {rank}: {type(item[0]).__name__}: {item[0]}"
+            for rank, item in sorted(failures.items())
+        )
+    if isinstance(error, TrainerError):  # ours already says what and where
+        return str(error)
+    return f"{type(error).__name__}: {error}"

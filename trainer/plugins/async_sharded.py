@@ -1,0 +1,118 @@
+"""Background saves of sharded checkpoints (FSDP's SHARDED state dicts) for `AsyncCheckpointIO`.
+
+Owns what a stage of background sharded saves holds: the process group their collectives run on
+(gloo, created by every process at the first sharded save of a stage; training's own group is
+never used from the writer thread), DCP's stager that copies each process's shards to host
+memory (pinned on CUDA; its buffers are reused from save to save and released when the stage
+ends), and the `Writer` a `trainer.plugins.PendingSave` uses to finish a sharded save. The save
+itself (``async_save`` into a staging folder, then process 0's commit) is
+`trainer.checkpoint.sharded_async`'s; the thread, the one save in flight and raising failures on
+the training thread are ``async_checkpoint.py``'s.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import os
+    from pathlib import Path
+
+    import torch
+    from torch.distributed import ProcessGroup
+    from torch.distributed.checkpoint.staging import DefaultStager
+
+    from trainer.checkpoint.sharded_async import AsyncShardedSave
+    from trainer.strategies import Strategy
+
+__all__ = ["ShardedSaves", "ShardedWriter", "saves_sharded"]
+
+
+def saves_sharded(strategy: Strategy) -> bool:
+    """Whether every process of ``strategy`` writes its shards, and can start that in the
+    background (``start_async_save``): FSDP / ModelParallel with SHARDED state dicts."""
+    return bool(getattr(strategy, "has_sharded_checkpoints", False)) and callable(
+        getattr(strategy, "start_async_save", None)
+    )
+
+
+class ShardedWriter:
+    """Finishes one `AsyncShardedSave` on the writer thread, destination after destination."""
+
+    def __init__(self, save: AsyncShardedSave) -> None:
+        self._save = save
+        self._count = 0  # destinations prepared so far
+
+    def prepare(self, path: Path) -> Callable[[], None]:
+        """The job for ``path``; from the second on, every process agrees on its staging here."""
+        index = 0 if self._count == 0 else self._save.add_destination(path)
+        self._count += 1
+        return functools.partial(self._save.write, index)
+
+    def release(self) -> list[torch.Tensor]:
+        """Nothing for the next whole-state snapshot: the stager keeps its own buffers."""
+        return []
+
+
+class ShardedSaves:
+    """The process group and stager of the sharded saves of one stage (fit)."""
+
+    def __init__(self) -> None:
+        self._group: ProcessGroup | None = None
+        self._stager: DefaultStager | None = None
+
+    def start(
+        self, strategy: Strategy, path: str | os.PathLike[str], checkpoint: dict[str, Any]
+    ) -> ShardedWriter:
+        """Copy this process's shards and start writing them (every process calls it).
+
+        Raises:
+            CheckpointError: on every process, when ``path`` is not a checkpoint or a value
+                cannot be stored.
+        """
+        if self._group is None:
+            import torch.distributed as dist
+
+            # Collective: every process reaches its first sharded save of the stage together.
+            self._group = dist.new_group(backend="gloo")
+        if self._stager is None:
+            self._stager = _make_stager(strategy)
+        start: Any = strategy.start_async_save  # type: ignore[attr-defined] # saves_sharded said
+        return ShardedWriter(
+            start(path, checkpoint, process_group=self._group, stager=self._stager)
+        )
+
+    def release(self, *, is_clean: bool) -> None:
+        """At the end of a stage, once no save is in flight: free the copy, end the group.
+
+        After a clean stage every process meets the others first, so none returns from ``fit``
+        before process 0 has run what waited for the last save (the ``last`` swap, rotation),
+        as after a synchronous save. After a failed stage the group is left to the process's
+        exit: another process may not get here, or may still be reading its last message.
+        """
+        stager, self._stager = self._stager, None
+        if stager is not None:
+            stager.close()
+        group, self._group = self._group, None
+        if group is not None and is_clean:
+            import torch.distributed as dist
+
+            dist.barrier(group=group)
+            dist.destroy_process_group(group)
+
+
+def _make_stager(strategy: Strategy) -> DefaultStager:
+    """DCP's stager: a blocking copy to host memory; pinned, with one device sync, on CUDA."""
+    from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
+
+    is_cuda = strategy.root_device.type == "cuda"
+    return DefaultStager(
+        StagingOptions(
+            use_pinned_memory=is_cuda,
+            use_shared_memory=False,
+            use_async_staging=False,  # copied before training goes on: the step's own weights
+            use_non_blocking_copy=is_cuda,
+        )
+    )
