@@ -305,9 +305,10 @@ def test_a_failure_of_the_last_save_is_raised_by_fit(tmp_path):
     assert saver.exceptions == [info.value] and t.state.status == "failed"
 
 
-# ---- sharded strategies fall back to synchronous saves ----------------------------------------
+# ---- engines writing their own files (DeepSpeed, Megatron, XLA) save synchronously ---------
 class OwnFilesStrategy(SingleDeviceStrategy):
-    """A strategy that writes its own checkpoint files (as FSDP, DeepSpeed do)."""
+    """A strategy that writes its own checkpoint files (as DeepSpeed does; FSDP saves in the
+    background through DCP instead: tests/plugins/test_async_sharded.py)."""
 
     def save_checkpoint(self, path, checkpoint):
         super().save_checkpoint(path, checkpoint)
