@@ -27,12 +27,6 @@ _EPOCH_DRAW = (
 KNOWN_GAPS: dict[str, tuple[tuple[int, ...], str]] = {
     "train/unshuffled_dropout": (TWO, _EPOCH_DRAW),
     "resume/unshuffled_*": (TWO, _EPOCH_DRAW),
-    "batch_order/split_batches_even_false": (
-        TWO,
-        "trainer bug: split_batches=True, even_batches=False cuts a short last batch into equal "
-        "parts ([8], [9]); Accelerate cuts it in per-process slices of batch_size / N, so "
-        "process 0 gets [8, 9] and process 1 nothing",
-    ),
 }
 
 # Deliberate differences (docs/migration/accelerate.md): not compared one to one;

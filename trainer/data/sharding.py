@@ -73,8 +73,15 @@ class BatchSamplerShard(BatchSampler):
     def __iter__(self) -> Iterator[list[int]]:
         batches = self._global_batches()
         if self.split_batches:
+            # Slices of batch_size / N, as Accelerate: a short last batch (even_batches=False)
+            # goes to the first processes whole-slice by whole-slice, the others get nothing.
+            size = self.batch_size
             for batch in batches:
-                part = math.ceil(len(batch) / self.num_processes)
+                part = (
+                    size // self.num_processes
+                    if size
+                    else math.ceil(len(batch) / self.num_processes)
+                )
                 piece = batch[self.process_index * part : (self.process_index + 1) * part]
                 if piece:
                     yield piece
