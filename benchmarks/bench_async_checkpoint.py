@@ -126,9 +126,17 @@ def main(argv: list[str] | None = None) -> int:
         f"state), {args.steps} steps of batch {args.batch}, a save every {args.every} steps, "
         f"{args.rounds} rounds, {torch.get_num_threads()} threads"
     )
+    print_summary(summary, params, args, runs)
+    return 0
+
+
+def print_summary(
+    summary: dict[str, dict[str, float]], params: int, args: argparse.Namespace, runs: Any
+) -> None:
+    """The table of `summarize`'s figures (this benchmark's and the FSDP one's); ``--json``."""
     print("| run | blocked per save, median s | max s | steps/s (median) | vs no checkpoints |")
     print("|---|---|---|---|---|")
-    for variant in VARIANTS:
+    for variant in summary:
         row = summary[variant]
         blocked = (
             f"{row['blocked_median_s']:.3f} | {row['blocked_max_s']:.3f}"
@@ -145,7 +153,6 @@ def main(argv: list[str] | None = None) -> int:
                 file,
                 indent=1,
             )
-    return 0
 
 
 def summarize(runs: dict[str, list[dict[str, Any]]]) -> dict[str, dict[str, float]]:

@@ -24,7 +24,6 @@ whole ``fit``'s, the wait for the last save included.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import shutil
 import statistics
@@ -37,7 +36,7 @@ import torch.distributed as dist
 from torch.utils.data import DataLoader, TensorDataset
 
 import trainer
-from benchmarks.bench_async_checkpoint import WIDTH, Stack, TimedCheckpoint
+from benchmarks.bench_async_checkpoint import WIDTH, Stack, TimedCheckpoint, print_summary
 from trainer.plugins import AsyncCheckpointIO
 from trainer.strategies import FSDPStrategy
 
@@ -144,25 +143,7 @@ def report(runs: dict[str, list[list[dict[str, Any]]]], args: argparse.Namespace
         f"process, a save every {args.every} steps, {args.rounds} rounds, "
         f"{os.cpu_count()} CPUs, load average {[round(x, 2) for x in os.getloadavg()]}"
     )
-    print("| run | blocked per save, median s | max s | steps/s (median) | vs no checkpoints |")
-    print("|---|---|---|---|---|")
-    for variant in VARIANTS:
-        row = summary[variant]
-        blocked = (
-            f"{row['blocked_median_s']:.3f} | {row['blocked_max_s']:.3f}"
-            if "blocked_median_s" in row
-            else "- | -"
-        )
-        print(f"| {variant} | {blocked} | {row['steps_per_s']:.2f} | {row['vs_none']:.3f} |")
-    ratio = summary["async"]["blocked_median_s"] / summary["sync"]["blocked_median_s"]
-    print(f"async blocks the loop for {ratio:.1%} of a synchronous save (median per save)")
-    if args.json:
-        with open(args.json, "w", encoding="utf-8") as file:
-            json.dump(
-                {"params": params, "config": vars(args), "runs": runs, "summary": summary},
-                file,
-                indent=1,
-            )
+    print_summary(summary, params, args, runs)
 
 
 if __name__ == "__main__":
