@@ -19,6 +19,7 @@ import torch
 from torch.utils.data import DataLoader, TensorDataset
 
 import trainer
+from tests.parity.frameworks import regression, snapshot
 
 pl = pytest.importorskip("lightning.pytorch")
 
@@ -35,18 +36,9 @@ def _module_class(base: type, recipe: str, stop_at: int | None = None) -> type:
     """A regression module; ``recipe`` picks what it logs (the same on both frameworks);
     ``stop_at``: a batch index of the second epoch where ``on_train_batch_end`` stops the fit."""
 
-    class Logging(base):  # type: ignore[misc, valid-type]
-        def __init__(self) -> None:
-            super().__init__()
-            torch.manual_seed(0)
-            self.net = torch.nn.Linear(4, 1)
-
-        def _loss(self, batch: Any) -> torch.Tensor:
-            x, y = batch
-            return torch.nn.functional.mse_loss(self.net(x), y)
-
+    class Logging(regression(base)):  # type: ignore[misc, valid-type]
         def training_step(self, batch, batch_idx):
-            loss = self._loss(batch)
+            loss = self.loss(batch)
             self.log("train_loss", loss, on_step=True, on_epoch=True, prog_bar=True)
             self.log("batch_index", float(batch_idx))  # the defaults: on_step only
             if recipe == "options":
@@ -55,7 +47,7 @@ def _module_class(base: type, recipe: str, stop_at: int | None = None) -> type:
             return loss
 
         def validation_step(self, batch, batch_idx):
-            loss = self._loss(batch)
+            loss = self.loss(batch)
             self.log("val_loss", loss)  # the defaults: on_epoch only
             self.log("val_both", loss, on_step=True, on_epoch=True)
             if recipe == "options":
@@ -64,9 +56,9 @@ def _module_class(base: type, recipe: str, stop_at: int | None = None) -> type:
                 self.log("val_unlogged", loss, logger=False)
 
         def test_step(self, batch, batch_idx):
-            self.log("test_loss", self._loss(batch), on_step=True, on_epoch=True)
+            self.log("test_loss", self.loss(batch), on_step=True, on_epoch=True)
             if recipe == "options":
-                self.log("test_unlogged", self._loss(batch), logger=False)
+                self.log("test_unlogged", self.loss(batch), logger=False)
 
         def on_train_epoch_end(self):
             self.log("epoch_end_value", float(self.current_epoch) + 0.5)
@@ -77,14 +69,7 @@ def _module_class(base: type, recipe: str, stop_at: int | None = None) -> type:
             if stop_at is not None and self.current_epoch == 1 and batch_idx == stop_at:
                 self.trainer.should_stop = True
 
-        def configure_optimizers(self):
-            return torch.optim.SGD(self.parameters(), lr=0.05)
-
     return Logging
-
-
-def _snapshot(metrics: dict[str, Any]) -> dict[str, float]:
-    return {key: round(float(value), 5) for key, value in sorted(metrics.items())}
 
 
 def _recorder(base: type, seen: list[tuple[str, dict[str, float]]]) -> Any:
@@ -92,7 +77,7 @@ def _recorder(base: type, seen: list[tuple[str, dict[str, float]]]) -> Any:
 
     def record(name: str) -> Any:
         def hook(self, trainer_, *args: Any) -> None:
-            seen.append((name, _snapshot(trainer_.callback_metrics)))
+            seen.append((name, snapshot(trainer_.callback_metrics)))
 
         return hook
 
@@ -137,14 +122,14 @@ def _run(
         eval_options = {}
     fit.fit(module, _loader(12), _loader(6, seed=1))
     after_fit = {
-        "callback_metrics": _snapshot(fit.callback_metrics),
+        "callback_metrics": snapshot(fit.callback_metrics),
         "logged_metrics": sorted(fit.logged_metrics),
         "progress_bar_metrics": sorted(fit.progress_bar_metrics),
         "global_step": fit.global_step,
     }
     validated = fit.validate(module, _loader(6, seed=1), **eval_options)
     after_validate = {
-        "callback_metrics": _snapshot(fit.callback_metrics),
+        "callback_metrics": snapshot(fit.callback_metrics),
         "logged_metrics": sorted(fit.logged_metrics),
         "progress_bar_metrics": sorted(fit.progress_bar_metrics),
     }
@@ -152,9 +137,9 @@ def _run(
     return {
         "hooks": seen,
         "after_fit": after_fit,
-        "validate": [_snapshot(result) for result in validated],
+        "validate": [snapshot(result) for result in validated],
         "after_validate": after_validate,
-        "test": [_snapshot(result) for result in tested],
+        "test": [snapshot(result) for result in tested],
         "after_test_logged": sorted(fit.logged_metrics),
         "csv": _csv_cells(logger.log_dir),
     }
