@@ -109,6 +109,34 @@ def test_ddp_strategy_outside_a_launcher_says_how_to_start_it():
         trainer.Trainer(strategy="ddp", accelerator="cpu")
 
 
+ONE_PROCESS_JOB = """
+import json, sys
+import torch
+from torch.utils.data import DataLoader
+import trainer
+from tests.distributed.ddp_worker import Net, regression
+
+for strategy in ("ddp", "fsdp"):
+    fit = trainer.Trainer(
+        strategy=strategy, accelerator="cpu", max_steps=3, logger=False, enable_progress_bar=False,
+        enable_model_summary=False, enable_checkpointing=False, num_sanity_val_steps=0,
+    )
+    fit.fit(Net(), DataLoader(regression(16), batch_size=4))
+    print(strategy, fit.world_size, fit.global_step, type(fit.strategy).__name__)
+"""
+
+
+def test_torchrun_with_one_process_runs_ddp_and_fsdp_on_a_group_of_one(tmp_path):
+    """`torchrun --nproc_per_node 1` (one GPU, the same script) used to be refused as 'not started
+    by a launcher'; Lightning and Accelerate run it on a process group of one."""
+    script = tmp_path / "one_process.py"
+    script.write_text(ONE_PROCESS_JOB)
+    result = torchrun(str(script), nprocs=1, timeout=120)
+    assert result.returncode == 0, (result.stdout + result.stderr)[-3000:]
+    assert "ddp 1 3 DDPStrategy" in result.stdout
+    assert "fsdp 1 3 FSDPStrategy" in result.stdout
+
+
 def test_a_ddp_wrapper_released_after_end_training_lets_the_process_exit(tmp_path):
     """#13, second cause: the wrapper's C++ Reducer released the ended group last, joining gloo's
     threads with the GIL held while one needed it to finish a collective: the process hung at

@@ -166,7 +166,7 @@ class DDPStrategy(Strategy):
         """Start this process's group from the launcher's environment, unless one exists."""
         if dist.is_initialized():
             return
-        if not self.environment.is_distributed:
+        if self.environment.source == "none":  # torchrun --nproc_per_node 1: a group of one
             raise StrategyError(
                 "DDPStrategy: this process was not started by a launcher (no RANK/WORLD_SIZE "
                 "from torchrun, no SLURM task). Start it with `trainer launch --num_processes N "

@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# The checks that need a CUDA GPU (CI has none): every test skipped without CUDA, then the GPU
+# benchmark (docs/performance.md). Run from the repository root on a GPU machine:
+#
+#     OUT=/tmp/gpu scripts/gpu_checks.sh
+#
+# Writes OUT/gpu.txt (device, driver, torch), OUT/tests.log and OUT/bench_gpu.{log,json}.
+# Exits non-zero when a test failed. Packages the image lacks can be installed first from
+# wheels in .whl/ (blake3 for checkpoints, torchao for fp8): `pip install --no-index .whl/*.whl`.
+set -o pipefail
+OUT=${OUT:-/tmp/gpu_checks}
+mkdir -p "$OUT"
+export PYTHONPATH="$PWD" PYTHONUNBUFFERED=1 OMP_NUM_THREADS=4
+PY=${PYTHON:-python3}
+
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv | tee "$OUT/gpu.txt"
+$PY -c "import sys, torch; print(sys.version.split()[0], torch.__version__, torch.version.cuda, torch.cuda.get_device_name())" | tee -a "$OUT/gpu.txt"
+
+$PY -m pytest -p no:cacheprovider -q -rsx --durations=12 \
+    tests/gpu tests/precision/test_fp8.py tests/callbacks/test_throughput.py \
+    tests/callbacks/test_device_stats.py tests/test_big_modeling.py \
+    tests/test_accelerator_plugins.py 2>&1 | tee "$OUT/tests.log"
+status=$?
+
+$PY -m benchmarks.bench_gpu --steps ${GPU_BENCH_STEPS:-200} --rounds ${GPU_BENCH_ROUNDS:-3} \
+    --json "$OUT/bench_gpu.json" 2>&1 | tee "$OUT/bench_gpu.log"
+exit $status
