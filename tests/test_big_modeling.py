@@ -357,7 +357,8 @@ def test_cpu_offload_with_hook_offloads_the_previous_model():
     second, hook2 = cpu_offload_with_hook(second, prev_module_hook=hook1)
     calls = []
     hook1.offload = lambda: calls.append("first offloaded")  # type: ignore[method-assign]
-    assert torch.equal(second(first(x)), want) and calls == ["first offloaded"]
+    # The execution device is the GPU when there is one (Accelerate's default): outputs are there.
+    assert torch.equal(second(first(x)).cpu(), want) and calls == ["first offloaded"]
     hook2.remove()
     second(x)
     assert calls == ["first offloaded"] and isinstance(
@@ -558,7 +559,6 @@ def test_an_index_without_a_manifest_names_only_files_inside_its_folder(referenc
 # --- a model bigger than its memory budget, in a subprocess ---------------------------------------
 
 _BUDGET = 200 * 10**6  # max_memory={"cpu": "200MB"}
-_ALLOWANCE = 250 * 10**6  # the interpreter, torch and activations
 _CHILD = textwrap.dedent(
     """
     import json, sys, torch
@@ -650,6 +650,6 @@ def test_disk_offload_under_a_cpu_budget_keeps_peak_rss_bounded(tmp_path):
     assert result["max_abs_diff"] <= 1e-6
     assert "disk" in result["map"].values() and result["resident"] <= _BUDGET
     peak = result["end"]["VmHWM"]
-    assert peak < _BUDGET + _ALLOWANCE, f"peak RSS {peak / 1e6:.1f} MB"
-    # Beyond the imports, the model itself stayed within its budget (mapped pages included).
+    # Beyond the imports (~0.3 GB with a CPU torch, ~0.5 GB with CUDA's libraries), the model
+    # itself stayed within its budget (mapped pages included).
     assert peak - result["imported"]["VmRSS"] < _BUDGET + 25 * 10**6

@@ -43,6 +43,7 @@ class RecordingLogger(Logger):
 def fit(tmp_path, monitor, module=None, **kwargs):
     logger = RecordingLogger()
     options = {"max_epochs": 1, "log_every_n_steps": 2, "callbacks": [monitor], "logger": logger}
+    options["accelerator"] = "cpu"  # these tests describe CPU runs, also on a GPU machine
     options.update(kwargs)
     quiet_trainer(tmp_path, **options).fit(module or LinearModule(), make_loader(32, 4))
     return logger

@@ -61,6 +61,7 @@ def batch_size(batch):
 def fit(tmp_path, monitor, module=None, val=None, **kwargs):
     logger = RecordingLogger()
     options = {"max_epochs": 1, "log_every_n_steps": 2, "callbacks": [monitor], "logger": logger}
+    options["accelerator"] = "cpu"  # these tests describe CPU runs, also on a GPU machine
     options.update(kwargs)
     run = quiet_trainer(tmp_path, **options)
     run.fit(module or LinearModule(), make_loader(32, 4), val)  # 8 batches of 4 samples

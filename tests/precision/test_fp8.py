@@ -143,6 +143,25 @@ def test_a_float8_linear_config_is_used_as_is():
 
 
 @needs_torchao
+def test_layers_inside_the_trainer_are_named_as_in_the_users_module():
+    """The Trainer hands its StepRouter (the TrainModule under ``.module``) to the engine: the
+    names, and the fqn a module_filter_fn sees, were 'module.net.0' before (found on an H200)."""
+    from trainer.trainer.prepare import StepRouter
+
+    seen: list[str] = []
+    precision = FP8Precision(
+        "torchao", module_filter_fn=lambda layer, fqn: seen.append(fqn) or fqn != "net.embed"
+    )
+    module = trainer.TrainModule()
+    module.net = _Net()
+    router = StepRouter(module)
+    assert precision.convert_module(router) is router and router.module is module
+    assert precision.converted_layers == ["net.blocks.0", "net.blocks.2"]
+    assert "net.embed" in precision.skipped_layers and "net.blocks.0" in seen
+    assert type(module.net.blocks[0]).__name__ == "Float8Linear"
+
+
+@needs_torchao
 def test_defaults_and_names():
     precision = resolve_precision("fp8")
     assert isinstance(precision, FP8Precision)
@@ -412,7 +431,7 @@ def test_torchao_fp8_training_matches_bf16(recipe):
     bf16 = _train("bf16-mixed", _mlp())
     precision = FP8Precision("torchao", recipe=recipe)
     fp8 = _train(precision, _mlp())
-    assert precision.converted_layers == ["0", "2"]
+    assert precision.converted_layers == ["net.0", "net.2"]  # names in the TrainModule
     assert _tail(fp8) < 0.5 * fp8[0]  # it learns
     assert abs(_tail(fp8) - _tail(bf16)) <= 0.1 * _tail(bf16) + 1e-3
 

@@ -131,7 +131,12 @@ class FP8Precision(Precision):
             ConfigurationError: for TransformerEngine, when the module has no TransformerEngine
                 layer (fp8_autocast would change nothing).
         """
-        module, converted, skipped = self._engine.convert(module)
+        if getattr(module, "routes_steps_to_module", False):  # the Trainer's StepRouter
+            # Convert the user's module inside it: layer names (and the fqn a module_filter_fn
+            # sees) are then relative to the module the user wrote, as under Accelerate.
+            module.module, converted, skipped = self._engine.convert(module.module)
+        else:
+            module, converted, skipped = self._engine.convert(module)
         self.converted_layers, self.skipped_layers = converted, skipped
         return module
 

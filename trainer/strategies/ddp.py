@@ -242,26 +242,39 @@ class DDPStrategy(Strategy):
         self.unwrap_module(module).load_state_dict(state_dict, strict=strict)
 
     # ---- collectives -------------------------------------------------------------------
+    def _on_group_device(self, tensor: torch.Tensor) -> torch.Tensor:
+        """``tensor`` where the group's backend can send it: NCCL sends CUDA tensors only.
+
+        Host tensors (a shuffle seed, a metric computed on the CPU) go through this process's
+        GPU and come back to the host; gloo sends host and CUDA tensors as they are.
+        """
+        if tensor.device.type == "cpu" and dist.get_backend() == "nccl":
+            return tensor.to(self.root_device)
+        return tensor
+
     def all_reduce(self, tensor: torch.Tensor, op: ReduceOp = "mean") -> torch.Tensor:
         if op not in _OPS:
             raise StrategyError(f"all_reduce(op={op!r}): expected one of {sorted(_OPS)}.")
         self._join_process_group()
         result = tensor.clone() if tensor.is_floating_point() or op != "mean" else tensor.float()
-        dist.all_reduce(result, op=_OPS[op])
+        sent = self._on_group_device(result)
+        dist.all_reduce(sent, op=_OPS[op])
+        result = sent.to(tensor.device)
         return result / self.world_size if op == "mean" else result
 
     def all_gather(self, tensor: torch.Tensor) -> torch.Tensor:
         self._join_process_group()
-        pieces = [torch.empty_like(tensor) for _ in range(self.world_size)]
-        dist.all_gather(pieces, tensor.contiguous())
-        return torch.stack(pieces)
+        sent = self._on_group_device(tensor.contiguous())
+        pieces = [torch.empty_like(sent) for _ in range(self.world_size)]
+        dist.all_gather(pieces, sent)
+        return torch.stack(pieces).to(tensor.device)
 
     def broadcast(self, obj: Any, src: int = 0) -> Any:
         self._join_process_group()
         if isinstance(obj, torch.Tensor):
-            result = obj.clone()
+            result = self._on_group_device(obj.clone())
             dist.broadcast(result, src=src)
-            return result
+            return result.to(obj.device)
         box = [obj]
         dist.broadcast_object_list(box, src=src)
         return box[0]

@@ -87,6 +87,8 @@ def build_accelerator(
 class StepRouter(torch.nn.Module):
     """Routes ``forward(step_name, ...)`` to the module's step, so engine wrappers (DDP) see it."""
 
+    routes_steps_to_module = True  # lower layers (FP8Precision) then name layers as the user does
+
     def __init__(self, module: TrainModule) -> None:
         super().__init__()
         self.module = module
