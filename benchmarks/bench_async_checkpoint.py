@@ -14,7 +14,10 @@ the steps/s of the whole ``fit`` (the final wait for the last save included). Ch
 a temporary folder (``BENCH_DIR`` chooses where) and keep the latest one (``save_top_k=1``).
 
     python -m benchmarks.bench_async_checkpoint [--params 25e6] [--steps 60] [--every 10]
-        [--rounds 2] [--batch 8] [--json out.json]
+        [--rounds 2] [--batch 8] [--accelerator cpu|cuda] [--json out.json]
+
+With ``--accelerator cuda`` the model trains on the GPU and the background save first copies
+the state into pinned host memory (scripts/gpu_checks.sh runs it so).
 """
 
 from __future__ import annotations
@@ -85,7 +88,7 @@ def run_once(variant: str, args: argparse.Namespace, directory: str) -> dict[str
     fit = trainer.Trainer(
         max_steps=args.steps, logger=False, enable_progress_bar=False,
         enable_model_summary=False, enable_checkpointing=variant != "none",
-        callbacks=[callback] if variant != "none" else [], accelerator="cpu",
+        callbacks=[callback] if variant != "none" else [], accelerator=args.accelerator,
         plugins=[io] if io is not None else None, default_root_dir=directory,
     )  # fmt: skip
     start = time.perf_counter()
@@ -108,6 +111,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--every", type=int, default=10, help="save every N optimizer steps")
     parser.add_argument("--batch", type=int, default=8)
     parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--accelerator", choices=("cpu", "cuda"), default="cpu")
     parser.add_argument("--json", default=None)
     args = parser.parse_args(argv)
     directory = tempfile.mkdtemp(prefix="bench-async-ckpt-", dir=os.environ.get("BENCH_DIR"))
@@ -124,7 +128,7 @@ def main(argv: list[str] | None = None) -> int:
     print(
         f"model: {params:,} parameters ({params * 4 / 1e6:.0f} MB fp32, SGD: no optimizer "
         f"state), {args.steps} steps of batch {args.batch}, a save every {args.every} steps, "
-        f"{args.rounds} rounds, {torch.get_num_threads()} threads"
+        f"{args.rounds} rounds, {torch.get_num_threads()} threads, on {args.accelerator}"
     )
     print_summary(summary, params, args, runs)
     return 0

@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # The checks that need a CUDA GPU (CI has none): every test skipped without CUDA, then the GPU
-# benchmark (docs/performance.md). Run from the repository root on a GPU machine:
+# benchmarks (docs/performance.md). Run from the repository root on a GPU machine:
 #
 #     OUT=/tmp/gpu scripts/gpu_checks.sh
 #
-# Writes OUT/gpu.txt (device, driver, torch), OUT/tests.log and OUT/bench_gpu.{log,json}.
+# Writes OUT/gpu.txt (device, driver, torch), OUT/tests.log, OUT/bench_gpu.{log,json} and
+# OUT/bench_async.{log,json} (background checkpoint saves of a 100M model trained on the GPU).
 # Exits non-zero when a test failed. Packages the image lacks can be installed first from
 # wheels in .whl/ (blake3 for checkpoints, torchao for fp8): `pip install --no-index .whl/*.whl`.
 set -o pipefail
@@ -24,4 +25,6 @@ status=$?
 
 $PY -m benchmarks.bench_gpu --steps ${GPU_BENCH_STEPS:-200} --rounds ${GPU_BENCH_ROUNDS:-3} \
     --json "$OUT/bench_gpu.json" 2>&1 | tee "$OUT/bench_gpu.log"
+$PY -m benchmarks.bench_async_checkpoint --accelerator cuda --params 100e6 --steps 60 --every 10 \
+    --rounds 2 --json "$OUT/bench_async.json" 2>&1 | tee "$OUT/bench_async.log"
 exit $status
