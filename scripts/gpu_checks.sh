@@ -5,7 +5,8 @@
 #     OUT=/tmp/gpu scripts/gpu_checks.sh
 #
 # Writes OUT/gpu.txt (device, driver, torch), OUT/tests.log, OUT/bench_gpu.{log,json} and
-# OUT/bench_async.{log,json} (background checkpoint saves of a 100M model trained on the GPU).
+# OUT/bench_async.{log,json} (background checkpoint saves of a 100M model trained on the GPU)
+# and OUT/cuda_sync.log (device syncs per step the Trainer adds to a raw loop).
 # Exits non-zero when a test failed. Packages the image lacks can be installed first from
 # wheels in .whl/ (blake3 for checkpoints, torchao for fp8): `pip install --no-index .whl/*.whl`.
 set -o pipefail
@@ -25,6 +26,8 @@ status=$?
 
 $PY -m benchmarks.bench_gpu --steps ${GPU_BENCH_STEPS:-200} --rounds ${GPU_BENCH_ROUNDS:-3} \
     --json "$OUT/bench_gpu.json" 2>&1 | tee "$OUT/bench_gpu.log"
-$PY -m benchmarks.bench_async_checkpoint --accelerator cuda --params 100e6 --steps 60 --every 10 \
-    --rounds 2 --json "$OUT/bench_async.json" 2>&1 | tee "$OUT/bench_async.log"
+# A GPU step of this model takes ~5 ms: a save every 200 steps leaves the writer ~1 s.
+$PY -m benchmarks.bench_async_checkpoint --accelerator cuda --params 100e6 --steps 1000 \
+    --every 200 --rounds 2 --json "$OUT/bench_async.json" 2>&1 | tee "$OUT/bench_async.log"
+$PY scripts/cuda_sync_check.py --config default --steps 20 2>&1 | tee "$OUT/cuda_sync.log"
 exit $status

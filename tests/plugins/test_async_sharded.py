@@ -26,7 +26,7 @@ from trainer.checkpoint.sharded import DCP_DIR, agree_on_staging, load_sharded_c
 from trainer.checkpoint.sharded_async import start_async_sharded_save
 from trainer.errors import CheckpointError
 from trainer.plugins import AsyncCheckpointIO, PendingSave
-from trainer.plugins.async_sharded import saves_sharded
+from trainer.plugins.async_sharded import saves_sharded, stager_is_reusable
 from trainer.strategies import DDPStrategy, FSDPStrategy
 
 
@@ -239,3 +239,17 @@ def test_accelerator_save_state_under_fsdp_writes_shards_in_the_background(
     restored = accelerator.get_state_dict(model)
     for key, value in saved.items():
         torch.testing.assert_close(restored[key], value, rtol=0, atol=0)
+
+
+def test_a_stager_is_reused_only_where_torch_lets_it_stage_twice():
+    """torch 2.11's DefaultStager closes itself after each staging (pytorch#183413): the second
+    background FSDP save failed with KeyError: <class 'type'> on an H200 with torch 2.11."""
+    assert not stager_is_reusable("2.11.0+cu130")
+    assert not stager_is_reusable("2.12.1")
+    assert stager_is_reusable("2.13.0") and stager_is_reusable("2.14.0.dev20261101")
+    if stager_is_reusable():  # this torch: a stager stages again after a first staging
+        stager = DefaultStager(StagingOptions(False, False, False, False))
+        for step in range(2):
+            staged = stager.stage({"w": torch.full((4,), float(step)), "kind": torch.Tensor})
+            assert torch.equal(staged["w"], torch.full((4,), float(step)))
+        stager.close()

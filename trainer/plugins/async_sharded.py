@@ -4,7 +4,7 @@ Owns what a stage of background sharded saves holds: the process group their col
 (gloo, created by every process at the first sharded save of a stage; training's own group is
 never used from the writer thread), DCP's stager that copies each process's shards to host
 memory (pinned on CUDA; its buffers are reused from save to save and released when the stage
-ends), and the `Writer` a `trainer.plugins.PendingSave` uses to finish a sharded save. The save
+ends — from torch 2.13 on, see `stager_is_reusable`), and the `Writer` a `trainer.plugins.PendingSave` uses to finish a sharded save. The save
 itself (``async_save`` into a staging folder, then process 0's commit) is
 `trainer.checkpoint.sharded_async`'s; the thread, the one save in flight and raising failures on
 the training thread are ``async_checkpoint.py``'s.
@@ -27,7 +27,7 @@ if TYPE_CHECKING:
     from trainer.checkpoint.sharded_async import AsyncShardedSave
     from trainer.strategies import Strategy
 
-__all__ = ["ShardedSaves", "ShardedWriter", "saves_sharded"]
+__all__ = ["ShardedSaves", "ShardedWriter", "saves_sharded", "stager_is_reusable"]
 
 
 def saves_sharded(strategy: Strategy) -> bool:
@@ -80,9 +80,13 @@ class ShardedSaves:
         if self._stager is None:
             self._stager = _make_stager(strategy)
         start: Any = strategy.start_async_save  # type: ignore[attr-defined] # saves_sharded said
-        return ShardedWriter(
+        writer = ShardedWriter(
             start(path, checkpoint, process_group=self._group, stager=self._stager)
         )
+        if not stager_is_reusable():
+            self._stager.close()  # the copy is made: a fresh stager for the next save
+            self._stager = None
+        return writer
 
     def release(self, *, is_clean: bool) -> None:
         """At the end of a stage, once no save is in flight: free the copy, end the group.
@@ -101,6 +105,18 @@ class ShardedSaves:
 
             dist.barrier(group=group)
             dist.destroy_process_group(group)
+
+
+def stager_is_reusable(version: str | None = None) -> bool:
+    """Whether DCP's ``DefaultStager`` can stage more than once (torch ``version``, this one's).
+
+    torch 2.11 (and 2.12) close it at the end of every staging, and the next one fails with
+    ``KeyError: <class 'type'>`` (pytorch/pytorch#183413, fixed by #183424; seen on an H200
+    with torch 2.11). There, each save gets a fresh stager (pinned buffers are not reused).
+    """
+    import torch
+
+    return torch.torch_version.TorchVersion(version or torch.__version__) >= "2.13"
 
 
 def _make_stager(strategy: Strategy) -> DefaultStager:
