@@ -361,7 +361,7 @@ def test_cpu_offload_with_hook_offloads_the_previous_model():
     torch.testing.assert_close(second(first(x)).cpu(), want)  # CUDA's matmul: not bit-equal
     assert calls == ["first offloaded"]
     hook2.remove()
-    second(x)
+    second(x.to(second.weight.device))  # removed: the layer stays where it last ran
     assert calls == ["first offloaded"] and isinstance(
         hook2, trainer.big_modeling.UserCpuOffloadHook
     )

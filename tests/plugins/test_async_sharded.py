@@ -241,6 +241,37 @@ def test_accelerator_save_state_under_fsdp_writes_shards_in_the_background(
         torch.testing.assert_close(restored[key], value, rtol=0, atol=0)
 
 
+class OneShotStager(DefaultStager):
+    """torch 2.11's DefaultStager: it closes its copier at the end of every staging."""
+
+    def stage(self, state_dict, **kwargs):
+        staged = super().stage(state_dict, **kwargs)
+        self._state_dict_stager.close()  # what torch 2.11's DefaultStager._stage does
+        return staged
+
+
+def test_one_save_stages_once_so_a_stager_that_stages_once_serves_it(
+    strategy: FSDPStrategy, tmp_path: Path
+) -> None:
+    """On an H200 with torch 2.11 a background FSDP save failed with KeyError: <class 'type'>:
+    the shards and the rest of the checkpoint were staged in two calls."""
+    model, optimizer = _prepare(strategy)
+    _step(model, optimizer)
+    group = dist.new_group(backend="gloo")
+    stager = OneShotStager(StagingOptions(False, False, False, False))
+    try:
+        save = start_async_sharded_save(
+            strategy, tmp_path / "ck", _checkpoint(strategy, model, optimizer, 1, epoch=0),
+            process_group=group, stager=stager,
+        )  # fmt: skip
+        save.write(0)
+    finally:
+        dist.destroy_process_group(group)
+    loaded = read_checkpoint(tmp_path / "ck")
+    assert loaded["global_step"] == 1 and loaded["epoch"] == 0
+    verify_checkpoint(tmp_path / "ck")
+
+
 def test_a_stager_is_reused_only_where_torch_lets_it_stage_twice():
     """torch 2.11's DefaultStager closes itself after each staging (pytorch#183413): the second
     background FSDP save failed with KeyError: <class 'type'> on an H200 with torch 2.11."""

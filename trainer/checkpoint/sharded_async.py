@@ -227,12 +227,11 @@ def start_async_sharded_save(
     tensors = {"model": rest.pop("state_dict"), "optimizers": rest.pop("optimizer_states", [])}
     final = Path(path)
     staging = agree_on_staging(strategy, final, DCP_DIR, check=lambda: _refusal_to_store(rest))
-    staged = stager.stage(tensors)
-    staged_rest = stager.stage(rest) if strategy.is_global_zero else {}
-    if isinstance(staged, concurrent.futures.Future):  # a stager that copies in the background
-        staged = staged.result()
-    if isinstance(staged_rest, concurrent.futures.Future):
-        staged_rest = staged_rest.result()
+    # One staging call per save: torch 2.11's DefaultStager cannot stage twice (pytorch#183413).
+    both = stager.stage({"tensors": tensors, "rest": rest if strategy.is_global_zero else {}})
+    if isinstance(both, concurrent.futures.Future):  # a stager that copies in the background
+        both = both.result()
+    staged, staged_rest = both["tensors"], both["rest"]
     upload = dcp.async_save(
         staged,
         checkpoint_id=str(staging),
