@@ -75,6 +75,22 @@ def test_a_failing_first_size_is_halved_until_it_fits(tmp_path):
     assert finder.optimal_batch_size == 8
 
 
+def test_trials_run_the_modules_hooks_and_no_callbacks(tmp_path):
+    class Stepped(MemoryLimited):
+        def __init__(self) -> None:
+            super().__init__(limit=12)
+            self.stepped: list[int] = []
+
+        def on_before_optimizer_step(self, optimizer):
+            self.stepped.append(self.tried[-1])
+
+    module, seen = Stepped(), BatchSizes()
+    finder = BatchSizeFinder(mode="power", steps_per_trial=1)
+    quiet_trainer(tmp_path, max_epochs=1, max_steps=2, callbacks=[finder, seen]).fit(module)
+    assert module.stepped == [2, 4, 8, 8, 8]  # the trials' steps (16 ran out), then the fit's
+    assert seen.sizes == [8, 8]
+
+
 def test_size_never_exceeds_the_dataset(tmp_path):
     module = MemoryLimited(limit=1000, samples=40)
     finder = BatchSizeFinder(mode="power", steps_per_trial=1)

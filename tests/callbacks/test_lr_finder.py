@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import math
+from collections import Counter
 
 import pytest
 import torch
 
 from tests.conftest import LinearModule, make_loader, quiet_trainer
 from trainer.callbacks import Callback, LearningRateFinder
+from trainer.callbacks.finder_steps import run_training_steps
 from trainer.errors import ConfigurationError
 
 
@@ -145,6 +147,154 @@ def test_update_attr_needs_the_attribute(tmp_path):
     t = quiet_trainer(tmp_path, max_epochs=1, callbacks=[LearningRateFinder(attr_name="lr")])
     with pytest.raises(ConfigurationError, match=r"attr_name='lr'.*update_attr=False"):
         t.fit(NoLr(), make_loader())
+
+
+_BATCH_HOOKS = ("on_train_batch_start", "on_before_optimizer_step", "on_train_batch_end")
+
+
+class HookCounting(LinearModule):
+    """Counts its batch hooks and training_step calls."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls: Counter[str] = Counter()
+
+    def training_step(self, batch, batch_idx):
+        self.calls["training_step"] += 1
+        return super().training_step(batch, batch_idx)
+
+    def on_train_batch_start(self, batch, batch_idx):
+        self.calls["on_train_batch_start"] += 1
+
+    def on_before_optimizer_step(self, optimizer):
+        self.calls["on_before_optimizer_step"] += 1
+
+    def on_train_batch_end(self, outputs, batch, batch_idx):
+        self.calls["on_train_batch_end"] += 1
+
+
+class CallbackCounting(Callback):
+    def __init__(self) -> None:
+        self.calls: Counter[str] = Counter()
+
+    def on_train_batch_start(self, trainer, module, batch, batch_idx):
+        self.calls["on_train_batch_start"] += 1
+
+    def on_before_optimizer_step(self, trainer, module, optimizer):
+        self.calls["on_before_optimizer_step"] += 1
+
+    def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx):
+        self.calls["on_train_batch_end"] += 1
+
+
+def test_the_test_runs_the_modules_batch_hooks_and_no_callbacks(tmp_path):
+    # Lightning's: its finders run the fit loop with trainer.callbacks swapped out.
+    module, seen = HookCounting(), CallbackCounting()
+    finder = LearningRateFinder(num_training_steps=16, update_attr=False, early_stop_threshold=None)
+    t = quiet_trainer(tmp_path, max_epochs=1, accumulate_grad_batches=2, callbacks=[finder, seen])
+    t.fit(module, make_loader(n=16, batch_size=4))  # 4 batches: 2 steps per pass
+    assert len(finder.results["lr"]) == 16
+    # 16 steps of 2 batches (the loader cycled 8 times), then the fit's 4 batches (2 steps)
+    assert module.calls == {
+        "training_step": 36,
+        "on_train_batch_start": 36,
+        "on_before_optimizer_step": 18,
+        "on_train_batch_end": 36,
+    }
+    assert seen.calls == {
+        "on_train_batch_start": 4,
+        "on_before_optimizer_step": 2,
+        "on_train_batch_end": 4,
+    }
+    assert t.global_step == 2
+
+
+def test_on_train_batch_start_returning_minus_one_ends_the_pass(tmp_path):
+    class SkipFromThird(HookCounting):
+        def on_train_batch_start(self, batch, batch_idx):
+            super().on_train_batch_start(batch, batch_idx)
+            return -1 if batch_idx >= 2 else None
+
+    module = SkipFromThird()
+    finder = LearningRateFinder(num_training_steps=12, update_attr=False, early_stop_threshold=None)
+    t = quiet_trainer(tmp_path, max_epochs=1, callbacks=[finder])
+    with pytest.warns(UserWarning, match="12 steps ran"):
+        t.fit(module, make_loader())  # 8 batches; each pass trains on batches 0 and 1 only
+    assert len(finder.results["lr"]) == 12
+    assert module.calls["training_step"] == 12 + 2  # 6 passes of 2 batches; the fit's 2
+    # batch 2 of each pass returns -1; the 6th pass ends with the 12th step, after batch 1
+    assert module.calls["on_train_batch_start"] == 5 * 3 + 2 + 3
+    assert t.global_step == 2
+
+
+def test_a_module_that_skips_every_batch_ends_the_test_without_steps(tmp_path):
+    class SkipAll(LinearModule):
+        def on_train_batch_start(self, batch, batch_idx):
+            return -1
+
+    finder = LearningRateFinder(num_training_steps=10, update_attr=False)
+    t = quiet_trainer(tmp_path, max_epochs=1, callbacks=[finder])
+    with pytest.warns(UserWarning, match="0 steps ran"):
+        t.fit(SkipAll(), make_loader())
+    assert finder.results == {"lr": [], "loss": []} and finder.suggested_lr is None
+
+
+def test_the_modules_optimizer_step_and_lbfgs_closure_run_in_the_test(tmp_path):
+    # Before the test's steps went through the fit's step path, an overridden optimizer_step
+    # was not called during the test, and LBFGS (whose step needs a closure) failed.
+    class Hooked(LinearModule):
+        def __init__(self) -> None:
+            super().__init__(lr=0.1)
+            self.optimizer_steps = 0
+
+        def configure_optimizers(self):
+            return torch.optim.LBFGS(self.parameters(), lr=self.hparams.lr, max_iter=2)
+
+        def optimizer_step(self, epoch, batch_idx, optimizer, optimizer_closure):
+            self.optimizer_steps += 1
+            optimizer.step(closure=optimizer_closure)
+
+    module = Hooked()
+    finder = LearningRateFinder(min_lr=1e-4, max_lr=0.5, num_training_steps=20, update_attr=False)
+    t = quiet_trainer(tmp_path, max_epochs=1, callbacks=[finder])
+    t.fit(module, make_loader())
+    assert len(finder.results["lr"]) >= 12 and math.isfinite(finder.results["loss"][0])
+    assert module.optimizer_steps == len(finder.results["lr"]) + 8
+    assert t.global_step == 8
+
+
+class RunSteps(Callback):
+    """At on_fit_start: ``num_steps`` trial steps, not undone; keeps the weights they leave."""
+
+    def __init__(self, num_steps: int) -> None:
+        self.num_steps = num_steps
+        self.weights: dict[str, torch.Tensor] = {}
+
+    def on_fit_start(self, trainer, module):
+        steps = run_training_steps(trainer, trainer.train_dataloader, self.num_steps)
+        assert steps == self.num_steps
+        self.weights = {k: v.clone() for k, v in module.state_dict().items()}
+
+
+class WeightsAtEnd(Callback):
+    def on_train_end(self, trainer, module):
+        self.weights = {k: v.clone() for k, v in module.state_dict().items()}
+
+
+def test_trial_steps_train_exactly_as_the_fit_does(tmp_path):
+    options = dict(accumulate_grad_batches=2, gradient_clip_val=0.05)
+    torch.manual_seed(0)
+    trial = RunSteps(num_steps=3)
+    quiet_trainer(tmp_path, max_steps=1, callbacks=[trial], **options).fit(
+        MomentumModule(), make_loader()
+    )
+    torch.manual_seed(0)
+    fitted = WeightsAtEnd()
+    t = quiet_trainer(tmp_path, max_steps=3, callbacks=[fitted], **options)
+    t.fit(MomentumModule(), make_loader())
+    assert t.global_step == 3
+    for name, value in fitted.weights.items():
+        assert torch.equal(trial.weights[name], value), name
 
 
 @pytest.mark.parametrize(

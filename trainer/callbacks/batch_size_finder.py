@@ -1,11 +1,11 @@
 """BatchSizeFinder: the largest batch size that trains without running out of memory.
 
 This module owns the search (Lightning's "power" and "binsearch" modes), the trials (a few
-training steps per candidate size, on a state captured before and put back after each, see
-``trainer/callbacks/lr_finder.py``), where the batch size is read and written (the module's
-or datamodule's attribute or ``hparams`` entry), and handing the Trainer a train dataloader
-rebuilt with the size found. It does not own memory accounting: a trial fails exactly when it
-raises an error that ``trainer.accelerator.memory.is_out_of_memory`` recognises.
+training steps per candidate size through the fit's own batch step, on a state captured before
+and put back after each, see `trainer.callbacks.finder_steps`), where the batch size is read and
+written (the module's or datamodule's attribute or ``hparams`` entry), and handing the Trainer a
+train dataloader rebuilt with the size found. It does not own memory accounting: a trial fails
+exactly when it raises an error that ``trainer.accelerator.memory.is_out_of_memory`` recognises.
 """
 
 from __future__ import annotations
@@ -39,7 +39,9 @@ class BatchSizeFinder(Callback):
     from ``train_dataloader()`` of the DataModule or the module, which must read the size from
     ``<batch_arg_name>`` (an attribute or ``hparams`` entry of the module or DataModule). Every
     trial starts from the same captured state (weights, optimizer, precision, RNG), which is put
-    back afterwards, so the fit starts where it would have without the search.
+    back afterwards, so the fit starts where it would have without the search. A trial's steps
+    are the fit's (accumulation, clipping, precision) and run the module's batch hooks but no
+    callback's, as in Lightning.
 
     ``mode="power"`` doubles the size after each success and stops at the first out-of-memory
     error, keeping the last size that worked; ``mode="binsearch"`` continues from there by
@@ -129,9 +131,7 @@ class BatchSizeFinder(Callback):
                 _build_loader(module, trainer.datamodule)
             )
             try:
-                run_training_steps(
-                    trainer, module, loader, self.steps_per_trial, who="BatchSizeFinder"
-                )
+                run_training_steps(trainer, loader, self.steps_per_trial)
                 is_fitting = True
             except Exception as err:  # only out-of-memory is an answer; anything else is a bug
                 if not is_out_of_memory(err):

@@ -1,24 +1,27 @@
 """What both finders (LearningRateFinder, BatchSizeFinder) share: trial training steps and undoing them.
 
 `TrainingState` captures what trial steps change (weights, optimizer and precision state, RNG,
-accumulation position) and puts it back exactly; `run_training_steps` runs optimizer steps of
-``training_step`` over the fit's prepared train loader through the Trainer's accelerator, with
-the Trainer's accumulation and clipping and no hooks; the Trainer's progress does not move.
+accumulation position) and puts it back exactly; `run_training_steps` runs a number of optimizer
+steps over a train loader, each batch through the Trainer's own step path
+(`trainer.trainer.batch_step.trial_step`: the fit's accumulation, clipping, precision, optimizer
+step and ``zero_grad``, with the module's hooks and no callback's). This module owns which
+batches a trial draws and when it stops, not how a batch is trained; the Trainer's progress
+does not move.
 """
 
 from __future__ import annotations
 
 import copy
 import math
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
-from functools import partial
 from typing import TYPE_CHECKING, Any
 
 import torch
 
-from trainer.errors import ConfigurationError, HookResultError, describe
+from trainer.errors import ConfigurationError, describe
 from trainer.runtime.seed import get_rng_states, set_rng_states
+from trainer.trainer.batch_step import BatchStep, trial_step
 
 if TYPE_CHECKING:
     from trainer.trainer.module import TrainModule
@@ -108,108 +111,106 @@ def train_loader(trainer: Trainer) -> Any:
     return loader
 
 
-def _step_function(trainer: Trainer, module: TrainModule) -> Callable[[Any, int], Any]:
-    """``training_step`` through the prepared model (DDP/FSDP wrappers see the forward)."""
-    model = trainer.model
-    return module.training_step if model is None else partial(model, "training_step")
-
-
-def _loss_of(output: Any, who: str) -> torch.Tensor | None:
-    if output is None or isinstance(output, torch.Tensor):
-        return output
-    if isinstance(output, dict) and isinstance(output.get("loss"), torch.Tensor):
-        return output["loss"]
-    raise HookResultError(
-        f"training_step returned {describe(output)} during {who}; expected a Tensor, a dict with "
-        '"loss", or None. Return the loss tensor.'
-    )
-
-
-def _cycle(loader: Any) -> Iterator[Any]:
-    """The loader's batches, over and over (a trial may need more steps than one epoch has)."""
-    while True:
-        iterator = iter(loader)
-        is_empty = True
-        try:
-            for batch in iterator:
-                is_empty = False
-                yield batch
-        finally:
-            if hasattr(iterator, "close"):
-                iterator.close()  # ends the prepared loader's iteration (accumulation bookkeeping)
-        if is_empty:
-            raise ConfigurationError(
-                "the train dataloader yielded no batch; the finders need at least one."
-            )
-
-
 def run_training_steps(
     trainer: Trainer,
-    module: TrainModule,
     loader: Any,
     num_steps: int,
     *,
-    who: str,
     before_step: Callable[[int], None] | None = None,
     after_step: Callable[[int, float], bool] | None = None,
 ) -> int:
-    """Run up to ``num_steps`` optimizer steps of ``training_step`` over ``loader``; no hooks.
+    """Run up to ``num_steps`` optimizer steps over ``loader`` through the fit's step path.
 
-    Gradient accumulation and clipping follow the Trainer's settings. ``before_step(i)`` runs
-    before step ``i``'s first batch; ``after_step(i, loss)`` gets the step's mean loss (nan when
-    every batch was skipped) and returns True to stop. Returns the number of steps run.
+    Each batch goes through the Trainer's own batch step (`trainer.trainer.batch_step`, built by
+    `trial_step`): ``training_step`` and its loss check, accumulation, ``zero_grad``, backward,
+    clipping, precision and the optimizer step, with the module's hooks and no callback's. The
+    Trainer's progress does not move. ``batch_idx`` counts from 0 on each pass over ``loader``,
+    which starts again when the trial needs more steps than it has; the module's
+    ``on_train_batch_start`` returning -1 ends the pass (Lightning ends the epoch), and a pass
+    that takes no step ends the trial.
+
+    Args:
+        trainer: the running Trainer (from ``on_fit_start`` on).
+        loader: the prepared train dataloader to draw batches from.
+        num_steps: the most optimizer steps to run.
+        before_step: ``before_step(i)`` runs before the first batch of step ``i``.
+        after_step: ``after_step(i, loss)`` gets step ``i``'s mean loss (nan when every batch
+            of the step was skipped) and returns True to stop.
+
+    Returns:
+        The number of optimizer steps run.
+
+    Raises:
+        ConfigurationError: ``loader`` yielded no batch.
     """
-    accelerator = trainer.accelerator
-    step_function = _step_function(trainer, module)
-    is_automatic = module.automatic_optimization
-    optimizer = trainer.optimizers[0] if is_automatic else None
     if num_steps < 1:
         return 0
-    module.train()
-    losses: list[float] = []
-    steps = 0
+    trial = _Trial(trial_step(trainer), num_steps, before_step, after_step)
+    trainer.module.train()
     if before_step is not None:
         before_step(0)
-    batches = _cycle(loader)
-    try:
-        for batch_idx, batch in enumerate(batches):
-            if optimizer is None:  # manual optimization: the step does its own updates
-                with accelerator.autocast():
-                    loss = _loss_of(step_function(batch, batch_idx), who)
-                is_step = True
-            else:
-                with accelerator.accumulate(module):
-                    with accelerator.autocast():
-                        loss = _loss_of(step_function(batch, batch_idx), who)
-                    if loss is not None:
-                        accelerator.backward(loss)
-                    is_step = accelerator.sync_gradients
-                    if is_step:
-                        _clip_gradients(trainer, module.parameters())
-                        optimizer.step()
-                        optimizer.zero_grad()
-            if loss is not None:
-                losses.append(float(loss.detach()))
-            if not is_step:
-                continue
-            mean_loss = sum(losses) / len(losses) if losses else math.nan
-            losses.clear()
-            steps += 1
-            if after_step is not None and after_step(steps - 1, mean_loss):
-                break
-            if steps >= num_steps:
-                break
-            if before_step is not None:
-                before_step(steps)
-    finally:
-        batches.close()
-    return steps
+    while not trial.is_done:
+        steps_before = trial.steps
+        if trial.run_pass(loader) == 0:
+            raise ConfigurationError(
+                "the train dataloader yielded no batch; the finders need at least one."
+            )
+        if trial.steps == steps_before:  # every pass would end the same way
+            break
+    return trial.steps
 
 
-def _clip_gradients(trainer: Trainer, parameters: Iterator[torch.Tensor]) -> None:
-    accelerator, value = trainer.accelerator, trainer.gradient_clip_val
-    if value is not None:
-        is_norm = trainer.gradient_clip_algorithm == "norm"
-        (accelerator.clip_grad_norm_ if is_norm else accelerator.clip_grad_value_)(
-            parameters, value
-        )
+class _Trial:
+    """The steps of one `run_training_steps`: their count, the current step's losses, the end."""
+
+    def __init__(
+        self,
+        step: BatchStep,
+        num_steps: int,
+        before_step: Callable[[int], None] | None,
+        after_step: Callable[[int, float], bool] | None,
+    ) -> None:
+        self._step = step
+        self._num_steps = num_steps
+        self._before_step = before_step
+        self._after_step = after_step
+        self._losses: list[float] = []
+        self.steps = 0
+        self.is_done = False
+
+    def run_pass(self, loader: Any) -> int:
+        """One pass over ``loader`` until it ends, the module skips, or the trial is done;
+        return the number of batches drawn."""
+        step = self._step
+        iterator = iter(loader)
+        count = 0
+        try:
+            for batch_idx, batch in enumerate(iterator):
+                count += 1
+                if step.start_batch(batch, batch_idx):  # on_train_batch_start returned -1
+                    break
+                output, loss, is_stepping = step.step_batch(batch, batch_idx)
+                step.end_batch(output, batch, batch_idx)
+                if loss is not None:
+                    self._losses.append(float(loss.detach()))
+                if is_stepping and self._end_step():
+                    self.is_done = True
+                    break
+        finally:
+            if hasattr(iterator, "close"):
+                iterator.close()  # ends the prepared loader's iteration (accumulation bookkeeping)
+        return count
+
+    def _end_step(self) -> bool:
+        """Count the step and report its mean loss; True when the trial is over."""
+        losses = self._losses
+        mean_loss = sum(losses) / len(losses) if losses else math.nan
+        losses.clear()
+        self.steps += 1
+        if self._after_step is not None and self._after_step(self.steps - 1, mean_loss):
+            return True
+        if self.steps >= self._num_steps:
+            return True
+        if self._before_step is not None:
+            self._before_step(self.steps)
+        return False

@@ -1,11 +1,11 @@
 """LearningRateFinder: the learning-rate range test at the start of fit, its suggestion and plot.
 
-This module owns the range test (training steps with a growing learning rate, run through the
-Trainer's accelerator and prepared optimizer over the train dataloader), the smoothing and early
-stop, the suggestion, the plot, and putting the module, optimizer, precision and RNG state back
-as they were. It also holds what both finders share: `TrainingState` (capture/restore)
-and `run_training_steps`. It does not own the loop: no hook runs during the test and the
-Trainer's progress (global step, epoch) does not move.
+This module owns the range test (the learning rate of each step, the smoothing and early stop),
+the suggestion and the plot. It does not own the loop: the test's steps go through the fit's own
+batch step (`trainer.callbacks.finder_steps.run_training_steps`), where the module's hooks run
+and no callback's, and `trainer.callbacks.finder_steps.TrainingState` puts the module,
+optimizer, precision and RNG state back as they were; the Trainer's progress (global step,
+epoch) does not move.
 """
 
 from __future__ import annotations
@@ -51,7 +51,9 @@ class LearningRateFinder(Callback):
     the best one (or is not finite), puts the state back, and suggests the learning rate where
     the loss falls fastest (`suggestion`). With ``update_attr`` the suggestion goes to
     ``module.<attr_name>`` / ``module.hparams[attr_name]``, the optimizer's parameter groups and
-    its schedulers' ``base_lrs``, so the fit trains with it. No hook runs during the test.
+    its schedulers' ``base_lrs``, so the fit trains with it. The test's steps are the fit's
+    (accumulation, clipping, precision, the module's ``optimizer_step`` if overridden) and run
+    the module's batch hooks but no callback's, as in Lightning.
 
     Args:
         min_lr: the first learning rate of the test.
@@ -169,13 +171,7 @@ class LearningRateFinder(Callback):
         state = TrainingState.capture(trainer, module)
         try:
             run_training_steps(
-                trainer,
-                module,
-                loader,
-                self.num_training_steps,
-                who="LearningRateFinder",
-                before_step=set_lr,
-                after_step=record,
+                trainer, loader, self.num_training_steps, before_step=set_lr, after_step=record
             )
         finally:
             state.restore()

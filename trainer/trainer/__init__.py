@@ -3,7 +3,8 @@
 - ``trainer``: ``Trainer`` (fit / validate / test / predict), its state and progress.
 - ``module`` / ``module_hooks``: ``TrainModule`` and ``DataModule``, and the hooks they receive.
 - ``hooks``: which hooks exist, in which order they run, and who receives each.
-- ``fit_loop`` / ``evaluation_loop`` / ``validation_schedule``: the loops and when to validate;
+- ``fit_loop`` / ``batch_step`` / ``evaluation_loop`` / ``validation_schedule``: the loops, one
+  training batch (also the finders' trial steps) and when to validate;
   ``loss``, ``closure``, ``manual_step``: a training step's result, closure optimizers (LBFGS),
   manual optimization's ``step()``.
 - ``loaders`` / ``dataloader_idx``: each stage's dataloaders; several eval loaders.

@@ -1,9 +1,11 @@
 """The training loop of one ``fit``: epochs, batches, optimizer steps, scheduled validation, stops.
 
-Reads top to bottom: `FitLoop.run` -> ``_train_epoch`` -> ``_train_batch`` -> ``_optimizer_step``,
-with validation where ``val_check_interval`` / ``check_val_every_n_epoch`` put it. Every
-device, precision and process question goes to ``trainer.accelerator``; hooks go through the
-run's `HookTable` in DESIGN §3's order. The Trainer sets the run up and tears it down.
+Reads top to bottom: `FitLoop.run` -> ``_train_epoch`` -> ``_train_batch``, with validation where
+``val_check_interval`` / ``check_val_every_n_epoch`` put it. The batch itself (``training_step``,
+backward, the optimizer step and the hooks around them) is `trainer.trainer.batch_step.BatchStep`,
+which the finders' trial steps run too; this loop counts its steps. Every device, precision and
+process question goes to ``trainer.accelerator``; hooks go through the run's `HookTable` in
+DESIGN §3's order. The Trainer sets the run up and tears it down.
 
 Where Lightning 2.6 does something particular, so does this loop:
 
@@ -16,7 +18,8 @@ Where Lightning 2.6 does something particular, so does this loop:
 - validation follows the ``val_check_interval``'s batches and a batch that stops the fit, and
   no other (none at an epoch's end the interval does not reach);
 - a module that overrides ``optimizer_step`` / ``optimizer_zero_grad`` gets them called where
-  Lightning calls them (`trainer.trainer.step_hooks`); one that does not keeps the plain path;
+  Lightning calls them (`trainer.trainer.step_hooks`, through the batch step); one that does not
+  keeps the plain path;
 - a checkpoint taken once the epoch's batches (and its validation) were done resumes at the next
   epoch, without that epoch's ``on_train_epoch_end`` again. (A resume inside an epoch runs
   ``on_train_epoch_start`` for it, which Lightning does not: callbacks set up per-epoch state
@@ -29,22 +32,16 @@ import math
 import time
 from typing import TYPE_CHECKING, Any
 
-import torch
-
 from trainer.runtime.seed import set_rng_states
 from trainer.trainer import profiling
-from trainer.trainer.closure import check_closure_precision, needs_closure, stepping_with
+from trainer.trainer.batch_step import BatchStep
 from trainer.trainer.evaluation_loop import run_eval_epoch
-from trainer.trainer.hook_table import is_overridden
 from trainer.trainer.loaders import is_reload_due, reload_stage
 from trainer.trainer.logger_rows import send_to_loggers
-from trainer.trainer.loss import anomaly_backward, check_finite, loss_of
 from trainer.trainer.manual_step import bind_manual_steps
-from trainer.trainer.module import TrainModule
 from trainer.trainer.optimizer_config import step_schedulers
 from trainer.trainer.options import warn_on_empty_epoch
 from trainer.trainer.preemption import PreemptionSignal, is_preempted, save_and_exit
-from trainer.trainer.step_hooks import HookedStep
 from trainer.trainer.validation_schedule import (
     is_val_check_batch,
     run_sanity_check,
@@ -61,11 +58,14 @@ __all__ = ["FitLoop", "run_sanity_check"]
 _SKIP_EPOCH = object()  # on_train_batch_start returned -1: the rest of the epoch is skipped
 
 
-class FitLoop:
+class FitLoop(BatchStep):
     """Epochs until a limit, ``should_stop`` or a preemption signal; one per ``fit`` call.
 
-    ``pending_rng_state`` (from a resumed checkpoint) is applied when the first epoch starts, so
-    the random streams continue where the interrupted run left them.
+    Each batch is a `BatchStep` over the run's hooks and prepared model, whose optimizer steps
+    this loop counts (a subclass, not a member: a profiler times ``backward``,
+    ``_optimizer_step`` and ``_zero_grad`` on the loop object, `profiling.STAGE_ACTIONS`, and
+    the step calls them through ``self``). ``pending_rng_state`` (from a resumed checkpoint) is applied when the
+    first epoch starts, so the random streams continue where the interrupted run left them.
     """
 
     def __init__(
@@ -75,43 +75,20 @@ class FitLoop:
         received_signal: PreemptionSignal,
         pending_rng_state: dict[str, Any] | None = None,
     ) -> None:
-        self.trainer = trainer
+        super().__init__(
+            trainer,
+            run.hooks,
+            model=run.model,
+            training_step=run.training_step,
+        )
         self._run = run
         self.received_signal = received_signal
         self.pending_rng_state = pending_rng_state
         self.is_step_row_due = False  # a training step row waits for on_train_batch_end
         self.is_stepping = False  # whether the last batch stepped the optimizer
         self._is_exhausted = False  # the train loader yielded nothing: no epoch ever would
-        self._set_up_schedulers_and_closure()
-        self._reloaded_at: dict[str, float] = {}  # set when the run starts
-
-    def _set_up_schedulers_and_closure(self) -> None:
-        """Whether the fit steps "step" ReduceLROnPlateau schedulers, LBFGS' closure, and the
-        module's optimizer_step / optimizer_zero_grad hooks (only when it overrides them)."""
-        trainer = self.trainer
-        module = trainer.module
-        is_automatic = module.automatic_optimization
         self._has_step_plateau = False  # read again each epoch: callbacks may add schedulers
-        optimizer = trainer.optimizers[0] if is_automatic and trainer.optimizers else None
-        self._needs_closure = optimizer is not None and needs_closure(optimizer)
-        if self._needs_closure:
-            check_closure_precision(optimizer, trainer.precision_plugin)
-        self._has_zero_grad_hook = is_automatic and is_overridden(
-            module, "optimizer_zero_grad", TrainModule
-        )
-        self._hooked_step = (
-            HookedStep(
-                module,
-                optimizer,
-                run_batch=self._run_batch,
-                before_step=self._before_step,
-                normalize=trainer.accumulate_grad_batches,
-            )
-            if optimizer is not None and is_overridden(module, "optimizer_step", TrainModule)
-            else None
-        )
-        self._closure_batch: tuple[Any, int] | None = None
-        self._closure_loss: torch.Tensor | None = None
+        self._reloaded_at: dict[str, float] = {}  # set when the run starts
 
     def run(self) -> None:
         """``on_train_start``, then epochs until done (the Trainer calls ``on_train_end``)."""
@@ -281,131 +258,45 @@ class FitLoop:
 
     # ---- one batch ------------------------------------------------------------------------
     def _train_batch(self, batch: Any, batch_idx: int) -> Any:
-        """One batch: step, backward, and on stepping batches the optimizer step."""
-        trainer, run = self.trainer, self._run
-        accelerator = trainer.accelerator
-        store = run.stores["train"]
-        store.current_batch = batch
-        hooks = run.hooks
-        if (
-            hooks["on_train_batch_start"]
-            and hooks.call("on_train_batch_start", batch, batch_idx) == -1
-        ):
+        """One batch: its step (`BatchStep`), counted, between the batch hooks."""
+        trainer = self.trainer
+        self._run.stores["train"].current_batch = batch
+        if self.start_batch(batch, batch_idx):  # on_train_batch_start returned -1
             # Lightning counts the skipped batch as the epoch's last: the interval schedulers
             # step as after its last batch (no optimizer step, no validation).
             if trainer.lr_scheduler_configs and trainer.module.automatic_optimization:
                 self._step_schedulers("step", is_plateau=False)
                 self._step_schedulers("epoch", is_plateau=False)
             return _SKIP_EPOCH
-        is_stepping = False
-        if not trainer.module.automatic_optimization:
-            with accelerator.autocast():  # each optimizer.step() counts a global step
-                output = run.training_step(batch, batch_idx)
+        output, _, is_stepping = self.step_batch(batch, batch_idx)
+        if trainer.module.automatic_optimization:
+            self.is_stepping = is_stepping
+            if is_stepping:
+                self._count_step()
+        else:  # each optimizer.step() counted itself
             progress = trainer.progress
             # Lightning counts every batch as stepped here (whatever the optimizers did): the
             # loggers' step, and the row due every log_every_n_steps of them.
             progress.batches_stepped += 1
-            is_stepping = True
             if progress.batches_stepped % trainer.log_every_n_steps == 0:
                 self.is_step_row_due = True
-        else:
-            with accelerator.accumulate(run.model):
-                # The Accelerator decides whether this batch ends an accumulation window.
-                is_stepping = accelerator.sync_gradients
-                if is_stepping and self._hooked_step is not None:  # the module's optimizer_step
-                    output = self._hooked_step.run(trainer.current_epoch, batch, batch_idx)
-                    self._count_step()
-                else:
-                    output, loss = self._run_batch(batch, batch_idx)
-                    if is_stepping:
-                        if self._needs_closure:  # LBFGS: the closure's first call: this loss
-                            self._closure_batch = (batch, batch_idx)
-                            self._closure_loss = None if loss is None else loss.detach()
-                        self._optimizer_step(is_skipped=loss is None)
-            self.is_stepping = is_stepping
         if trainer.checkpoint_io is not None:  # a background save that ended: finish it or raise
             trainer.checkpoint_io.poll()
-        if hooks["on_train_batch_end"]:  # hot path: build nothing nobody reads
-            output = {"loss": output.detach()} if isinstance(output, torch.Tensor) else output
-            hooks.call("on_train_batch_end", output, batch, batch_idx)
+        self.end_batch(output, batch, batch_idx)
         # Lightning writes the step row after on_train_batch_end (what it logs joins the row),
         # and also for the batch that stops the fit.
         if self.is_step_row_due or (is_stepping and trainer.should_stop):
             self.send_step_row()
         return output
 
-    def _run_batch(self, batch: Any, batch_idx: int) -> tuple[Any, torch.Tensor | None]:
-        """``training_step``, then (Lightning's order) ``zero_grad`` on the first batch of a
-        window, so hooks and callbacks still see the last step's gradients, then backward."""
-        trainer = self.trainer
-        with trainer.accelerator.autocast():
-            output = self._run.training_step(batch, batch_idx)
-        loss = loss_of(trainer, output, batch_idx)
-        if batch_idx % trainer.accumulate_grad_batches == 0:
-            self._zero_grad(batch_idx)
-        if loss is not None:
-            self.backward(loss)
-        return output, loss
-
     def send_step_row(self) -> None:
         """Write the training step row (after ``on_train_batch_end``, or before a checkpoint)."""
         self.is_step_row_due = False
         send_to_loggers(self.trainer, self._run.stores["train"].step_items(for_logger=True))
 
-    def backward(self, loss: torch.Tensor, **kwargs: Any) -> None:
-        """The hooks around ``accelerator.backward`` (also ``TrainModule.manual_backward``'s path)."""
-        hooks = (
-            self._run.hooks
-        )  # empty hook lists are skipped without a call: this runs every batch
-        if hooks["on_before_backward"]:
-            hooks.call("on_before_backward", loss)
-        if self.trainer.detect_anomaly:
-            anomaly_backward(self.trainer, loss, **kwargs)
-        else:
-            self.trainer.accelerator.backward(loss, **kwargs)
-        if hooks["on_after_backward"]:
-            hooks.call("on_after_backward")
-
-    def manual_backward(self, loss: torch.Tensor, **kwargs: Any) -> None:
-        """``TrainModule.manual_backward``: the same hooks and path as automatic backward."""
-        if self.trainer.detect_anomaly:
-            check_finite(loss, "training_step (manual_backward)")
-        self.backward(loss, **kwargs)
-
-    def _zero_grad(self, batch_idx: int) -> None:
-        """``on_before_zero_grad``, then clear the gradients (first batch of each window)."""
-        trainer = self.trainer
-        optimizer = trainer.optimizers[0]
-        hooks = self._run.hooks
-        if hooks["on_before_zero_grad"]:
-            hooks.call("on_before_zero_grad", optimizer)
-        # The wrapped optimizer's own zero_grad: the prepared one's is a no-op inside a window
-        # (Lightning, too, hands the module's optimizer_zero_grad the torch optimizer).
-        if self._has_zero_grad_hook:
-            trainer.module.optimizer_zero_grad(
-                trainer.current_epoch, batch_idx, optimizer.optimizer
-            )
-        else:
-            optimizer.optimizer.zero_grad()
-
-    def _optimizer_step(self, *, is_skipped: bool = False) -> None:
-        """Unscale, hook, clip, step; count the step and step the interval schedulers.
-
-        ``is_skipped`` (training_step returned None): as in Lightning, the hook runs and the
-        step is counted, but the optimizer does not step.
-        """
-        optimizer = self.trainer.optimizers[0]
-        self._before_step(is_skipped)
-        if not is_skipped:
-            if self._needs_closure:
-                with stepping_with(optimizer, self._closure):
-                    optimizer.step()
-            else:
-                optimizer.step()
-        self._count_step()
-
     def _count_step(self) -> None:
-        """Count the optimizer step; step the interval schedulers; mark the logger row due."""
+        """Count the optimizer step (also one skipped for a None loss); step the interval
+        schedulers; mark the logger row due."""
         trainer = self.trainer
         accelerator = trainer.accelerator
         progress = trainer.progress
@@ -418,33 +309,6 @@ class FitLoop:
                 self._step_schedulers("epoch", is_plateau=False)  # Lightning: before validation
         if progress.batches_stepped % trainer.log_every_n_steps == 0:
             self.is_step_row_due = True  # written after on_train_batch_end (`_train_batch`)
-
-    def _before_step(self, is_skipped: bool) -> None:
-        """``on_before_optimizer_step`` (on unscaled gradients), then clipping."""
-        trainer = self.trainer
-        accelerator = trainer.accelerator
-        hooks = self._run.hooks
-        if hooks["on_before_optimizer_step"]:
-            if not is_skipped:
-                accelerator.unscale_gradients()  # hooks see true gradients
-            hooks.call("on_before_optimizer_step", trainer.optimizers[0])
-        if not is_skipped and trainer.gradient_clip_val is not None:
-            parameters = trainer.module.parameters()
-            if trainer.gradient_clip_algorithm == "norm":
-                accelerator.clip_grad_norm_(parameters, trainer.gradient_clip_val)
-            else:
-                accelerator.clip_grad_value_(parameters, trainer.gradient_clip_val)
-
-    def _closure(self) -> torch.Tensor | None:
-        """LBFGS' closure. The first call returns the batch's loss, computed already; each later
-        call evaluates the batch again as Lightning's closure does: ``training_step``,
-        ``zero_grad`` (first batch of a window), backward, ``on_before_optimizer_step``, clip."""
-        if self._closure_loss is not None:
-            loss, self._closure_loss = self._closure_loss, None
-            return loss
-        _, loss = self._run_batch(*self._closure_batch)
-        self._before_step(is_skipped=loss is None)
-        return None if loss is None else loss.detach()
 
     def _step_schedulers(self, interval: str, *, is_plateau: bool) -> None:
         """Step ``interval``'s schedulers through the module's ``lr_scheduler_step`` hook; as in

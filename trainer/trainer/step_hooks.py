@@ -6,12 +6,12 @@ that steps (the last of an accumulation window), before anything else of the bat
 window) and backward, and ``optimizer.step(closure=optimizer_closure)`` runs the closure, then
 ``on_before_optimizer_step`` and gradient clipping, then the step. A module that overrides the
 hook (a learning-rate warm-up before the step, a step taken only every other batch) gets exactly
-that, from `HookedStep`. A module that does not never meets a closure: the fit loop runs the step,
-the backward and the optimizer step itself (`trainer.trainer.fit_loop`).
+that, from `HookedStep`. A module that does not never meets a closure: the batch step runs
+``training_step``, the backward and the optimizer step itself (`trainer.trainer.batch_step`).
 
-This module owns the closure and the optimizer's ``step(closure)`` inside the hook; the fit loop
-owns what the closure runs (``run_batch``), the hooks around the step (``before_step``) and the
-counting of the step.
+This module owns the closure and the optimizer's ``step(closure)`` inside the hook; the batch
+step owns what the closure runs (``run_batch``) and the hooks around the step (``before_step``),
+and its user (the fit loop, or a finder's trial) the counting of the step.
 """
 
 from __future__ import annotations
@@ -80,8 +80,12 @@ class HookedStep:
         self._normalize = normalize
         self._closure: TrainingClosure | None = None  # the current batch's
 
-    def run(self, epoch: int, batch: Any, batch_idx: int) -> Any:
-        """Call ``module.optimizer_step`` for this stepping batch; return ``training_step``'s output.
+    def run(self, epoch: int, batch: Any, batch_idx: int) -> tuple[Any, torch.Tensor | None]:
+        """Call ``module.optimizer_step`` for this stepping batch.
+
+        Returns:
+            ``training_step``'s output and its loss (None when it returned None) of the
+            closure's last call.
 
         Raises:
             ConfigurationError: the hook returned without running the closure, so the batch
@@ -104,7 +108,7 @@ class HookedStep:
                 "optimizer.step(closure=optimizer_closure), or optimizer_closure() to skip the "
                 "step but still train on the batch."
             )
-        return closure.output
+        return closure.output, closure.loss
 
     def step(self, closure: Callable[[], Any] | None = None) -> Any:
         """The prepared optimizer's step inside ``optimizer_step``: closure, hooks, step."""

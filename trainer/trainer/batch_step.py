@@ -1,0 +1,252 @@
+"""One training batch, from ``on_train_batch_start`` to ``on_train_batch_end``: the fit's step path.
+
+`BatchStep` owns what a training batch does: ``training_step`` under autocast, the loss check,
+``zero_grad`` on the first batch of an accumulation window (Lightning's place: hooks and
+callbacks still see the last step's gradients), backward, and on the window's last batch
+``on_before_optimizer_step``, clipping and the optimizer step. A module that overrides
+``optimizer_step`` / ``optimizer_zero_grad`` gets them called where Lightning calls them
+(`trainer.trainer.step_hooks`); an optimizer whose ``step`` needs a closure (LBFGS) gets one
+(`trainer.trainer.closure`). Hooks go through the `HookTable` it is given.
+
+Two users, one path. `trainer.trainer.fit_loop.FitLoop` is a BatchStep over the fit's hook
+table; it counts the steps (global step, interval schedulers, logger rows) and owns epochs,
+validation and stopping. `trial_step` builds one for the finders' trial steps
+(LearningRateFinder, BatchSizeFinder, at ``on_fit_start``): the module's hooks and no
+callback's (Lightning swaps ``trainer.callbacks`` out while it searches); nobody counts those
+steps, so the Trainer's progress does not move. This module owns neither epochs, nor counting,
+nor putting state back after trials (`trainer.callbacks.finder_steps`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from functools import partial
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from trainer.errors import ConfigurationError
+from trainer.profilers import PassThroughProfiler
+from trainer.trainer.closure import check_closure_precision, needs_closure, stepping_with
+from trainer.trainer.hook_table import HookTable, is_overridden
+from trainer.trainer.loss import anomaly_backward, check_finite, loss_of
+from trainer.trainer.module import TrainModule
+from trainer.trainer.step_hooks import HookedStep
+
+if TYPE_CHECKING:
+    from trainer.trainer.trainer import Trainer
+
+__all__ = ["BatchStep", "trial_step"]
+
+
+class BatchStep:
+    """The step of a training batch through ``trainer.accelerator``; built once per ``fit`` (or
+    per finder search).
+
+    Args:
+        trainer: the running Trainer (its accelerator, optimizers and step options).
+        hooks: the hooks to call: the fit's table, or the module's alone for trial steps.
+        model: the prepared model; ``accelerator.accumulate`` syncs gradients through it.
+        training_step: ``training_step(batch, batch_idx)`` through the prepared model.
+
+    Raises:
+        ConfigurationError: a closure optimizer (LBFGS) under a gradient scaler.
+    """
+
+    def __init__(
+        self,
+        trainer: Trainer,
+        hooks: HookTable,
+        *,
+        model: torch.nn.Module,
+        training_step: Callable[..., Any],
+    ) -> None:
+        self.trainer = trainer
+        self._hooks = hooks
+        self._model = model
+        self._training_step = training_step
+        module = trainer.module
+        is_automatic = module.automatic_optimization
+        optimizer = trainer.optimizers[0] if is_automatic and trainer.optimizers else None
+        self._needs_closure = optimizer is not None and needs_closure(optimizer)
+        if self._needs_closure:
+            check_closure_precision(optimizer, trainer.precision_plugin)
+        self._has_zero_grad_hook = is_automatic and is_overridden(
+            module, "optimizer_zero_grad", TrainModule
+        )
+        self._hooked_step = (
+            HookedStep(
+                module,
+                optimizer,
+                run_batch=self._run_batch,
+                before_step=self._before_step,
+                normalize=trainer.accumulate_grad_batches,
+            )
+            if optimizer is not None and is_overridden(module, "optimizer_step", TrainModule)
+            else None
+        )
+        self._closure_batch: tuple[Any, int] | None = None
+        self._closure_loss: torch.Tensor | None = None
+
+    def start_batch(self, batch: Any, batch_idx: int) -> bool:
+        """``on_train_batch_start``; True when the module's returned -1 (skip the rest)."""
+        hooks = self._hooks
+        return bool(hooks["on_train_batch_start"]) and (
+            hooks.call("on_train_batch_start", batch, batch_idx) == -1
+        )
+
+    def step_batch(self, batch: Any, batch_idx: int) -> tuple[Any, torch.Tensor | None, bool]:
+        """``training_step`` and what follows it; return ``(output, loss, is_stepping)``.
+
+        ``loss`` is None when ``training_step`` returned None (the batch is skipped).
+        ``is_stepping``: the batch ended an accumulation window, so the optimizer stepped (or,
+        without a loss, counts as stepped without stepping, as in Lightning).
+        Under manual optimization the module steps its optimizers itself; every batch counts
+        as stepping and ``loss`` is the output's (a Tensor, or a dict's "loss"), if any.
+        """
+        trainer = self.trainer
+        accelerator = trainer.accelerator
+        if not trainer.module.automatic_optimization:
+            with accelerator.autocast():
+                output = self._training_step(batch, batch_idx)
+            return output, _loss_in(output), True
+        with accelerator.accumulate(self._model):
+            # The Accelerator decides whether this batch ends an accumulation window.
+            is_stepping = accelerator.sync_gradients
+            if is_stepping and self._hooked_step is not None:  # the module's optimizer_step
+                output, loss = self._hooked_step.run(trainer.current_epoch, batch, batch_idx)
+            else:
+                output, loss = self._run_batch(batch, batch_idx)
+                if is_stepping:
+                    if self._needs_closure:  # LBFGS: the closure's first call: this loss
+                        self._closure_batch = (batch, batch_idx)
+                        self._closure_loss = None if loss is None else loss.detach()
+                    self._optimizer_step(is_skipped=loss is None)
+        return output, loss, is_stepping
+
+    def end_batch(self, output: Any, batch: Any, batch_idx: int) -> None:
+        """``on_train_batch_end`` with ``training_step``'s output (a Tensor as ``{"loss": t}``)."""
+        hooks = self._hooks
+        if hooks["on_train_batch_end"]:  # hot path: build nothing nobody reads
+            output = {"loss": output.detach()} if isinstance(output, torch.Tensor) else output
+            hooks.call("on_train_batch_end", output, batch, batch_idx)
+
+    def backward(self, loss: torch.Tensor, **kwargs: Any) -> None:
+        """The hooks around ``accelerator.backward`` (also ``manual_backward``'s path)."""
+        hooks = self._hooks  # empty hook lists are skipped without a call: this runs every batch
+        if hooks["on_before_backward"]:
+            hooks.call("on_before_backward", loss)
+        if self.trainer.detect_anomaly:
+            anomaly_backward(self.trainer, loss, **kwargs)
+        else:
+            self.trainer.accelerator.backward(loss, **kwargs)
+        if hooks["on_after_backward"]:
+            hooks.call("on_after_backward")
+
+    def manual_backward(self, loss: torch.Tensor, **kwargs: Any) -> None:
+        """``TrainModule.manual_backward``: the same hooks and path as automatic backward."""
+        if self.trainer.detect_anomaly:
+            check_finite(loss, "training_step (manual_backward)")
+        self.backward(loss, **kwargs)
+
+    def _run_batch(self, batch: Any, batch_idx: int) -> tuple[Any, torch.Tensor | None]:
+        """``training_step``, then (Lightning's order) ``zero_grad`` on the first batch of a
+        window, so hooks and callbacks still see the last step's gradients, then backward."""
+        trainer = self.trainer
+        with trainer.accelerator.autocast():
+            output = self._training_step(batch, batch_idx)
+        loss = loss_of(trainer, output, batch_idx)
+        if batch_idx % trainer.accumulate_grad_batches == 0:
+            self._zero_grad(batch_idx)
+        if loss is not None:
+            self.backward(loss)
+        return output, loss
+
+    def _zero_grad(self, batch_idx: int) -> None:
+        """``on_before_zero_grad``, then clear the gradients (first batch of each window)."""
+        trainer = self.trainer
+        optimizer = trainer.optimizers[0]
+        hooks = self._hooks
+        if hooks["on_before_zero_grad"]:
+            hooks.call("on_before_zero_grad", optimizer)
+        # The wrapped optimizer's own zero_grad: the prepared one's is a no-op inside a window
+        # (Lightning, too, hands the module's optimizer_zero_grad the torch optimizer).
+        if self._has_zero_grad_hook:
+            trainer.module.optimizer_zero_grad(
+                trainer.current_epoch, batch_idx, optimizer.optimizer
+            )
+        else:
+            optimizer.optimizer.zero_grad()
+
+    def _optimizer_step(self, *, is_skipped: bool = False) -> None:
+        """Unscale, hook, clip, step.
+
+        ``is_skipped`` (training_step returned None): as in Lightning, the hook runs (and the
+        fit counts the step), but the optimizer does not step.
+        """
+        optimizer = self.trainer.optimizers[0]
+        self._before_step(is_skipped)
+        if not is_skipped:
+            if self._needs_closure:
+                with stepping_with(optimizer, self._closure):
+                    optimizer.step()
+            else:
+                optimizer.step()
+
+    def _before_step(self, is_skipped: bool) -> None:
+        """``on_before_optimizer_step`` (on unscaled gradients), then clipping."""
+        trainer = self.trainer
+        accelerator = trainer.accelerator
+        hooks = self._hooks
+        if hooks["on_before_optimizer_step"]:
+            if not is_skipped:
+                accelerator.unscale_gradients()  # hooks see true gradients
+            hooks.call("on_before_optimizer_step", trainer.optimizers[0])
+        if not is_skipped and trainer.gradient_clip_val is not None:
+            parameters = trainer.module.parameters()
+            if trainer.gradient_clip_algorithm == "norm":
+                accelerator.clip_grad_norm_(parameters, trainer.gradient_clip_val)
+            else:
+                accelerator.clip_grad_value_(parameters, trainer.gradient_clip_val)
+
+    def _closure(self) -> torch.Tensor | None:
+        """LBFGS' closure. The first call returns the batch's loss, computed already; each later
+        call evaluates the batch again as Lightning's closure does: ``training_step``,
+        ``zero_grad`` (first batch of a window), backward, ``on_before_optimizer_step``, clip."""
+        if self._closure_loss is not None:
+            loss, self._closure_loss = self._closure_loss, None
+            return loss
+        _, loss = self._run_batch(*self._closure_batch)
+        self._before_step(is_skipped=loss is None)
+        return None if loss is None else loss.detach()
+
+
+def trial_step(trainer: Trainer) -> BatchStep:
+    """The fit's step path for a finder's trial steps, from ``on_fit_start`` on.
+
+    The module's hooks run as in fit; no callback's does (Lightning runs its searches with
+    ``trainer.callbacks`` swapped out). Nobody counts the steps: ``global_step``, the
+    schedulers and the loggers do not move; a profiler does not time them.
+
+    Raises:
+        ConfigurationError: the fit has not prepared its model yet (called before
+            ``on_fit_start``).
+    """
+    module, model = trainer.module, trainer.model
+    if module is None or model is None:
+        raise ConfigurationError(
+            "the finders' trial steps need the fit's prepared model and optimizers; run them "
+            "from on_fit_start or later."
+        )
+    hooks = HookTable(trainer, module, (), PassThroughProfiler())  # trials are not the fit's
+    return BatchStep(trainer, hooks, model=model, training_step=partial(model, "training_step"))
+
+
+def _loss_in(output: Any) -> torch.Tensor | None:
+    """The loss a manual-optimization ``training_step`` returned, if any (not checked: the
+    module did its own backward)."""
+    if isinstance(output, torch.Tensor):
+        return output
+    if isinstance(output, dict) and isinstance(output.get("loss"), torch.Tensor):
+        return output["loss"]
+    return None
