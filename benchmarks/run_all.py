@@ -74,6 +74,11 @@ BENCHMARKS: dict[str, tuple[tuple[str, ...], tuple[str, ...], tuple[str, ...]]] 
         (),
         ("--width", "256", "--depth", "2"),
     ),
+    "launch": (
+        (sys.executable, "-m", "benchmarks.bench_launch"),
+        ("--rounds", "5"),
+        ("--rounds", "1", "--no-warmup"),
+    ),
     "gpu": (
         (sys.executable, "-m", "benchmarks.bench_gpu"),
         ("--steps", "200", "--rounds", "5"),
@@ -89,6 +94,7 @@ HAS_JSON = {
     "checkpoint",
     "checkpoint_fsdp",
     "async_checkpoint",
+    "launch",
     "gpu",
 }
 

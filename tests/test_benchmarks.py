@@ -168,6 +168,19 @@ def test_bench_gpu_skips_without_cuda_and_runs_its_code_on_the_cpu(tmp_path: Pat
     assert "| trainer |" in out
 
 
+@pytest.mark.slow
+def test_bench_launch_reports_each_phase_of_each_job(tmp_path: Path) -> None:
+    path = tmp_path / "launch.json"
+    out = run_module("benchmarks.bench_launch", "--rounds", "1", "--no-warmup", "--json", str(path))
+    result = json.loads(path.read_text(encoding="utf-8"))
+    assert set(result["median"]) == {"raw", "torchrun+trainer", "trainer launch"}
+    for name, marks in result["median"].items():
+        times = [marks[phase] for phase in ("script", "imports", "group", "first_step", "fit_end")]
+        assert all(is_positive(t) for t in times) and times == sorted(times), name
+        assert marks["exit"] >= marks["fit_end"], name
+    assert "| trainer launch |" in out
+
+
 def test_run_all_names_every_benchmark_with_its_json(tmp_path: Path) -> None:
     from benchmarks import run_all
 

@@ -364,6 +364,8 @@ def register_exit_fallback() -> None:
 
 def _destroy_process_group_at_exit() -> None:
     """The fallback: collect dead wrappers first, then end the group (the order avoids an abort)."""
+    if not dist.is_initialized() and not _ENDED_GROUPS:
+        return  # ended cleanly, nothing parked: no collection (0.1-0.3 s of every exit)
     gc.collect()
     if dist.is_initialized():
         destroy_default_group()
