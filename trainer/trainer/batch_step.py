@@ -87,12 +87,21 @@ class BatchStep:
         )
         self._closure_batch: tuple[Any, int] | None = None
         self._closure_loss: torch.Tensor | None = None
+        # Read once per fit, not on every batch (the hot path): the hook lists (empty when
+        # nobody implements the hook) and whether the module optimizes automatically.
+        self._accelerator = trainer.accelerator
+        self._is_automatic = is_automatic
+        self._on_batch_start = hooks["on_train_batch_start"]
+        self._on_batch_end = hooks["on_train_batch_end"]
+        self._on_before_backward = hooks["on_before_backward"]
+        self._on_after_backward = hooks["on_after_backward"]
+        self._on_before_zero_grad = hooks["on_before_zero_grad"]
+        self._on_before_optimizer_step = hooks["on_before_optimizer_step"]
 
     def start_batch(self, batch: Any, batch_idx: int) -> bool:
         """``on_train_batch_start``; True when the module's returned -1 (skip the rest)."""
-        hooks = self._hooks
-        return bool(hooks["on_train_batch_start"]) and (
-            hooks.call("on_train_batch_start", batch, batch_idx) == -1
+        return bool(self._on_batch_start) and (
+            self._hooks.call("on_train_batch_start", batch, batch_idx) == -1
         )
 
     def step_batch(self, batch: Any, batch_idx: int) -> tuple[Any, torch.Tensor | None, bool]:
@@ -104,9 +113,8 @@ class BatchStep:
         Under manual optimization the module steps its optimizers itself; every batch counts
         as stepping and ``loss`` is the output's (a Tensor, or a dict's "loss"), if any.
         """
-        trainer = self.trainer
-        accelerator = trainer.accelerator
-        if not trainer.module.automatic_optimization:
+        accelerator = self._accelerator
+        if not self._is_automatic:
             with accelerator.autocast():
                 output = self._training_step(batch, batch_idx)
             return output, _loss_in(output), True
@@ -114,7 +122,7 @@ class BatchStep:
             # The Accelerator decides whether this batch ends an accumulation window.
             is_stepping = accelerator.sync_gradients
             if is_stepping and self._hooked_step is not None:  # the module's optimizer_step
-                output, loss = self._hooked_step.run(trainer.current_epoch, batch, batch_idx)
+                output, loss = self._hooked_step.run(self.trainer.current_epoch, batch, batch_idx)
             else:
                 output, loss = self._run_batch(batch, batch_idx)
                 if is_stepping:
@@ -126,22 +134,21 @@ class BatchStep:
 
     def end_batch(self, output: Any, batch: Any, batch_idx: int) -> None:
         """``on_train_batch_end`` with ``training_step``'s output (a Tensor as ``{"loss": t}``)."""
-        hooks = self._hooks
-        if hooks["on_train_batch_end"]:  # hot path: build nothing nobody reads
+        if self._on_batch_end:  # hot path: build nothing nobody reads
             output = {"loss": output.detach()} if isinstance(output, torch.Tensor) else output
-            hooks.call("on_train_batch_end", output, batch, batch_idx)
+            self._hooks.call("on_train_batch_end", output, batch, batch_idx)
 
     def backward(self, loss: torch.Tensor, **kwargs: Any) -> None:
         """The hooks around ``accelerator.backward`` (also ``manual_backward``'s path)."""
-        hooks = self._hooks  # empty hook lists are skipped without a call: this runs every batch
-        if hooks["on_before_backward"]:
-            hooks.call("on_before_backward", loss)
+        # Empty hook lists are skipped without a call: this runs every batch.
+        if self._on_before_backward:
+            self._hooks.call("on_before_backward", loss)
         if self.trainer.detect_anomaly:
             anomaly_backward(self.trainer, loss, **kwargs)
         else:
-            self.trainer.accelerator.backward(loss, **kwargs)
-        if hooks["on_after_backward"]:
-            hooks.call("on_after_backward")
+            self._accelerator.backward(loss, **kwargs)
+        if self._on_after_backward:
+            self._hooks.call("on_after_backward")
 
     def manual_backward(self, loss: torch.Tensor, **kwargs: Any) -> None:
         """``TrainModule.manual_backward``: the same hooks and path as automatic backward."""
@@ -153,7 +160,7 @@ class BatchStep:
         """``training_step``, then (Lightning's order) ``zero_grad`` on the first batch of a
         window, so hooks and callbacks still see the last step's gradients, then backward."""
         trainer = self.trainer
-        with trainer.accelerator.autocast():
+        with self._accelerator.autocast():
             output = self._training_step(batch, batch_idx)
         loss = loss_of(trainer, output, batch_idx)
         if batch_idx % trainer.accumulate_grad_batches == 0:
@@ -166,9 +173,8 @@ class BatchStep:
         """``on_before_zero_grad``, then clear the gradients (first batch of each window)."""
         trainer = self.trainer
         optimizer = trainer.optimizers[0]
-        hooks = self._hooks
-        if hooks["on_before_zero_grad"]:
-            hooks.call("on_before_zero_grad", optimizer)
+        if self._on_before_zero_grad:
+            self._hooks.call("on_before_zero_grad", optimizer)
         # The wrapped optimizer's own zero_grad: the prepared one's is a no-op inside a window
         # (Lightning, too, hands the module's optimizer_zero_grad the torch optimizer).
         if self._has_zero_grad_hook:
@@ -184,8 +190,10 @@ class BatchStep:
         ``is_skipped`` (training_step returned None): as in Lightning, the hook runs (and the
         fit counts the step), but the optimizer does not step.
         """
-        optimizer = self.trainer.optimizers[0]
-        self._before_step(is_skipped)
+        trainer = self.trainer
+        optimizer = trainer.optimizers[0]
+        if self._on_before_optimizer_step or trainer.gradient_clip_val is not None:
+            self._before_step(is_skipped)
         if not is_skipped:
             if self._needs_closure:
                 with stepping_with(optimizer, self._closure):
@@ -196,12 +204,11 @@ class BatchStep:
     def _before_step(self, is_skipped: bool) -> None:
         """``on_before_optimizer_step`` (on unscaled gradients), then clipping."""
         trainer = self.trainer
-        accelerator = trainer.accelerator
-        hooks = self._hooks
-        if hooks["on_before_optimizer_step"]:
+        accelerator = self._accelerator
+        if self._on_before_optimizer_step:
             if not is_skipped:
                 accelerator.unscale_gradients()  # hooks see true gradients
-            hooks.call("on_before_optimizer_step", trainer.optimizers[0])
+            self._hooks.call("on_before_optimizer_step", trainer.optimizers[0])
         if not is_skipped and trainer.gradient_clip_val is not None:
             parameters = trainer.module.parameters()
             if trainer.gradient_clip_algorithm == "norm":

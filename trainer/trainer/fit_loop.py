@@ -261,7 +261,7 @@ class FitLoop(BatchStep):
         """One batch: its step (`BatchStep`), counted, between the batch hooks."""
         trainer = self.trainer
         self._run.stores["train"].current_batch = batch
-        if self.start_batch(batch, batch_idx):  # on_train_batch_start returned -1
+        if self._on_batch_start and self.start_batch(batch, batch_idx):  # it returned -1
             # Lightning counts the skipped batch as the epoch's last: the interval schedulers
             # step as after its last batch (no optimizer step, no validation).
             if trainer.lr_scheduler_configs and trainer.module.automatic_optimization:
@@ -269,7 +269,7 @@ class FitLoop(BatchStep):
                 self._step_schedulers("epoch", is_plateau=False)
             return _SKIP_EPOCH
         output, _, is_stepping = self.step_batch(batch, batch_idx)
-        if trainer.module.automatic_optimization:
+        if self._is_automatic:
             self.is_stepping = is_stepping
             if is_stepping:
                 self._count_step()
@@ -282,7 +282,8 @@ class FitLoop(BatchStep):
                 self.is_step_row_due = True
         if trainer.checkpoint_io is not None:  # a background save that ended: finish it or raise
             trainer.checkpoint_io.poll()
-        self.end_batch(output, batch, batch_idx)
+        if self._on_batch_end:
+            self.end_batch(output, batch, batch_idx)
         # Lightning writes the step row after on_train_batch_end (what it logs joins the row),
         # and also for the batch that stops the fit.
         if self.is_step_row_due or (is_stepping and trainer.should_stop):
@@ -302,7 +303,7 @@ class FitLoop(BatchStep):
         progress = trainer.progress
         progress.global_step += 1
         progress.batches_stepped += 1  # = global_step under automatic optimization
-        if trainer.lr_scheduler_configs and trainer.module.automatic_optimization:
+        if trainer.lr_scheduler_configs and self._is_automatic:
             if not accelerator.optimizer_step_was_skipped:
                 self._step_schedulers("step", is_plateau=False)
             if self._run.loaders["train"].end_of_dataloader:
