@@ -192,3 +192,37 @@ def test_run_all_names_every_benchmark_with_its_json(tmp_path: Path) -> None:
             assert full[-2:] == ["--json", str(tmp_path / f"{name}.json")]
     assert run_all.main(["--only", "gpu", "--quick", "--out", str(tmp_path)]) == 0
     assert (tmp_path / "gpu.md").read_text(encoding="utf-8")
+
+
+def _python_calls(run: Any, steps: int, tmp_path: Path) -> int:
+    """Python function calls (profile 'call' events) of one bench_overhead run of ``steps``."""
+    from benchmarks import workload
+
+    dataset = workload.build_dataset(steps)
+    count = 0
+
+    def profile(frame: Any, event: str, arg: Any) -> None:
+        nonlocal count
+        if event == "call":
+            count += 1
+
+    sys.setprofile(profile)
+    try:
+        run(dataset, steps, str(tmp_path))
+    finally:
+        sys.setprofile(None)
+    return count
+
+
+def test_a_quiet_trainer_step_makes_few_python_calls_beyond_a_raw_loop(tmp_path: Path) -> None:
+    """#14's hot path, counted rather than timed (a count does not depend on the machine): a
+    trainer_quiet step made 42 Python calls more than the raw loop's, 33 after the batch step
+    read its hooks once per fit and skipped the calls that do nothing."""
+    from benchmarks import bench_overhead
+
+    def per_step(run: Any) -> float:
+        _python_calls(run, 10, tmp_path)  # the first fit imports lazily: not a step's cost
+        return (_python_calls(run, 300, tmp_path) - _python_calls(run, 100, tmp_path)) / 200
+
+    extra = per_step(bench_overhead.run_trainer_quiet) - per_step(bench_overhead.run_raw)
+    assert 20 <= extra <= 36, extra
