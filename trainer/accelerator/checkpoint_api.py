@@ -16,6 +16,7 @@ import torch
 from trainer.errors import ConfigurationError
 
 if TYPE_CHECKING:
+    from trainer.checkpoint.accelerator_state import CheckpointObjects
     from trainer.plugins import AsyncCheckpointIO
 
 __all__ = ["CheckpointAPI"]
@@ -24,7 +25,12 @@ __all__ = ["CheckpointAPI"]
 class CheckpointAPI:
     """Saving and restoring everything an Accelerator prepared or was given to track."""
 
-    _checkpoint_io: AsyncCheckpointIO | None  # set by the Accelerator's constructor
+    # set by the Accelerator's constructor, filled by prepare / register_for_checkpointing
+    _checkpoint_io: AsyncCheckpointIO | None
+    _models: list[torch.nn.Module]
+    _optimizers: list[Any]
+    _schedulers: list[Any]
+    _dataloaders: list[Any]
     _custom_objects: list[Any]
     is_main_process: bool
 
@@ -56,7 +62,10 @@ class CheckpointAPI:
 
         if checkpoint_io is not None:
             self._checkpoint_io = checkpoint_io
-        return os.fspath(save_accelerator_state(self, output_dir, checkpoint_io=checkpoint_io))
+        objects = self._checkpoint_objects()
+        return os.fspath(
+            save_accelerator_state(self, output_dir, objects, checkpoint_io=checkpoint_io)
+        )
 
     def load_state(self, input_dir: str | os.PathLike[str] | None = None) -> str:
         """Restore what ``save_state`` wrote (the newest automatic checkpoint when None).
@@ -67,7 +76,19 @@ class CheckpointAPI:
 
         if self._checkpoint_io is not None:  # a background save_state completes first
             self._checkpoint_io.wait()
-        return os.fspath(load_accelerator_state(self, input_dir))
+        return os.fspath(load_accelerator_state(self, input_dir, self._checkpoint_objects()))
+
+    def _checkpoint_objects(self) -> CheckpointObjects:
+        """The prepared and registered objects, in order (the lists themselves, not copies)."""
+        from trainer.checkpoint.accelerator_state import CheckpointObjects
+
+        return CheckpointObjects(
+            models=self._models,
+            optimizers=self._optimizers,
+            schedulers=self._schedulers,
+            dataloaders=self._dataloaders,
+            custom_objects=self._custom_objects,
+        )
 
     def register_for_checkpointing(self, *objects: Any) -> None:
         """Include ``objects`` (each with ``state_dict`` / ``load_state_dict``) in ``save_state``."""

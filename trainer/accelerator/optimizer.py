@@ -197,14 +197,14 @@ class AcceleratedScheduler:
             return
         if not self._gradient_state.sync_gradients:
             if self._gradient_state.adjust_scheduler:
-                self.scheduler._step_count += 1
+                self.scheduler._step_count += 1  # noqa: SLF001 - as Accelerate: no public counter
             return
         if any(opt.step_was_skipped for opt in self.optimizers):
             return
         repeats = 1 if self.split_batches else self.num_processes
         for _ in range(repeats):
             total = getattr(self.scheduler, "total_steps", None)  # OneCycleLR refuses extra steps
-            if total is None or self.scheduler._step_count <= total:
+            if total is None or self.scheduler._step_count <= total:  # noqa: SLF001 - as above
                 self.scheduler.step(*args, **kwargs)
 
     def get_last_lr(self) -> list[float]:

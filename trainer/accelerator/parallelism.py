@@ -179,9 +179,10 @@ class ParallelismConfig:
             device_type, tuple(sizes[d] for d in MESH_DIMS), mesh_dim_names=MESH_DIMS
         )
         # Keep what _flatten returns: slicing a flattened dim from the root mesh is deprecated.
-        data = mesh["dp_replicate", "dp_shard"]._flatten("dp")
-        shard = mesh["dp_shard", "cp"]._flatten("dp_shard_cp")
-        mesh["dp_replicate", "dp_shard", "cp"]._flatten("dp_cp")
+        # DeviceMesh has no public way to flatten dims (torchtitan calls _flatten too).
+        data = mesh["dp_replicate", "dp_shard"]._flatten("dp")  # noqa: SLF001
+        shard = mesh["dp_shard", "cp"]._flatten("dp_shard_cp")  # noqa: SLF001
+        mesh["dp_replicate", "dp_shard", "cp"]._flatten("dp_cp")  # noqa: SLF001
         fsdp = shard
         if self.dp_replicate_enabled:  # fully_shard on a 2-D mesh is HSDP: replicate x shard
             fsdp = mesh["dp_replicate", "dp_shard_cp" if self.cp_enabled else "dp_shard"]

@@ -82,7 +82,7 @@ def prepare_pippy(
     _check_split_points(model, names, state.num_processes)
     runner = _PipelineRunner(model, names, num_chunks, state, gather_output)
     runner.build(example_args, example_kwargs)
-    model._original_forward = model.forward  # type: ignore[assignment]
+    model._original_forward = model.forward  # type: ignore[assignment]  # noqa: SLF001 - Accelerate's name
     model.forward = runner  # type: ignore[method-assign]
     model.pippy_stage = runner.schedule  # type: ignore[assignment]
     model.hf_split_points = names  # type: ignore[assignment]
@@ -198,7 +198,7 @@ class _PipelineRunner:
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         if self.state.num_processes == 1:
-            return self.model._original_forward(*args, **kwargs)
+            return self.model._original_forward(*args, **kwargs)  # noqa: SLF001 - set above
         batch = _batch_size(args, kwargs)
         if batch is None or batch > self.batch_size or _shapes(args, kwargs)[1:] != self.shapes[1:]:
             self.build(args, kwargs)  # every process sees the same inputs, so all rebuild

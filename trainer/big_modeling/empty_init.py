@@ -42,13 +42,13 @@ def init_on_device(device: torch.device | str, include_buffers: bool = False) ->
     ) -> None:
         original_parameter(module, name, param)
         if param is not None and param.device != device:  # one already there may be tied: keep it
+            # Replaced in nn.Module's own dict: this is the patched registration.
+            parameters = module._parameters  # noqa: SLF001
             kwargs = {
-                k: v
-                for k, v in module._parameters[name].__dict__.items()
-                if k != "_is_hf_initialized"
+                k: v for k, v in parameters[name].__dict__.items() if k != "_is_hf_initialized"
             }
-            module._parameters[name] = type(param)(
-                module._parameters[name].to(device), requires_grad=param.requires_grad, **kwargs
+            parameters[name] = type(param)(
+                parameters[name].to(device), requires_grad=param.requires_grad, **kwargs
             )
 
     def register_buffer(
@@ -56,7 +56,8 @@ def init_on_device(device: torch.device | str, include_buffers: bool = False) ->
     ) -> None:
         original_buffer(module, name, tensor, persistent=persistent)
         if tensor is not None:
-            module._buffers[name] = module._buffers[name].to(device)
+            buffers = module._buffers  # noqa: SLF001 - as for parameters above
+            buffers[name] = buffers[name].to(device)
 
     torch.nn.Module.register_parameter = register_parameter  # type: ignore[method-assign]
     if include_buffers:

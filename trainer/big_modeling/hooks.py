@@ -38,15 +38,17 @@ def set_module_tensor(module: torch.nn.Module, name: str, value: torch.Tensor) -
     """Put ``value`` in place of parameter or buffer ``name`` (a dotted path under ``module``)."""
     owner_name, _, attr = name.rpartition(".")
     owner = module.get_submodule(owner_name) if owner_name else module
-    if attr in owner._parameters:
-        old = owner._parameters[attr]
+    # nn.Module's own dicts: the public setters would refuse a plain tensor for a parameter.
+    parameters, buffers = owner._parameters, owner._buffers  # noqa: SLF001
+    if attr in parameters:
+        old = parameters[attr]
         if not isinstance(value, torch.nn.Parameter):
             requires_grad = old.requires_grad if old is not None else False
             cls = type(old) if old is not None else torch.nn.Parameter
             value = cls(value, requires_grad=requires_grad and value.is_floating_point())
-        owner._parameters[attr] = value
-    elif attr in owner._buffers:
-        owner._buffers[attr] = value
+        parameters[attr] = value
+    elif attr in buffers:
+        buffers[attr] = value
     else:
         raise ConfigurationError(f"{type(module).__name__} has no parameter or buffer {name!r}.")
 

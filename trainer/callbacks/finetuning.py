@@ -129,7 +129,8 @@ class BaseFinetuning(Callback):
             candidates: Iterable[Module] = flat
         else:
             candidates = modules.modules()
-        return [m for m in candidates if not list(m.children()) or m._parameters]
+        # As Lightning: a parameter registered as None (bias=False) counts too.
+        return [m for m in candidates if not list(m.children()) or m._parameters]  # noqa: SLF001
 
     @staticmethod
     def filter_params(

@@ -125,4 +125,4 @@ def _rng_states(folder: Path, process_index: int) -> list[dict[str, Any]]:
 
 def _reconstruct(np: Any) -> Any:
     core = getattr(np, "_core", None) or np.core  # numpy 2 renamed numpy.core to numpy._core
-    return core.multiarray._reconstruct
+    return core.multiarray._reconstruct  # noqa: SLF001 - what numpy arrays pickle as

@@ -14,7 +14,8 @@ from __future__ import annotations
 
 import os
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -35,6 +36,7 @@ if TYPE_CHECKING:
     from trainer.plugins import AsyncCheckpointIO
 
 __all__ = [
+    "CheckpointObjects",
     "gather_loader_state",
     "load_accelerator_state",
     "loader_state_for_rank",
@@ -44,6 +46,26 @@ __all__ = [
 
 _AUTO_NAME = re.compile(r"^checkpoint_(\d+)$")
 _PER_RANK = "loader_per_rank"
+
+
+@dataclass(frozen=True)
+class CheckpointObjects:
+    """What an Accelerator's ``save_state`` writes and ``load_state`` restores, in the order
+    they were prepared or registered (the Accelerator hands over its own lists).
+
+    Attributes:
+        models: the prepared models (as prepared: possibly engine-wrapped).
+        optimizers: the prepared optimizers.
+        schedulers: the prepared schedulers.
+        dataloaders: the prepared dataloaders.
+        custom_objects: the objects given to ``register_for_checkpointing``.
+    """
+
+    models: Sequence[torch.nn.Module]
+    optimizers: Sequence[Any]
+    schedulers: Sequence[Any]
+    dataloaders: Sequence[Any]
+    custom_objects: Sequence[Any]
 
 
 def gather_loader_state(
@@ -96,11 +118,19 @@ def _numbered(directory: Path) -> list[tuple[int, Path]]:
 def save_accelerator_state(
     accelerator: Accelerator,
     output_dir: str | os.PathLike[str] | None,
+    objects: CheckpointObjects,
     *,
     checkpoint_io: AsyncCheckpointIO | None = None,
 ) -> Path:
     """Write the Accelerator's whole state (in the background with ``checkpoint_io``); return
-    the directory."""
+    the directory.
+
+    Args:
+        accelerator: whose strategy, precision and project configuration are used.
+        output_dir: the directory; None with automatic checkpoint naming.
+        objects: the Accelerator's prepared and registered objects.
+        checkpoint_io: writes in the background when given.
+    """
     config = accelerator.project_configuration
     if config.automatic_checkpoint_naming:
         output = _auto_dir(accelerator) / f"checkpoint_{config.iteration}"
@@ -113,25 +143,25 @@ def save_accelerator_state(
     strategy = accelerator.strategy
     if checkpoint_io is not None:  # at most one save in flight: the previous one ends first
         checkpoint_io.wait()
-    models = [accelerator.unwrap_model(model) for model in accelerator._models]
+    models = [accelerator.unwrap_model(model) for model in objects.models]
     # The first model and the optimizers keep the strategy's layout (DCP shards under FSDP's
     # SHARDED state dicts, written by every rank); further models are gathered in full.
     checkpoint: dict[str, Any] = {
         "state_dict": strategy.module_state_dict(models[0], full=False) if models else {},
         "other_models": [strategy.module_state_dict(model, full=True) for model in models[1:]],
         "num_models": len(models),  # the first state dict may be held by an engine (DeepSpeed)
-        "optimizer_states": [optimizer.state_dict() for optimizer in accelerator._optimizers],
-        "lr_schedulers": [scheduler.state_dict() for scheduler in accelerator._schedulers],
+        "optimizer_states": [optimizer.state_dict() for optimizer in objects.optimizers],
+        "lr_schedulers": [scheduler.state_dict() for scheduler in objects.schedulers],
         "dataloaders": [  # a StatefulDataLoader's position on every process (a collective)
             gather_loader_state(
                 loader.state_dict(),
                 all_gather_object=strategy.all_gather_object,
                 world_size=strategy.world_size,
             )
-            for loader in accelerator._dataloaders
+            for loader in objects.dataloaders
         ],
         "precision": accelerator.precision.state_dict(),
-        "custom_objects": [obj.state_dict() for obj in accelerator._custom_objects],
+        "custom_objects": [obj.state_dict() for obj in objects.custom_objects],
         "rng_states": strategy.all_gather_object(get_rng_states()),  # one per process
         "iteration": config.iteration,
         "global_step": config.iteration,
@@ -160,9 +190,17 @@ def _prune(directory: Path, total_limit: int) -> None:
 
 
 def load_accelerator_state(
-    accelerator: Accelerator, input_dir: str | os.PathLike[str] | None
+    accelerator: Accelerator,
+    input_dir: str | os.PathLike[str] | None,
+    objects: CheckpointObjects,
 ) -> Path:
-    """Restore what `save_accelerator_state` wrote (newest automatic one when None)."""
+    """Restore what `save_accelerator_state` wrote (newest automatic one when None).
+
+    Args:
+        accelerator: whose strategy, precision and project configuration are used.
+        input_dir: the directory; None: the newest automatically named one.
+        objects: the Accelerator's prepared and registered objects, loaded in place.
+    """
     config = accelerator.project_configuration
     if input_dir is None:
         if not config.automatic_checkpoint_naming:
@@ -180,25 +218,23 @@ def load_accelerator_state(
     if is_accelerate_folder(source):  # written by Hugging Face Accelerate's save_state
         checkpoint = read_accelerate_folder(source, accelerator.process_index)
     else:
-        first = accelerator.unwrap_model(accelerator._models[0]) if accelerator._models else None
+        first = accelerator.unwrap_model(objects.models[0]) if objects.models else None
         checkpoint = accelerator.strategy.load_checkpoint(source, first)
-    models = [checkpoint["state_dict"], *checkpoint.get("other_models", [])]
-    saved_models = checkpoint.get("num_models", len(models) if models[0] else 0)
-    _check_counts("models", saved_models, len(accelerator._models), source)
-    for model, state in zip(accelerator._models, models, strict=False):
+    states = [checkpoint["state_dict"], *checkpoint.get("other_models", [])]
+    saved_models = checkpoint.get("num_models", len(states) if states[0] else 0)
+    _check_counts("models", saved_models, len(objects.models), source)
+    for model, state in zip(objects.models, states, strict=False):
         accelerator.strategy.load_module_state_dict(accelerator.unwrap_model(model), state)
-    for kind, objects in (
-        ("optimizer_states", accelerator._optimizers),
-        ("lr_schedulers", accelerator._schedulers),
-        ("custom_objects", accelerator._custom_objects),
+    for kind, kind_objects in (
+        ("optimizer_states", objects.optimizers),
+        ("lr_schedulers", objects.schedulers),
+        ("custom_objects", objects.custom_objects),
     ):
-        states = checkpoint.get(kind, [])
-        _check_counts(kind, len(states), len(objects), source)
-        for obj, state in zip(objects, states, strict=True):
+        saved = checkpoint.get(kind, [])
+        _check_counts(kind, len(saved), len(kind_objects), source)
+        for obj, state in zip(kind_objects, saved, strict=True):
             obj.load_state_dict(state)
-    for loader, state in zip(
-        accelerator._dataloaders, checkpoint.get("dataloaders", []), strict=False
-    ):
+    for loader, state in zip(objects.dataloaders, checkpoint.get("dataloaders", []), strict=False):
         loader.load_state_dict(loader_state_for_rank(state, accelerator.process_index))
     accelerator.precision.load_state_dict(checkpoint.get("precision") or {})
     rng_states = checkpoint.get("rng_states") or []

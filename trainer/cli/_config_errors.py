@@ -363,7 +363,8 @@ def _received(text: str) -> str:
 def _config_dests(parser: Any) -> list[str]:
     """Every key a config may set (options like --help and --config excluded)."""
     dests = []
-    for action in parser._actions:  # argparse's list; jsonargparse keeps nested keys in it
+    # argparse's list, with no public accessor; jsonargparse keeps nested keys in it
+    for action in parser._actions:  # noqa: SLF001
         dest = action.dest
         if dest in NON_CONFIG_DESTS or dest.endswith(".help") or dest == "==SUPPRESS==":
             continue
@@ -374,7 +375,7 @@ def _config_dests(parser: Any) -> list[str]:
 
 
 def _action(parser: Any, dest: str) -> Any:
-    return next((action for action in parser._actions if action.dest == dest), None)
+    return next((action for action in parser._actions if action.dest == dest), None)  # noqa: SLF001
 
 
 def _subclass_base(parser: Any, key: str) -> type | None:

@@ -399,8 +399,8 @@ class MLFlowLogger(Logger):
 def _save_at_exit(reference: weakref.ReferenceType[MLFlowLogger]) -> None:
     """Write the metrics still queued when the interpreter exits without ``finalize``."""
     logger = reference()
-    if logger is not None and logger._pending:
-        logger.save()
+    if logger is not None:
+        logger.save()  # writes nothing when nothing is queued
 
 
 def _check_installed() -> None:

@@ -291,7 +291,8 @@ class TensorBoardLogger(VersionedFolderLogger):
         self._is_resuming = False
         event = Event(wall_time=time.time(), step=step)
         event.session_log.status = SessionLog.START
-        self.experiment._get_file_writer().add_event(event)
+        # SummaryWriter has no public way to write a raw event or summary.
+        self.experiment._get_file_writer().add_event(event)  # noqa: SLF001
         if self._has_pending_hparams:
             self._write_hparams()
 
@@ -309,7 +310,7 @@ class TensorBoardLogger(VersionedFolderLogger):
         from torch.utils.tensorboard.summary import hparams
 
         metric_dict = dict.fromkeys(self._metric_names, 0.0)
-        file_writer = self.experiment._get_file_writer()
+        file_writer = self.experiment._get_file_writer()  # noqa: SLF001 - as in _start_session
         for summary in hparams(dict(self._hparams), metric_dict):
             file_writer.add_summary(summary)
         self._has_pending_hparams = False

@@ -40,7 +40,6 @@ if TYPE_CHECKING:
     import os
 
     from trainer.strategies import Strategy
-    from trainer.trainer.trainer import Trainer
 
 __all__ = [
     "AsyncCheckpointIO",
@@ -100,17 +99,38 @@ class PendingSave:
         paths: every destination of this snapshot (``path``, then those of `also_write`).
     """
 
-    def __init__(self, io: AsyncCheckpointIO, path: Path, writer: Writer | None) -> None:
+    def __init__(
+        self,
+        path: Path,
+        writer: Writer | None,
+        *,
+        submit: Callable[[Callable[[], None]], concurrent.futures.Future[None]],
+        on_end: Callable[[PendingSave, float, list[torch.Tensor] | None], None],
+    ) -> None:
+        """Start writing ``path`` with ``writer`` (``AsyncCheckpointIO.save_checkpoint`` does).
+
+        Args:
+            path: the checkpoint directory.
+            writer: writes each destination; None on a process that writes nothing (not
+                process 0 under DDP).
+            submit: runs a job on the writer thread.
+            on_end: told once, on the training thread, when the save ends (written or failed):
+                this save, the seconds waited for it, and the host memory the next snapshot
+                may reuse (None: nothing to give back).
+        """
         self.path = path
         self.paths = [path]
-        self._io = io
-        self._writer = writer  # None on a process that writes nothing (not process 0 under DDP)
+        self._submit = submit
+        self._on_end = on_end
+        self._writer = writer
         self._is_writer = writer is not None
         self._futures: list[concurrent.futures.Future[None]] = []
         self._continuations: list[Callable[[], None]] = []
         self._error: BaseException | None = None  # set by the writer thread
         self._failed_path: Path | None = None
         self._is_finished = writer is None  # written and its continuations run (or failed)
+        if writer is not None:
+            self._write_to(writer, path)
 
     @property
     def is_complete(self) -> bool:
@@ -149,7 +169,7 @@ class PendingSave:
             )
         self.paths.append(path)
         if self._writer is not None:  # sharded: every process agrees on its staging folder here
-            self._futures.append(self._io._submit(self, path, self._writer.prepare(path)))
+            self._write_to(self._writer, path)
 
     def wait(self) -> None:
         """Block until complete; then run what waited for it.
@@ -157,10 +177,22 @@ class PendingSave:
         Raises:
             CheckpointError: the background write failed (raised once, by the first wait).
         """
-        if not self._is_finished:
-            self._io._wait_for(self)
+        if self._is_finished:
+            return
+        waited = 0.0
+        if not self._is_written():
+            start = time.perf_counter()
+            concurrent.futures.wait(self._futures)
+            waited = time.perf_counter() - start
+            _log.debug("waited %.3f s for the background save of %s", waited, self.path)
+        self._finish(waited)
 
-    # ---- the writer thread ----------------------------------------------------------------
+    # ---- internals --------------------------------------------------------------------------
+    def _write_to(self, writer: Writer, path: Path) -> None:
+        """On the training thread: queue the job that writes ``path``."""
+        job = writer.prepare(path)
+        self._futures.append(self._submit(functools.partial(self._run, path, job)))
+
     def _run(self, path: Path, job: Callable[[], None]) -> None:
         """On the writer thread: write one destination, unless an earlier one failed."""
         if self._error is not None:
@@ -172,6 +204,23 @@ class PendingSave:
 
     def _is_written(self) -> bool:
         return all(future.done() for future in self._futures)
+
+    def _finish(self, waited: float) -> None:
+        """On the training thread: raise the write's failure, or run what waited for it."""
+        self._is_finished = True
+        writer, self._writer = self._writer, None
+        # The host copy: its memory serves the next snapshot.
+        self._on_end(self, waited, writer.release() if writer is not None else None)
+        error = self._error
+        if error is not None:
+            raise CheckpointError(
+                f"the background save of checkpoint {self._failed_path} failed: {error}. "
+                "Checkpoints written before it are intact; free space or fix the folder, then "
+                "resume with fit(ckpt_path='last')."
+            ) from error
+        continuations, self._continuations = self._continuations, []
+        for function in continuations:
+            function()
 
 
 class AsyncCheckpointIO:
@@ -245,7 +294,7 @@ class AsyncCheckpointIO:
             return None
         self.last_wait_s, self._waited = self._waited, 0.0
         if not is_sharded and not strategy.is_global_zero:  # as synchronously: process 0 writes
-            return PendingSave(self, Path(path), None)
+            return PendingSave(Path(path), None, submit=self._submit, on_end=self._ended)
         start = time.perf_counter()
         writer: Writer
         if is_sharded:  # every process copies and writes its shards
@@ -256,9 +305,8 @@ class AsyncCheckpointIO:
             )
             self._spare = []  # those not reused are freed
         self.last_snapshot_s = time.perf_counter() - start
-        pending = PendingSave(self, Path(path), writer)
+        pending = PendingSave(Path(path), writer, submit=self._submit, on_end=self._ended)
         self._in_flight = pending
-        pending._futures.append(self._submit(pending, pending.path, writer.prepare(pending.path)))
         self.save_count += 1
         _log.debug(
             "checkpoint %s: snapshot in %.3f s, written in the background (waited %.3f s for "
@@ -276,8 +324,8 @@ class AsyncCheckpointIO:
             CheckpointError: the background write failed; the message names the checkpoint.
         """
         pending = self._in_flight
-        if pending is not None and pending._is_written():
-            self._finish(pending)
+        if pending is not None and pending.has_ended:
+            pending.wait()  # does not block: it has ended
 
     def wait(self) -> None:
         """Block until the save in flight (if any) is complete, and finish it.
@@ -286,21 +334,26 @@ class AsyncCheckpointIO:
             CheckpointError: the background write failed; the message names the checkpoint.
         """
         if self._in_flight is not None:
-            self._wait_for(self._in_flight)
+            self._in_flight.wait()
 
-    def end_stage(self, trainer: Trainer, stage: str, status: str) -> None:
+    def end_stage(self, status: str, *, fail_stage: Callable[[BaseException], None]) -> None:
         """At the end of fit / validate / ...: wait for the save in flight, stop the thread.
 
-        After a clean stage a failed write fails the stage (``on_exception`` hooks, then raised
-        from ``fit``). When the stage already failed, the write failure is logged and added to
-        the error in flight as a note, so it is not lost either.
+        After a clean stage a failed write fails the stage (``fail_stage``, then raised from
+        ``fit``). When the stage already failed, the write failure is logged and added to the
+        error in flight as a note, so it is not lost either.
+
+        Args:
+            status: how the stage ended: "finished", "failed" or "interrupted".
+            fail_stage: after a clean stage, called with the write's failure before it is
+                raised (the Trainer runs the ``on_exception`` hooks and tears down as failed).
         """
         active = sys.exc_info()[1]  # the error that ends a failed stage, if any
         try:
             self.wait()
         except BaseException as err:
             if status == "finished":
-                trainer._handle_exception(err, stage)
+                fail_stage(err)
                 raise
             if not isinstance(err, Exception):  # an interrupt while waiting: let it through
                 raise
@@ -313,44 +366,22 @@ class AsyncCheckpointIO:
             self._sharded.release(is_clean=status == "finished")
 
     # ---- internals -------------------------------------------------------------------------
-    def _submit(
-        self, pending: PendingSave, path: Path, job: Callable[[], None]
-    ) -> concurrent.futures.Future[None]:
+    def _submit(self, job: Callable[[], None]) -> concurrent.futures.Future[None]:
+        """Run ``job`` on the writer thread (started on first use)."""
         if self._executor is None:
             self._executor = concurrent.futures.ThreadPoolExecutor(
                 max_workers=1, thread_name_prefix=_THREAD_NAME
             )
-        return self._executor.submit(pending._run, path, job)
+        return self._executor.submit(job)
 
-    def _wait_for(self, pending: PendingSave) -> None:
-        if not pending._is_written():
-            start = time.perf_counter()
-            concurrent.futures.wait(pending._futures)
-            waited = time.perf_counter() - start
-            self._waited += waited
-            self.total_wait_s += waited
-            _log.debug("waited %.3f s for the background save of %s", waited, pending.path)
-        self._finish(pending)
-
-    def _finish(self, pending: PendingSave) -> None:
-        """On the training thread: raise the write's failure, or run what waited for it."""
+    def _ended(self, pending: PendingSave, waited: float, spare: list[torch.Tensor] | None) -> None:
+        """A save ended (`PendingSave`'s ``on_end``): count the wait, take back its memory."""
+        self._waited += waited
+        self.total_wait_s += waited
         if self._in_flight is pending:
             self._in_flight = None
-        if pending._is_finished:
-            return
-        pending._is_finished = True
-        if pending._writer is not None:  # the host copy: its memory serves the next snapshot
-            self._spare, pending._writer = pending._writer.release(), None
-        error = pending._error
-        if error is not None:
-            raise CheckpointError(
-                f"the background save of checkpoint {pending._failed_path} failed: {error}. "
-                "Checkpoints written before it are intact; free space or fix the folder, then "
-                "resume with fit(ckpt_path='last')."
-            ) from error
-        continuations, pending._continuations = pending._continuations, []
-        for function in continuations:
-            function()
+        if spare is not None:
+            self._spare = spare
 
     def _stop_thread(self) -> None:
         executor, self._executor = self._executor, None

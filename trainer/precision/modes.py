@@ -91,7 +91,8 @@ class MixedPrecision(Precision):
     def unscale_gradients(self, optimizer: torch.optim.Optimizer) -> None:
         if self.scaler is not None:
             # GradScaler remembers unscaled optimizers; a second call in one step would raise.
-            state = self.scaler._per_optimizer_states[id(optimizer)]
+            # GradScaler has no public query for it.
+            state = self.scaler._per_optimizer_states[id(optimizer)]  # noqa: SLF001
             if state["stage"].name != "UNSCALED":
                 self.scaler.unscale_(optimizer)
 

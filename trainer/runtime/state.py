@@ -110,9 +110,14 @@ class PartialState:
         self.initialized = True
 
     @classmethod
-    def _reset_state(cls) -> None:
-        """Forget the cached facts (tests, and strategies after creating a process group)."""
+    def reset_state(cls) -> None:
+        """Forget the cached facts: the next ``PartialState()`` reads them again.
+
+        Strategies call it after starting or ending a process group; tests between runs.
+        """
         cls._shared_state.clear()
+
+    _reset_state = reset_state  # Accelerate's (private) name, for code ported from it
 
     @property
     def use_distributed(self) -> bool:

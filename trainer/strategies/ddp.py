@@ -203,11 +203,34 @@ class DDPStrategy(Strategy):
         )
         self._adopt_process_group()
 
+    def _start_or_join_process_group(self) -> None:
+        """Join the launcher's process group; with no launcher, start a one-process group.
+
+        For engines that need ``torch.distributed`` even on one process (DeepSpeed; model-parallel
+        layers call collectives over groups of size 1), so a plain ``python script.py`` works.
+        """
+        if not dist.is_initialized() and not self.environment.is_distributed:
+            self._start_single_process_group()
+        DDPStrategy.setup_environment(self)
+
+    def _start_single_process_group(self) -> None:
+        """A one-process group with an in-memory store, owned (and ended) by this strategy."""
+        backend = self.process_group_backend or (
+            "nccl" if self.accelerator_type == "cuda" else "gloo"
+        )
+        if self.accelerator_type == "cuda":
+            torch.cuda.set_device(self.root_device)
+        hold_no_group_in_default_arguments()
+        dist.init_process_group(
+            backend, store=dist.HashStore(), rank=0, world_size=1, timeout=self.timeout
+        )
+        self._adopt_process_group()
+
     def _adopt_process_group(self) -> None:
         """Record that this strategy started the group (it ends it); forget cached facts."""
         self._own_group = dist.group.WORLD
         register_exit_fallback()
-        PartialState._reset_state()
+        PartialState.reset_state()
 
     def setup_module(self, module: torch.nn.Module) -> torch.nn.Module:
         self._join_process_group()  # an earlier stage may have ended it
@@ -308,7 +331,7 @@ class DDPStrategy(Strategy):
         dist.barrier()
         destroy_default_group()
         self._own_group = None
-        PartialState._reset_state()
+        PartialState.reset_state()
 
     def __repr__(self) -> str:
         return f"DDPStrategy(device={self.root_device}, world_size={self.world_size}, precision={self.precision.name!r})"
@@ -343,14 +366,15 @@ def bound_collective_timeout(timeout: dt.timedelta = FAILURE_TIMEOUT) -> bool:
     """
     if not dist.is_available() or not dist.is_initialized():
         return False
-    groups = list(getattr(dist.distributed_c10d._world, "pg_map", {})) or [dist.group.WORLD]
+    # torch has no public API to list the groups or change a backend's timeout.
+    groups = list(getattr(dist.distributed_c10d._world, "pg_map", {})) or [dist.group.WORLD]  # noqa: SLF001
     for group in groups:
         for device in getattr(group, "_device_types", []):
             try:
-                backend = group._get_backend(device)
-                current = backend.options._timeout
+                backend = group._get_backend(device)  # noqa: SLF001
+                current = backend.options._timeout  # noqa: SLF001
                 if current > timeout:
-                    backend._set_default_timeout(timeout)
+                    backend._set_default_timeout(timeout)  # noqa: SLF001
             except (AttributeError, RuntimeError):  # a backend without a settable timeout
                 continue
     return True
@@ -390,7 +414,7 @@ _ENDED_GROUPS: list[Any] = []
 def destroy_default_group() -> None:
     """``destroy_process_group()``, keeping the ended groups while a DDP wrapper lives."""
     release_ended_groups()
-    groups = list(getattr(dist.distributed_c10d._world, "pg_map", {}))
+    groups = list(getattr(dist.distributed_c10d._world, "pg_map", {}))  # noqa: SLF001 - as above
     dist.destroy_process_group()
     if len(_LIVE_WRAPPERS):
         _ENDED_GROUPS.extend(groups)

@@ -26,12 +26,11 @@ from pathlib import Path
 from typing import Any
 
 import torch
-import torch.distributed as dist
 
 from trainer.errors import ConfigurationError, StrategyError
 from trainer.precision import Precision
 from trainer.runtime.state import DistributedType
-from trainer.strategies.ddp import DDPStrategy, hold_no_group_in_default_arguments
+from trainer.strategies.ddp import DDPStrategy
 from trainer.strategies.deepspeed_checkpoint import (
     ENGINE_DIR,
     STATE_KEY,
@@ -226,25 +225,14 @@ class DeepSpeedStrategy(DDPStrategy):
         precision_section(self.precision.name, self.accelerator_type)
         deepspeed = import_deepspeed(self.accelerator_type)
         deepspeed.utils.logging.logger.setLevel(self.logging_level)
-        if not dist.is_initialized() and not self.environment.is_distributed:
-            self._start_single_process_group()
-        super().setup_environment()
+        self._start_or_join_process_group()
         if getattr(self.precision, "scaler", None) is not None:
             self.precision.scaler = None  # DeepSpeed scales fp16 losses itself (its fp16 section)
 
     def _start_single_process_group(self) -> None:
         """DeepSpeed needs a process group even for one process: a 1-rank group in memory."""
-        backend = self.process_group_backend or (
-            "nccl" if self.accelerator_type == "cuda" else "gloo"
-        )
         os.environ.setdefault("LOCAL_RANK", "0")  # DeepSpeed's engine reads it
-        if self.accelerator_type == "cuda":
-            torch.cuda.set_device(self.root_device)
-        hold_no_group_in_default_arguments()
-        dist.init_process_group(
-            backend, store=dist.HashStore(), rank=0, world_size=1, timeout=self.timeout
-        )
-        self._adopt_process_group()
+        super()._start_single_process_group()
 
     def process_dataloader(self, dataloader: Any) -> Any:
         """Note the train loader's batch size (``train_micro_batch_size_per_gpu``); unchanged."""

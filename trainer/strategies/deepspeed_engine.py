@@ -128,6 +128,6 @@ def set_clipping(engine: Any, max_norm: float) -> None:
     """Make the engine's coming ``step()`` clip the gradients' 2-norm to ``max_norm``."""
     # DeepSpeed 0.19 has no setter: the optimizer wrappers read clip_grad at step time and
     # stage 0 without a wrapper reads the config.
-    engine._config.gradient_clipping = float(max_norm)
+    engine._config.gradient_clipping = float(max_norm)  # noqa: SLF001
     if hasattr(engine.optimizer, "clip_grad"):
         engine.optimizer.clip_grad = float(max_norm)

@@ -65,7 +65,6 @@ from trainer.strategies.model_parallel import (
     all_gather_data_parallel,
     all_reduce_data_parallel,
     check_size,
-    start_process_group,
 )
 from trainer.strategies.strategy import ReduceOp
 
@@ -221,7 +220,7 @@ class MegatronStrategy(DDPStrategy):
     # ---- setup -------------------------------------------------------------------------
     def setup_environment(self) -> None:
         """Process group, then megatron's groups (before ``configure_model``), then the mesh."""
-        start_process_group(self)
+        self._start_or_join_process_group()
         check_divides(
             self.world_size,
             tensor=self.tensor_model_parallel_size,

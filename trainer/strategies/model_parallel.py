@@ -34,7 +34,7 @@ import torch.distributed as dist
 from trainer.errors import ConfigurationError, StrategyError, describe
 from trainer.precision import Precision
 from trainer.runtime.state import DistributedType
-from trainer.strategies.ddp import _OPS, DDPStrategy, hold_no_group_in_default_arguments
+from trainer.strategies.ddp import _OPS
 from trainer.strategies.environment import ClusterEnvironment
 from trainer.strategies.fsdp import FSDPStrategy
 from trainer.strategies.strategy import ReduceOp
@@ -192,7 +192,7 @@ class ModelParallelStrategy(FSDPStrategy):
     # ---- setup -------------------------------------------------------------------------
     def setup_environment(self) -> None:
         """Join (or start) the process group, then build the mesh (2-D, or the layout's)."""
-        start_process_group(self)
+        self._start_or_join_process_group()
         if self.mesh_layout is not None:
             self._meshes = self.mesh_layout.build_meshes(self.root_device.type, self.world_size)
         else:
@@ -208,7 +208,8 @@ class ModelParallelStrategy(FSDPStrategy):
         )
         # A flattened (dp, tp) view lets DTensor reduce a norm over both dims in one collective
         # (torchtitan does the same); without it torch warns and runs two.
-        mesh[DATA_PARALLEL, TENSOR_PARALLEL]._flatten(f"{DATA_PARALLEL}_{TENSOR_PARALLEL}")
+        # DeviceMesh has no public way to flatten dims.
+        mesh[DATA_PARALLEL, TENSOR_PARALLEL]._flatten(f"{DATA_PARALLEL}_{TENSOR_PARALLEL}")  # noqa: SLF001
         dp_mesh = mesh[DATA_PARALLEL]
         return ParallelMeshes(mesh, dp_mesh, mesh[TENSOR_PARALLEL], fully_shard=dp_mesh)
 
@@ -284,26 +285,6 @@ def check_size(owner: str, argument: str, value: Any, allow_auto: bool = False) 
             f"{owner}({argument}={describe(value)}): expected {expected}, e.g. {argument}=2."
         )
     return value
-
-
-def start_process_group(strategy: DDPStrategy) -> None:
-    """Join the launcher's process group; with no launcher, start a one-process group.
-
-    Model-parallel engines need ``torch.distributed`` even on one process (their layers call
-    collectives over groups of size 1), so a plain ``python script.py`` works with sizes of 1.
-    """
-    if not dist.is_initialized() and not strategy.environment.is_distributed:
-        backend = strategy.process_group_backend or (
-            "nccl" if strategy.root_device.type == "cuda" else "gloo"
-        )
-        if strategy.root_device.type == "cuda":
-            torch.cuda.set_device(strategy.root_device)
-        hold_no_group_in_default_arguments()
-        dist.init_process_group(
-            backend, store=dist.HashStore(), rank=0, world_size=1, timeout=strategy.timeout
-        )
-        strategy._adopt_process_group()
-    DDPStrategy.setup_environment(strategy)
 
 
 def _check_op(op: str) -> None:

@@ -1,10 +1,12 @@
 """What the Trainer puts in a checkpoint and how it takes it back; where ``ckpt_path`` points.
 
-The Trainer calls `dump_checkpoint` / `restore_checkpoint`; the file format lives in
-``trainer/checkpoint/``. A checkpoint holds the model, optimizers, schedulers, precision state,
-the progress (epoch, global step, batch position), the train loader's seed (and a torchdata
-StatefulDataLoader's position on every process), the RNG states, the callbacks', datamodule's
-and loggers' state, and the hyperparameters.
+The Trainer calls `dump_checkpoint` / `restore_from`; the file format lives in
+``trainer/checkpoint/``. A restore loads into the Trainer's public objects (module, optimizers,
+callbacks, the train loader...) and hands back what the Trainer keeps for later (`Resumed`).
+A checkpoint holds the model, optimizers, schedulers, precision state, the progress (epoch,
+global step, batch position), the train loader's seed (and a torchdata StatefulDataLoader's
+position on every process), the RNG states, the callbacks', datamodule's and loggers' state,
+and the hyperparameters.
 """
 
 from __future__ import annotations
@@ -21,17 +23,34 @@ from trainer.errors import CheckpointError, ConfigurationError, describe
 from trainer.runtime.seed import get_rng_states
 
 if TYPE_CHECKING:
+    from trainer.trainer.hook_table import HookTable
     from trainer.trainer.trainer import Trainer
 
 __all__ = [
+    "Resumed",
     "checkpoint_dir",
     "dump_checkpoint",
     "load_checkpoint",
     "resolve_ckpt_path",
     "restore_checkpoint",
+    "restore_from",
 ]
 
 _VERSION = 1
+
+
+@dataclasses.dataclass(frozen=True)
+class Resumed:
+    """What a checkpoint restored for ``fit`` hands back to the Trainer.
+
+    Attributes:
+        callback_metrics: the checkpoint's ``callback_metrics``, shown until logged anew.
+        rng_state: this process's saved RNG states, applied when training starts (None when
+            the checkpoint has none).
+    """
+
+    callback_metrics: dict[str, float]
+    rng_state: dict[str, Any] | None
 
 
 def checkpoint_dir(trainer: Trainer) -> Path:
@@ -53,7 +72,7 @@ def dump_checkpoint(trainer: Trainer, *, weights_only: bool = False) -> dict[str
     }
     if weights_only:
         return checkpoint
-    train_loader = trainer._loaders.get("train")
+    train_loader = trainer.train_dataloader
     checkpoint.update(
         progress=dataclasses.asdict(trainer.progress),
         optimizer_states=[optimizer.state_dict() for optimizer in trainer.optimizers],
@@ -135,10 +154,33 @@ def load_checkpoint(trainer: Trainer, path: Path) -> dict[str, Any]:
     )
 
 
-def restore_checkpoint(trainer: Trainer, checkpoint: dict[str, Any], *, full: bool) -> None:
-    """Put ``checkpoint`` back: weights always; with ``full`` the whole training state."""
+def restore_from(
+    trainer: Trainer, ckpt_path: str | os.PathLike[str] | None, stage: str, hooks: HookTable
+) -> Resumed | None:
+    """Restore ``ckpt_path`` (see `resolve_ckpt_path`) for ``stage``: the whole training state
+    for "fit", the weights otherwise; what `restore_checkpoint` returns (None: no path)."""
+    path = resolve_ckpt_path(trainer, ckpt_path, stage)
+    if path is None:
+        return None
+    return restore_checkpoint(trainer, load_checkpoint(trainer, path), hooks, full=stage == "fit")
+
+
+def restore_checkpoint(
+    trainer: Trainer, checkpoint: dict[str, Any], hooks: HookTable, *, full: bool
+) -> Resumed | None:
+    """Put ``checkpoint`` back: weights always; with ``full`` the whole training state.
+
+    Args:
+        trainer: the Trainer whose module, optimizers, callbacks... receive the state.
+        checkpoint: the checkpoint dict.
+        hooks: the call's hooks (``on_load_checkpoint`` runs first).
+        full: restore the training state too (``fit``).
+
+    Returns:
+        What the Trainer keeps for later; None when only the weights were restored.
+    """
     module = trainer.module
-    trainer._call_hook("on_load_checkpoint", checkpoint)
+    hooks.call("on_load_checkpoint", checkpoint)
     try:
         trainer.strategy.load_module_state_dict(module, checkpoint["state_dict"])
     except RuntimeError as err:
@@ -146,7 +188,7 @@ def restore_checkpoint(trainer: Trainer, checkpoint: dict[str, Any], *, full: bo
             f"the checkpoint's weights do not fit {type(module).__name__}: {err}"
         ) from err
     if not full or "progress" not in checkpoint:
-        return
+        return None
     _restore_optimizers(trainer, checkpoint)
     for config, state in zip(
         trainer.lr_scheduler_configs, checkpoint.get("lr_schedulers", []), strict=False
@@ -161,7 +203,6 @@ def restore_checkpoint(trainer: Trainer, checkpoint: dict[str, Any], *, full: bo
     # Checkpoints written before these counters existed: automatic optimization's values.
     trainer.progress.total_batches = _count(progress, "total_batches", progress["global_step"])
     trainer.progress.batches_stepped = _count(progress, "batches_stepped", progress["global_step"])
-    trainer._restored_metrics = dict(checkpoint.get("callback_metrics") or {})
     callback_states = checkpoint.get("callbacks") or {}
     for callback in trainer.callbacks:
         if callback.state_key in callback_states:
@@ -169,15 +210,16 @@ def restore_checkpoint(trainer: Trainer, checkpoint: dict[str, Any], *, full: bo
     if trainer.datamodule is not None and checkpoint.get("datamodule") is not None:
         trainer.datamodule.load_state_dict(checkpoint["datamodule"])
     loader_state = (checkpoint.get("loops") or {}).get("train_loader")
-    if loader_state is not None and trainer._loaders.get("train") is not None:
-        own = loader_state_for_rank(loader_state, trainer.global_rank)
-        trainer._loaders["train"].load_state_dict(own)
+    train_loader = trainer.train_dataloader
+    if loader_state is not None and train_loader is not None:
+        train_loader.load_state_dict(loader_state_for_rank(loader_state, trainer.global_rank))
     for logger, state in zip(trainer.loggers, checkpoint.get("loggers") or [], strict=False):
         if state.get("class") == type(logger).__name__:
             logger.load_state_dict(state)
     rng_states = checkpoint.get("rng_states") or []
-    trainer._pending_rng_state = (
-        rng_states[min(trainer.global_rank, len(rng_states) - 1)] if rng_states else None
+    return Resumed(
+        callback_metrics=dict(checkpoint.get("callback_metrics") or {}),
+        rng_state=rng_states[min(trainer.global_rank, len(rng_states) - 1)] if rng_states else None,
     )
 
 

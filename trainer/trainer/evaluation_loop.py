@@ -64,7 +64,7 @@ def _run_epoch(trainer: Trainer, run: Run, stage: str, loaders: list[Any]) -> li
     if store is not None:
         store.start_epoch()
         store.hook = (step_name, False, True)
-        module._metric_store = store
+        module.metric_store = store
     is_logging = store is not None and not trainer.sanity_checking
     run.model.eval()
     predictions: list[list[Any]] = [[] for _ in loaders]
@@ -101,7 +101,7 @@ def _run_epoch(trainer: Trainer, run: Run, stage: str, loaders: list[Any]) -> li
     if is_logging:
         send_to_loggers(trainer, store.epoch_items(for_logger=True), eval_epoch_step(trainer))
     call(f"on_{stage}_end")
-    module._metric_store = run.stores["train"]
+    module.metric_store = run.stores["train"]
     if stage == "predict":
         return predictions
     if store is None:

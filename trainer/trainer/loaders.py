@@ -8,7 +8,9 @@
 - `reload_stage` / `is_reload_due`: ``reload_dataloaders_every_n_epochs``.
 - `reset_train_loader`: ``Trainer.reset_train_dataloader`` (BatchSizeFinder).
 
-One DataLoader is prepared by `trainer.trainer.prepare.prepare_loader`; nothing here calls a hook.
+The call's loaders (a dict, ``Run.loaders``) and the stages whose loaders the call received are
+handed in; a reload replaces an entry of that dict. One DataLoader is prepared by
+`trainer.trainer.prepare.prepare_loader`; nothing here calls a hook.
 """
 
 from __future__ import annotations
@@ -25,6 +27,9 @@ from trainer.runtime.seed import get_rng_states, set_rng_states
 from trainer.trainer.prepare import find_loader, prepare_loader
 
 if TYPE_CHECKING:
+    from collections.abc import Set
+
+    from trainer.trainer.run import Run
     from trainer.trainer.trainer import Trainer
 
 __all__ = ["is_reload_due", "load_stage", "reload_stage", "reset_train_loader"]
@@ -75,36 +80,52 @@ def is_reload_due(every_n_epochs: int, epoch: int, last_epoch: float) -> bool:
     return bool(every_n_epochs) and epoch - last_epoch >= every_n_epochs
 
 
-def reload_stage(trainer: Trainer, name: str) -> None:
+def reload_stage(trainer: Trainer, name: str, run: Run | None = None) -> None:
     """Ask the DataModule / module for the ``name`` loaders again (not loaders given to the call).
 
     The global random state is left as it was, and the train loader keeps its shuffle seed, so a
     reload changes only what the new loader reads.
+
+    Args:
+        trainer: the Trainer whose DataModule / module give the loaders.
+        name: the stage ("train", "validation").
+        run: the call's `Run`; its ``loaders`` entry is replaced. None: the Trainer's current
+            one (fit_loop.py's call, until it passes its run).
     """
-    if name in trainer._given_stages:  # Lightning "reloads" the very same object: nothing to do
+    if run is None:
+        run = trainer._run  # noqa: SLF001 - until fit_loop.py passes its Run
+    if name in run.given_stages:  # Lightning "reloads" the very same object: nothing to do
         return
-    old = trainer._loaders.get(name)
+    old = run.loaders.get(name)
     rng = get_rng_states()  # preparing draws a seed; the old loader's is kept instead
-    trainer._loaders[name] = load_stage(trainer, name, None, required=name == "train")
+    new = run.loaders[name] = load_stage(trainer, name, None, required=name == "train")
     set_rng_states(rng)
-    new = trainer._loaders[name]
     if name == "train" and old is not None and new is not None:
         new.load_state_dict({"seed": old.state_dict()["seed"]})
 
 
-def reset_train_loader(trainer: Trainer) -> None:
-    """Rebuild the train loader from its source and prepare it again, keeping seed and epoch."""
-    if "train" in trainer._given_stages:
+def reset_train_loader(trainer: Trainer, loaders: dict[str, Any], given_stages: Set[str]) -> None:
+    """Rebuild the train loader from its source and prepare it again, keeping seed and epoch.
+
+    Args:
+        trainer: the Trainer whose DataModule / module give the loader.
+        loaders: the call's loaders by stage; the "train" entry is replaced.
+        given_stages: the stages whose loaders the call received.
+
+    Raises:
+        ConfigurationError: the call received the train DataLoader, which cannot be rebuilt.
+    """
+    if "train" in given_stages:
         raise ConfigurationError(
             "trainer.reset_train_dataloader(): fit() received the train DataLoader, which cannot be "
             "rebuilt. Provide train_dataloader() on the module or a DataModule instead."
         )
-    old = trainer._loaders.get("train")
+    old = loaders.get("train")
     rng = get_rng_states()  # preparing draws a seed; the old loader's is kept instead
-    trainer._loaders["train"] = load_stage(trainer, "train", None, required=True)
+    new = loaders["train"] = load_stage(trainer, "train", None, required=True)
     set_rng_states(rng)
     if old is not None:
-        trainer._loaders["train"].load_state_dict(old.state_dict())
+        new.load_state_dict(old.state_dict())
 
 
 def _in_order(loader: DataLoader, name: str) -> DataLoader:

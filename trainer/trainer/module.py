@@ -18,6 +18,7 @@ from trainer.trainer.module_hooks import ModuleHooks
 
 if TYPE_CHECKING:
     from trainer.accelerator.optimizer import AcceleratedOptimizer
+    from trainer.trainer.metrics import MetricStore
     from trainer.trainer.trainer import Trainer
 
 __all__ = ["AttributeDict", "DataModule", "TrainModule"]
@@ -114,7 +115,7 @@ class TrainModule(_HyperparameterMixin, ModuleHooks, torch.nn.Module):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._trainer: Trainer | None = None
-        self._metric_store: Any = None
+        self._metric_store: MetricStore | None = None
 
     # ---- read-only context ----------------------------------------------------------------
     @property
@@ -126,6 +127,21 @@ class TrainModule(_HyperparameterMixin, ModuleHooks, torch.nn.Module):
                 "trainer.fit(module) (or validate/test/predict) first."
             )
         return self._trainer
+
+    @trainer.setter
+    def trainer(self, trainer: Trainer | None) -> None:
+        """Attach the module to ``trainer`` (the Trainer does, at the start of each call)."""
+        self._trainer = trainer
+
+    @property
+    def metric_store(self) -> MetricStore | None:
+        """Where ``self.log`` records: the running stage's store, set by the Trainer as the
+        stages change (None outside a Trainer run)."""
+        return self._metric_store
+
+    @metric_store.setter
+    def metric_store(self, store: MetricStore | None) -> None:
+        self._metric_store = store
 
     @property
     def device(self) -> torch.device:
@@ -295,7 +311,7 @@ class TrainModule(_HyperparameterMixin, ModuleHooks, torch.nn.Module):
 
     def manual_backward(self, loss: torch.Tensor, **kwargs: Any) -> None:
         """Backpropagate ``loss`` (scaled, synced and hooked like the automatic path)."""
-        self.trainer._manual_backward(loss, **kwargs)
+        self.trainer.manual_backward(loss, **kwargs)
 
     def print(self, *args: Any, **kwargs: Any) -> None:
         """``print`` on global rank zero only."""

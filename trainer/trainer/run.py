@@ -52,8 +52,11 @@ class Run:
     hooks: HookTable
     # "train" -> the prepared loader; "validation" / "test" / "predict" -> a list of them
     loaders: dict[str, Any]
+    given_stages: frozenset[str]  # the stages whose loaders the call received: never rebuilt
     stores: dict[str, MetricStore]  # "train" / "validation" / "test" -> self.log's store
     model: torch.nn.Module  # the prepared (engine-wrapped) model: train() / eval() on it
     run_step: Callable[..., Any]  # run_step("validation_step", batch, batch_idx)
     training_step: Callable[..., Any] | None
     start_time: float  # time.monotonic() at setup, for max_time
+    # The dict ``trainer.callback_metrics`` returns (what callbacks put beside logged values).
+    callback_metrics: dict[str, torch.Tensor]

@@ -11,6 +11,7 @@ prepared model) explicitly. Everything device-, precision- and process-related g
 from __future__ import annotations
 
 import datetime as dt
+import functools
 import os
 import time
 from collections.abc import Iterable, Mapping, Sequence
@@ -27,12 +28,7 @@ from trainer.precision import Precision
 from trainer.profilers import Profiler, resolve_profiler
 from trainer.strategies import Strategy
 from trainer.trainer import profiling
-from trainer.trainer.checkpoint_state import (
-    dump_checkpoint,
-    load_checkpoint,
-    resolve_ckpt_path,
-    restore_checkpoint,
-)
+from trainer.trainer.checkpoint_state import dump_checkpoint, restore_from
 from trainer.trainer.evaluation_loop import STAGE_OF, run_eval_epoch
 from trainer.trainer.fit_loop import FitLoop, run_sanity_check
 from trainer.trainer.hook_table import HookTable
@@ -218,7 +214,7 @@ class Trainer(TrainerProperties):
         self._previous_deterministic = torch.are_deterministic_algorithms_enabled()
         self._router: StepRouter | None = None
         self._wrapped_model: torch.nn.Module | None = None
-        self._given_stages: set[str] = set()  # loaders passed to the call (never rebuilt)
+        self._given_stages: frozenset[str] = frozenset()  # loaders given to the call: never rebuilt
         self._pending_rng_state: dict[str, Any] | None = None  # applied when training resumes
         self._restored_metrics: dict[str, float] = {}  # callback_metrics of a resumed checkpoint
         self._callback_metrics: dict[str, torch.Tensor] = {}  # the dict callback_metrics returns
@@ -232,7 +228,7 @@ class Trainer(TrainerProperties):
         Raises:
             ConfigurationError: fit received the DataLoader directly, so it cannot be rebuilt.
         """
-        reset_train_loader(self)
+        reset_train_loader(self, self._loaders, self._given_stages)
 
     # ---- entry points -------------------------------------------------------------------------
     def fit(
@@ -378,7 +374,7 @@ class Trainer(TrainerProperties):
             )
         self.module = module
         self.datamodule = datamodule
-        module._trainer = self
+        module.trainer = self
         if datamodule is not None:
             datamodule.trainer = self
         self.state = TrainerState(stage=stage, status="running")
@@ -415,25 +411,28 @@ class Trainer(TrainerProperties):
         steps = prepare_steps(self, module, self._router)
         self._router, self._wrapped_model = steps.router, steps.model
         self._loaders = {}
-        self._given_stages = {name for name, given in loaders.items() if given is not None}
+        self._given_stages = frozenset(name for name, given in loaders.items() if given is not None)
         for name, given in loaders.items():  # before optimizers: schedulers may need the length
             required = name in ("train", "test", "predict")
             self._loaders[name] = load_stage(self, name, given, required=required)
         if stage == "fit":
             self.optimizers, self.lr_scheduler_configs = configure_optimizers(self, module)
-        module._metric_store = self._stores["train"]
+        module.metric_store = self._stores["train"]
         self._run = Run(
             hooks=self._hooks,
             loaders=self._loaders,
+            given_stages=self._given_stages,
             stores=self._stores,
             model=steps.model,
             run_step=steps.run_step,
             training_step=steps.training_step,
             start_time=start_time,
+            callback_metrics=self._callback_metrics,
         )
-        path = resolve_ckpt_path(self, ckpt_path, stage)
-        if path is not None:
-            restore_checkpoint(self, load_checkpoint(self, path), full=stage == "fit")
+        resumed = restore_from(self, ckpt_path, stage, self._hooks)
+        if resumed is not None:
+            self._restored_metrics = resumed.callback_metrics
+            self._pending_rng_state = resumed.rng_state
         profiling.expect_steps(self, stage)
         if stage == "fit":
             log_hyperparams(self)
@@ -441,7 +440,8 @@ class Trainer(TrainerProperties):
 
     def _teardown(self, stage: str, status: str, *, is_clean_exit: bool = False) -> None:
         if self.checkpoint_io is not None:  # return only once the save in flight is complete
-            self.checkpoint_io.end_stage(self, stage, status)
+            fail = functools.partial(self._handle_exception, stage=stage)
+            self.checkpoint_io.end_stage(status, fail_stage=fail)
         self.state.status = status
         if status == "finished":  # after an exception only on_exception runs (Lightning 2.6)
             if self.datamodule is not None:
@@ -456,7 +456,7 @@ class Trainer(TrainerProperties):
         if not self._previous_deterministic:
             torch.use_deterministic_algorithms(False)
         if self.module is not None:
-            self.module._metric_store = None
+            self.module.metric_store = None
         # Drop the engine wrappers (DDP, ...): each run prepares the module afresh, and a wrapper
         # alive when the process group ends can abort the process.
         self._wrapped_model = self.module
@@ -479,13 +479,17 @@ class Trainer(TrainerProperties):
                 stage, status, is_clean_exit=isinstance(err, SystemExit) and not err.code
             )
 
-    # ---- for the pieces of this package -------------------------------------------------------
+    # ---- hooks; TrainModule.manual_backward ---------------------------------------------------
     def _call_hook(self, name: str, *args: Any) -> Any:
         """Run hook ``name`` in DESIGN §3's order (see `HookTable.call`)."""
         return self._hooks.call(name, *args)
 
-    def _manual_backward(self, loss: torch.Tensor, **kwargs: Any) -> None:
-        """``TrainModule.manual_backward``: the fit loop's backward, with its hooks."""
+    def manual_backward(self, loss: torch.Tensor, **kwargs: Any) -> None:
+        """What ``TrainModule.manual_backward`` calls: the fit loop's backward, with its hooks.
+
+        Raises:
+            ConfigurationError: called outside ``fit``.
+        """
         if self._fit_loop is None:
             raise ConfigurationError(
                 "manual_backward: called outside trainer.fit. Call it from training_step."

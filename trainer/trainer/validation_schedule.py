@@ -51,7 +51,7 @@ def run_sanity_check(trainer: Trainer, run: Run) -> None:
             loader.limit = full
         trainer.num_val_batches = full_count
         run.stores["validation"].reset()  # sanity values are not real metrics
-        trainer._callback_metrics.clear()  # nor what callbacks put beside them (Lightning)
+        run.callback_metrics.clear()  # nor what callbacks put beside them (Lightning)
 
 
 def has_validation(trainer: Trainer, run: Run) -> bool:
