@@ -168,7 +168,7 @@ class FitLoop(BatchStep):
         progress = trainer.progress
         every = trainer.reload_dataloaders_every_n_epochs
         if every and is_reload_due(every, progress.epoch, self._reloaded_at["train"]):
-            reload_stage(trainer, "train")
+            reload_stage(trainer, "train", self._run)
             self._reloaded_at["train"] = progress.epoch
         loader = run.loaders["train"]
         run.stores["train"].start_epoch()
@@ -348,7 +348,7 @@ class FitLoop(BatchStep):
         every = trainer.reload_dataloaders_every_n_epochs
         epoch = trainer.progress.epoch
         if every and is_reload_due(every, epoch, self._reloaded_at["validation"]):
-            reload_stage(trainer, "validation")
+            reload_stage(trainer, "validation", self._run)
             self._reloaded_at["validation"] = epoch
             self._run.stores["validation"].batch_counts.clear()  # Lightning counts rows anew
         model = self._run.model

@@ -80,7 +80,7 @@ def is_reload_due(every_n_epochs: int, epoch: int, last_epoch: float) -> bool:
     return bool(every_n_epochs) and epoch - last_epoch >= every_n_epochs
 
 
-def reload_stage(trainer: Trainer, name: str, run: Run | None = None) -> None:
+def reload_stage(trainer: Trainer, name: str, run: Run) -> None:
     """Ask the DataModule / module for the ``name`` loaders again (not loaders given to the call).
 
     The global random state is left as it was, and the train loader keeps its shuffle seed, so a
@@ -89,11 +89,8 @@ def reload_stage(trainer: Trainer, name: str, run: Run | None = None) -> None:
     Args:
         trainer: the Trainer whose DataModule / module give the loaders.
         name: the stage ("train", "validation").
-        run: the call's `Run`; its ``loaders`` entry is replaced. None: the Trainer's current
-            one (fit_loop.py's call, until it passes its run).
+        run: the call's `Run`; its ``loaders`` entry is replaced.
     """
-    if run is None:
-        run = trainer._run  # noqa: SLF001 - until fit_loop.py passes its Run
     if name in run.given_stages:  # Lightning "reloads" the very same object: nothing to do
         return
     old = run.loaders.get(name)
