@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import threading
 import warnings
 from collections.abc import Iterator
 from pathlib import Path
@@ -26,6 +27,7 @@ from trainer.checkpoint.sharded import DCP_DIR, agree_on_staging, load_sharded_c
 from trainer.checkpoint.sharded_async import start_async_sharded_save
 from trainer.errors import CheckpointError
 from trainer.plugins import AsyncCheckpointIO, PendingSave
+from trainer.plugins.async_checkpoint import _THREAD_NAME
 from trainer.plugins.async_sharded import saves_sharded, stager_is_reusable
 from trainer.strategies import DDPStrategy, FSDPStrategy
 
@@ -239,6 +241,12 @@ def test_accelerator_save_state_under_fsdp_writes_shards_in_the_background(
     restored = accelerator.get_state_dict(model)
     for key, value in saved.items():
         torch.testing.assert_close(restored[key], value, rtol=0, atol=0)
+    # end_training frees what the background saves held; before, the gloo group of the sharded
+    # saves and the writer thread stayed until the process ended.
+    groups = len(dist.distributed_c10d._world.pg_map)
+    accelerator.end_training()
+    assert len(dist.distributed_c10d._world.pg_map) == groups - 1
+    assert not [t for t in threading.enumerate() if t.name.startswith(_THREAD_NAME)]
 
 
 class OneShotStager(DefaultStager):

@@ -466,10 +466,11 @@ class Accelerator(ProcessAPI, CheckpointAPI):
         """Finish every tracker's run, then end the process group (after a barrier).
 
         Call it at the end of the script on every process, as in Accelerate. A collective used
-        afterwards joins the group again. A background ``save_state`` completes first.
+        afterwards joins the group again. A background ``save_state`` completes first, and what
+        background saves hold (writer thread, host copy, a sharded save's process group) is freed.
         """
         if self._checkpoint_io is not None:
-            self._checkpoint_io.wait()
+            self._checkpoint_io.close()
         for tracker in self.trackers:
             tracker.finalize("success")
         self.trackers = []

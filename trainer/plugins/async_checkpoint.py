@@ -365,6 +365,18 @@ class AsyncCheckpointIO:
             self._spare = []  # no host copy is kept once the stage is over
             self._sharded.release(is_clean=status == "finished")
 
+    def close(self) -> None:
+        """Wait for the save in flight, then free what saves hold between stages: the writer
+        thread, the host copy, and the process group and stager of sharded saves.
+
+        ``Accelerator.end_training`` calls it (every process: sharded saves end their group
+        together). A later save starts them again.
+
+        Raises:
+            CheckpointError: the save in flight failed (what it held is freed all the same).
+        """
+        self.end_stage("finished", fail_stage=lambda err: None)
+
     # ---- internals -------------------------------------------------------------------------
     def _submit(self, job: Callable[[], None]) -> concurrent.futures.Future[None]:
         """Run ``job`` on the writer thread (started on first use)."""
