@@ -17,17 +17,7 @@ BOTH = (1, 2)
 TWO = (2,)
 ONE = (1,)
 
-_EPOCH_DRAW = (
-    "trainer bug: on several processes a prepared loader draws its seed from torch's global "
-    "generator once, at prepare, and nothing per epoch; torch's DataLoader (so Accelerate) draws "
-    "one value from it at the start of every epoch. From the second epoch on, dropout and any "
-    "other random op in the step get another stream than under Accelerate"
-)
-
-KNOWN_GAPS: dict[str, tuple[tuple[int, ...], str]] = {
-    "train/unshuffled_dropout": (TWO, _EPOCH_DRAW),
-    "resume/unshuffled_*": (TWO, _EPOCH_DRAW),
-}
+KNOWN_GAPS: dict[str, tuple[tuple[int, ...], str]] = {}
 
 # Deliberate differences (docs/migration/accelerate.md): not compared one to one;
 # test_differences.py pins what each side does.

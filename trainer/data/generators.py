@@ -121,7 +121,7 @@ def seed_generators(seed: int) -> None:
     """Seed torch's CPU generator, numpy's global generator and ``random`` from one 64-bit seed."""
     torch.default_generator.manual_seed(seed)
     random.seed(seed)
-    np_random = _numpy()._np
+    np_random = _numpy_random()
     if np_random is not None:
         np_random.seed(seed & 0xFFFF_FFFF)  # the legacy seed takes 32 bits
 

@@ -8,6 +8,7 @@ sees the same augmented values; a torchdata ``StatefulDataLoader`` keeps its own
 ``state_dict()``. Without a seed, a shuffling sampler that has its own generator keeps it (as in
 Accelerate): each pass starts by giving every process the main process's generator state (the
 ``rng_types``), and ``state_dict()`` holds that state, so a reloaded loader shuffles alike.
+Each pass takes from torch's generator what torch's DataLoader takes (``trainer/data/draws.py``).
 Sharding across processes is decided by the strategy's ``distributed_sampler_kwargs`` and lives
 in ``trainer/data/sharding.py``; ``trainer/data/prepare.py`` puts the pieces together.
 """
@@ -23,18 +24,17 @@ from torch.utils.data import (
     BatchSampler,
     DataLoader,
     IterableDataset,
-    RandomSampler,
     Sampler,
     TensorDataset,
     default_collate,
 )
 
+from trainer.data.draws import PassDraws, drawing_elsewhere, random_samplers, take_torch_value
 from trainer.data.generators import forget_generator_states
 from trainer.data.rebuild import (
     index_batches_of,
     is_stateful_loader,
     rebuild_loader,
-    stateful_sampler_types,
     with_index_batches,
 )
 from trainer.data.seeding import DataRng, PositionedBatchSampler, batch_seed, seeded_dataset
@@ -119,6 +119,9 @@ class DataLoaderShard:
         self.rng_types: list[str] | None = None
         self.synchronized_generator: torch.Generator | None = None
         self._pass_generator_state: torch.Tensor | None = None  # at the start of the open pass
+        # Shared with skip_first_batches copies: they continue one another's passes.
+        self._draws = PassDraws(dataloader)
+        self._is_skip_copy = False  # made by skip_first_batches: a new loader, as in Accelerate
 
     def __getattr__(self, name: str) -> Any:
         # Delegate dataset, batch_size, sampler, ... to the wrapped loader.
@@ -151,7 +154,7 @@ class DataLoaderShard:
         loader = self.base_dataloader
         # The workers' base seed, on a stream of its own: mixed, so it is none of the samplers'.
         loader.generator = torch.Generator().manual_seed(batch_seed(seed))
-        for sampler in _random_samplers(loader):
+        for sampler in random_samplers(loader):
             # Accelerate's SeedableRandomSampler: seed + epoch, so a data_seed orders alike.
             sampler.generator = torch.Generator().manual_seed(seed)
 
@@ -163,8 +166,10 @@ class DataLoaderShard:
     def state_dict(self) -> dict[str, Any]:
         """Where the loader stands: seed and epoch; a StatefulDataLoader's state after the batches
         yielded so far (the read-ahead batch not counted); the synchronized generator's state
-        (as the open pass started, else now). Other positions are the Trainer's."""
+        (as the open pass started, else now); whether the epoch's pass has taken its value from
+        torch's generator (``trainer/data/draws.py``). Other positions are the Trainer's."""
         state: dict[str, Any] = {"seed": self.seed, "epoch": self._epoch}
+        state.update(self._draws.state_dict(self._epoch))
         if self._loader_state is not None:
             state["loader"] = self._loader_state
         generator = self.synchronized_generator
@@ -178,6 +183,7 @@ class DataLoaderShard:
         which then ignores ``skip_batches`` (nothing is read again)."""
         self.seed = state.get("seed", self.seed)
         self.set_epoch(state.get("epoch", self._epoch))
+        self._draws.load_state_dict(state, self._epoch)
         if state.get("loader") is not None and self.is_stateful:
             self._loader_state = self._pending_loader_state = state["loader"]
         if state.get("generator") is not None and self.synchronized_generator is not None:
@@ -197,21 +203,23 @@ class DataLoaderShard:
         self.end_of_dataloader = False
         self.batches_yielded = 0
         skip, self.skip_batches = self.skip_batches, 0  # a skip applies to one iteration only
-        loader, skip = self._plan_pass(skip)
+        loader, left = self._plan_pass(skip)
         rng = self._data_rng if loader is self._fetch_loader and loader.num_workers == 0 else None
         run = rng.run if rng is not None else _call
-        iterator = run(iter, loader)
-        for _ in range(skip):
-            if run(next, iterator, _DONE) is _DONE:
-                return
-        limit = math.inf if self.limit is None else self.limit
-        if limit <= 0:
-            return
         state = self.gradient_state
-        move = self.device is not None and self.device.type != "cpu"
-        transform = self.transform
-        read_ahead = _read_ahead_with_state if self.is_stateful else _read_ahead
+        is_reading = is_complete = False
         try:
+            iterator = self._open_pass(loader, run, is_resuming=skip > 0)
+            for _ in range(left):
+                if run(next, iterator, _DONE) is _DONE:
+                    return
+            limit = math.inf if self.limit is None else self.limit
+            if limit <= 0:
+                return
+            move = self.device is not None and self.device.type != "cpu"
+            transform = self.transform
+            read_ahead = _read_ahead_with_state if self.is_stateful else _read_ahead
+            is_reading = True
             current = run(next, iterator, _DONE)
             while current is not _DONE:
                 has_more = self.batches_yielded + 1 < limit
@@ -231,10 +239,28 @@ class DataLoaderShard:
                 yield batch
                 current = following
             self._epoch += 1  # only a pass that ran to its end (a break closes the generator)
+            is_complete = True
         finally:
-            self._pass_generator_state = None
-            if state is not None:
-                state.end_iteration(self)
+            self._draws.end(is_complete=is_complete)
+            if is_reading:
+                self._pass_generator_state = None
+                if state is not None:
+                    state.end_iteration(self)
+
+    def _open_pass(
+        self, loader: Any, run: Callable[..., Any], *, is_resuming: bool
+    ) -> Iterator[Any]:
+        """torch's iterator over ``loader``; the pass's value of torch's generator taken (by
+        torch itself without a seed), or none when the pass continues a cut one."""
+        is_due = self._draws.begin(self._epoch, is_resuming=is_resuming and not self._is_skip_copy)
+        if self.seed is not None:  # the loader draws from the seed's own stream
+            if is_due:
+                take_torch_value(self._draws.generator)
+            return run(iter, loader)
+        if not is_due and _makes_iterator(loader):
+            with drawing_elsewhere(loader):
+                return run(iter, loader)
+        return run(iter, loader)
 
     def _synchronize_generators(self) -> None:
         """Give ``rng_types`` the main process's state (Accelerate's start of an iteration) and
@@ -297,6 +323,27 @@ class DataLoaderShard:
                 self._fetch_loader = rebuild_loader(base, dataset=dataset, batch_sampler=sampler)
         return self._fetch_loader
 
+    def copy_skipping(self, num_batches: int) -> DataLoaderShard:
+        """A new prepared loader over the same data whose next pass starts at batch
+        ``num_batches`` (`skip_first_batches`); it continues a pass of this one cut by a
+        loaded save (``trainer/data/draws.py``)."""
+        shard = DataLoaderShard(
+            self.base_dataloader,
+            device=self.device,
+            gradient_state=self.gradient_state,
+            transform=self.transform,
+            skip_batches=num_batches,
+            process_index=self.process_index,
+        )
+        shard.limit = self.limit
+        shard.seed = self.seed
+        shard._epoch = self._epoch
+        shard.rng_types = self.rng_types
+        shard.synchronized_generator = self.synchronized_generator
+        shard._draws = self._draws
+        shard._is_skip_copy = True
+        return shard
+
     def __repr__(self) -> str:
         return f"DataLoaderShard({self.base_dataloader!r}, device={self.device})"
 
@@ -332,18 +379,13 @@ def _read_ahead_with_state(
     return state, (next(iterator, _DONE) if has_more else _DONE)
 
 
-def _random_samplers(loader: DataLoader) -> list[RandomSampler]:
-    """The RandomSamplers a loader draws from, also inside (sharded) batch samplers."""
-    found, pending, seen = [], [loader.sampler, loader.batch_sampler], set()
-    while pending:
-        obj = pending.pop()
-        if obj is None or id(obj) in seen:
-            continue
-        seen.add(id(obj))
-        if isinstance(obj, (RandomSampler, *stateful_sampler_types())):
-            found.append(obj)
-        pending += [getattr(obj, "sampler", None), getattr(obj, "batch_sampler", None)]
-    return found
+def _makes_iterator(loader: Any) -> bool:
+    """Whether ``iter(loader)`` makes a torch iterator (which draws its value): persistent
+    workers keep theirs from pass to pass."""
+    if not isinstance(loader, DataLoader):
+        return False
+    is_persistent = loader.persistent_workers and loader.num_workers > 0
+    return not is_persistent or getattr(loader, "_iterator", None) is None
 
 
 def _can_skip_indices(loader: DataLoader) -> bool:
@@ -383,20 +425,7 @@ def skip_first_batches(dataloader: Any, num_batches: int = 0) -> Any:
         [[6, 7], [8, 9]]
     """
     if isinstance(dataloader, DataLoaderShard):
-        shard = DataLoaderShard(
-            dataloader.base_dataloader,
-            device=dataloader.device,
-            gradient_state=dataloader.gradient_state,
-            transform=dataloader.transform,
-            skip_batches=num_batches,
-            process_index=dataloader.process_index,
-        )
-        shard.limit = dataloader.limit
-        shard.seed = dataloader.seed
-        shard._epoch = dataloader._epoch
-        shard.rng_types = dataloader.rng_types
-        shard.synchronized_generator = dataloader.synchronized_generator
-        return shard
+        return dataloader.copy_skipping(num_batches)
     if isinstance(dataloader, DataLoader) and not isinstance(dataloader.dataset, IterableDataset):
         if index_batches_of(dataloader) is None:
             raise ConfigurationError(

@@ -12,9 +12,11 @@ current process group's. What it decides, with Accelerate's semantics:
   (``data_seed``, else one draw of torch's global generator, the main process's everywhere).
   Without it, a shuffling sampler that has its own ``torch.Generator`` keeps it: every pass
   starts from the main process's state of that generator, so the global order of index batches
-  is the one a plain DataLoader gives on one process, split across the processes. Other loaders
-  read by several processes get a seed as with ``use_seedable_sampler``, so every process
-  shuffles alike.
+  is the one a plain DataLoader gives on one process, split across the processes. Other
+  shuffled loaders, and iterable datasets (every process reads the whole stream), read by
+  several processes get a seed as with ``use_seedable_sampler``, so every process draws alike.
+  An unshuffled map-style loader gets none: as in Accelerate, each process reads its share as
+  the plain DataLoader would, and takes nothing from torch's generator at ``prepare``.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from typing import Any
 import torch
 from torch.utils.data import DataLoader, IterableDataset
 
+from trainer.data.draws import random_samplers
 from trainer.data.loader import DataLoaderShard
 from trainer.data.rebuild import index_batches_of, to_stateful_loader
 from trainer.data.sharding import shard_data_loader
@@ -45,6 +48,16 @@ def own_generator(loader: DataLoader) -> torch.Generator | None:
     sampler = getattr(index_batches_of(loader), "sampler", None)
     generator = getattr(sampler, "generator", None)
     return generator if isinstance(generator, torch.Generator) else None
+
+
+def _is_drawn_alike(loader: DataLoader) -> bool:
+    """Whether processes must draw alike to split ``loader``: it shuffles (its sampler has a
+    ``generator`` attribute, Accelerate's test, or a RandomSampler is deeper down), or it is an
+    iterable dataset that every process reads whole."""
+    if isinstance(loader.dataset, IterableDataset):
+        return True
+    sampler = getattr(index_batches_of(loader), "sampler", None)
+    return hasattr(sampler, "generator") or bool(random_samplers(loader))
 
 
 def _shuffle_seed(
@@ -92,6 +105,7 @@ def prepare_loader_shard(
     if config.use_stateful_dataloader:
         loader = to_stateful_loader(loader)
     generator = None if config.use_seedable_sampler else own_generator(loader)
+    is_drawn_alike = max(num_processes, world_size) > 1 and _is_drawn_alike(loader)
     remainder = -1
     if num_processes > 1:
         loader, remainder = shard_data_loader(
@@ -108,7 +122,7 @@ def prepare_loader_shard(
     prepared.rng_types = list(rng_types) if rng_types is not None else None
     if generator is not None:
         prepared.synchronized_generator = generator
-    elif config.use_seedable_sampler or max(num_processes, world_size) > 1:
+    elif config.use_seedable_sampler or is_drawn_alike:
         prepared.seed = _shuffle_seed(config, broadcast)
         prepared.set_epoch(0)
     return prepared
