@@ -23,6 +23,7 @@ import os
 import shutil
 import signal
 import sys
+import threading
 from typing import Any
 
 import torch
@@ -50,15 +51,21 @@ class FileOperations:
         self.op, self.n, self.is_trace = op, n, is_trace
         self.counts: dict[str, int] = {}
         self.is_armed = False
+        # The checkpoint writer writes a save's files on several threads: one line, one write,
+        # and the count and its kill decided together (interleaved prints split lines and made
+        # the traced operation list differ from run to run).
+        self._lock = threading.Lock()
 
     def seen(self, op: str, path: Any) -> None:
         if not self.is_armed:
             return
-        if self.is_trace:
-            print(f"{op}\t{path}", flush=True)
-        self.counts[op] = self.counts.get(op, 0) + 1
-        if op == self.op and self.counts[op] == self.n:
-            os.kill(os.getpid(), signal.SIGKILL)
+        with self._lock:
+            if self.is_trace:
+                sys.stdout.write(f"{op}\t{path}\n")
+                sys.stdout.flush()
+            self.counts[op] = self.counts.get(op, 0) + 1
+            if op == self.op and self.counts[op] == self.n:
+                os.kill(os.getpid(), signal.SIGKILL)
 
     def install(self) -> None:
         wrap = self._wrap
