@@ -297,6 +297,7 @@ def _resumed_run(fw: Any, folder: Path, saved_at: str, *, has_val: bool) -> list
     every = {"validation end": {}, "mid-epoch": {"every_n_train_steps": 2}}[saved_at]
     checkpoint = fw.callbacks.ModelCheckpoint(dirpath=folder, save_top_k=-1, monitor=None, **every)
     options = quiet(max_epochs=2, num_sanity_val_steps=0, enable_checkpointing=True)
+    options["default_root_dir"] = str(folder / "root")  # the resumed run's default checkpoints
     val = loader(4, seed=1) if has_val else None
     first = fw.trainer(callbacks=[checkpoint], **options)
     first.fit(regression_class(fw.Module)(), loader(8), val)
