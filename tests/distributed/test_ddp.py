@@ -176,24 +176,3 @@ def test_process_group_ends_inside_teardown_and_later_stages_join_again(tmp_path
         assert facts["open_after_end_training"] is False
         assert facts["gloo_threads_at_end"] == []
     assert (tmp_path / "after_fit" / "manifest.json").is_file()
-
-
-def test_the_exit_fallback_collects_nothing_after_a_clean_end():
-    """Every process that used DDP ran a full garbage collection at exit (0.1-0.3 s of each
-    `trainer launch` job) even when its group had ended cleanly and nothing was parked."""
-    import gc
-
-    from trainer.strategies import ddp
-
-    assert not torch.distributed.is_initialized()
-    collections: list[str] = []
-
-    def record(phase: str, info: dict) -> None:
-        collections.append(phase)
-
-    gc.callbacks.append(record)
-    try:
-        ddp._destroy_process_group_at_exit()
-    finally:
-        gc.callbacks.remove(record)
-    assert collections == []
