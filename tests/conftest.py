@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import importlib.util
+from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType
 
 import pytest
 import torch
+import torch.distributed
 from torch.utils.data import DataLoader, TensorDataset
 
 import trainer
@@ -76,6 +78,18 @@ def quiet_trainer(tmp_path, **kwargs) -> trainer.Trainer:
     )
     options.update(kwargs)
     return trainer.Trainer(**options)
+
+
+@pytest.fixture
+def process_group(tmp_path: Path) -> Iterator[None]:
+    """A 1-process gloo group (a file store under ``tmp_path``), ended after the test."""
+    torch.distributed.init_process_group(
+        "gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1
+    )
+    try:
+        yield
+    finally:
+        torch.distributed.destroy_process_group()
 
 
 @pytest.fixture

@@ -14,12 +14,10 @@ import enum
 import json
 import sys
 import types
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import torch
-import torch.distributed as dist
 
 from trainer import (
     Accelerator,
@@ -101,18 +99,6 @@ def launched(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, text: str) -> None
     path.write_text(text)
     for name, value in launch_environment(load_launch_config(path)).items():
         monkeypatch.setenv(name, value)
-
-
-@pytest.fixture
-def process_group(tmp_path: Path) -> Iterator[None]:
-    """A 1-process gloo group, ended after the test."""
-    dist.init_process_group(
-        "gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1
-    )
-    try:
-        yield
-    finally:
-        dist.destroy_process_group()
 
 
 def fsdp_settings(strategy) -> tuple:

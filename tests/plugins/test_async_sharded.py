@@ -11,7 +11,6 @@ import subprocess
 import sys
 import threading
 import warnings
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -33,19 +32,7 @@ from trainer.strategies import DDPStrategy, FSDPStrategy
 
 
 @pytest.fixture
-def group(tmp_path: Path) -> Iterator[None]:
-    """A 1-process gloo group, destroyed after the test."""
-    dist.init_process_group(
-        "gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1
-    )
-    try:
-        yield
-    finally:
-        dist.destroy_process_group()
-
-
-@pytest.fixture
-def strategy(group: None) -> FSDPStrategy:
+def strategy(process_group: None) -> FSDPStrategy:
     strategy = FSDPStrategy("cpu")
     strategy.setup_environment()  # reuses the group, builds the 1-D mesh
     return strategy
@@ -185,7 +172,7 @@ def test_a_staging_folder_belongs_to_process_0_and_is_removed_once_it_is_gone(
 
 @pytest.mark.parametrize("state_dict_type", ["SHARDED", "FULL"])
 def test_fit_with_fsdp_saves_in_the_background(
-    group: None, tmp_path: Path, state_dict_type: str
+    process_group: None, tmp_path: Path, state_dict_type: str
 ) -> None:
     # SHARDED: every process writes DCP shards; FULL: process 0 writes the gathered state.
     returned: list[object] = []
@@ -218,7 +205,7 @@ def test_fit_with_fsdp_saves_in_the_background(
 
 
 def test_accelerator_save_state_under_fsdp_writes_shards_in_the_background(
-    group: None, tmp_path: Path
+    process_group: None, tmp_path: Path
 ) -> None:
     import trainer
 
