@@ -35,7 +35,7 @@ from trainer import (
     TorchDynamoPlugin,
 )
 from trainer.accelerator.engine_configs import model_parallel_fsdp_options
-from trainer.accelerator.engine_plugins import setup_engine
+from trainer.accelerator.engine_setup import setup_engine
 from trainer.accelerator.launch_config import load_launch_config
 from trainer.accelerator.launchers import launch_environment
 from trainer.strategies import STRATEGY_REGISTRY

@@ -102,6 +102,45 @@ def test_no_module_over_500_lines() -> None:
     assert not long, f"modules over {MAX_LINES} lines: {long}"
 
 
+def _private_imports(path: Path, package: str) -> list[str]:
+    """``from M import _name`` (another module's private name), and private modules imported
+    from outside the package that holds them."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if not isinstance(node, ast.ImportFrom) or not (node.module or "").startswith("trainer"):
+            continue
+        module_parts = node.module.split(".")
+        for alias in node.names:
+            parts = [*module_parts, alias.name]
+            first = next((i for i, p in enumerate(parts) if p[:1] == "_" and p[:2] != "__"), None)
+            if first is None:
+                continue
+            owner = ".".join(parts[:first])  # what holds the private module or name
+            is_module = (PACKAGE.parent / Path(*parts).with_suffix(".py")).exists() or (
+                PACKAGE.parent / Path(*parts) / "__init__.py"
+            ).exists()
+            if first == len(parts) - 1 and not is_module:
+                found.append(
+                    f"{path.relative_to(PACKAGE.parent)}:{node.lineno} {node.module}.{alias.name}"
+                )
+            elif not (package == owner or package.startswith(owner + ".")):
+                found.append(
+                    f"{path.relative_to(PACKAGE.parent)}:{node.lineno} {node.module}.{alias.name}"
+                )
+    return found
+
+
+def test_no_module_imports_another_modules_private_names() -> None:
+    """Issue #16: no module reaches into another's private members (``from x import _name``)."""
+    wrong = []
+    for path in _source_files():
+        if path.name == "_old_paths.py" or path == PACKAGE / "__init__.py":
+            continue  # the old-path aliases and the facade name private modules on purpose
+        package = ".".join(path.relative_to(PACKAGE.parent).parts[:-1])
+        wrong += _private_imports(path, package)
+    assert not wrong, "private imports:\n" + "\n".join(wrong)
+
+
 @pytest.mark.parametrize("old", sorted(OLD_MODULE_PATHS))
 def test_old_module_path_is_the_new_module(old: str) -> None:
     assert importlib.import_module(old) is importlib.import_module(OLD_MODULE_PATHS[old])

@@ -3,8 +3,9 @@
 - ``accelerator``: ``Accelerator`` (construction, prepare, backward / accumulate, trackers), with
   its process verbs in ``process_api`` (the ``on_*_process`` decorators from ``decorators``,
   ``trigger_sync_in_backward`` from ``triggers``) and its checkpoint verbs in ``checkpoint_api``.
-- ``engine_plugins`` / ``engine_configs`` / ``kwargs_handlers``: Accelerate's plugins and kwargs
-  handlers, translated onto the strategies and precision plugins.
+- ``engine_setup`` / ``engine_configs`` / ``handler_setup``: Accelerate's plugins and kwargs
+  handlers (the dataclasses live in ``trainer.runtime``) translated onto the strategies and
+  precision plugins.
 - ``parallelism``: ``ParallelismConfig`` and the strategy its mesh needs.
 - ``pipelining`` (``prepare_pippy``), ``local_sgd`` (``LocalSGD``).
 - ``optimizer``: ``AcceleratedOptimizer`` / ``AcceleratedScheduler``, the prepared wrappers.

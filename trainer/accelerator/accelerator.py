@@ -17,8 +17,8 @@ import torch
 from torch.utils.data import DataLoader
 
 from trainer.accelerator.checkpoint_api import CheckpointAPI
-from trainer.accelerator.engine_plugins import setup_engine
-from trainer.accelerator.kwargs_handlers import profile_session
+from trainer.accelerator.engine_setup import setup_engine
+from trainer.accelerator.handler_setup import profile_session
 from trainer.accelerator.model_wrappers import AutocastForward
 from trainer.accelerator.optimizer import (
     AcceleratedOptimizer,

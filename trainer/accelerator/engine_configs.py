@@ -7,7 +7,7 @@ parser of each engine turns them into ``FSDPStrategy`` / ``DeepSpeedStrategy`` /
 ``MegatronStrategy`` arguments (`strategy_options`): the plugin's set fields win, the file fills
 the rest, exactly as Accelerate's plugins read its launcher's variables.
 
-Owns the translation only; choosing the strategy is ``engine_plugins``'s, running it the
+Owns the translation only; choosing the strategy is ``engine_setup``'s, running it the
 strategy's.
 """
 

@@ -20,7 +20,6 @@ import argparse
 import contextlib
 import csv
 import io
-import numbers
 import operator
 import os
 import warnings
@@ -34,6 +33,7 @@ from trainer.loggers._versioned import (
     check_folder_arguments,
 )
 from trainer.loggers.logger import metric_as_float
+from trainer.loggers.params import to_yaml_safe
 
 __all__ = ["CSVLogger"]
 
@@ -185,7 +185,7 @@ class CSVLogger(VersionedFolderLogger):
         path = os.path.join(self._ensure_log_dir(), _HPARAMS_FILE)
         if self._hparams is None:
             self._hparams = _read_hparams(path)
-        self._hparams.update(_to_yaml_safe(dict(params)))
+        self._hparams.update(to_yaml_safe(dict(params)))
         text = yaml.safe_dump(self._hparams, sort_keys=False, allow_unicode=True)
         with _atomic_open(path) as file:
             file.write(text)
@@ -416,25 +416,3 @@ def _read_hparams(path: str) -> dict[str, Any]:
                 f"or log to another version."
             ) from err
     return dict(loaded) if isinstance(loaded, Mapping) else {}
-
-
-def _to_yaml_safe(value: Any) -> Any:
-    """What ``yaml.safe_dump`` can write: plain scalars, lists and dicts; anything else as str()."""
-    if value is None or type(value) in (bool, int, float, str):
-        return value
-    if isinstance(value, argparse.Namespace):
-        value = vars(value)
-    if isinstance(value, Mapping):
-        return {_to_yaml_key(key): _to_yaml_safe(item) for key, item in value.items()}
-    if isinstance(value, (list, tuple, set, frozenset)):
-        return [_to_yaml_safe(item) for item in value]
-    if isinstance(value, numbers.Integral):
-        return int(value)
-    if isinstance(value, numbers.Real):
-        return float(value)
-    return str(value)
-
-
-def _to_yaml_key(key: Any) -> Any:
-    """Mapping keys stay plain scalars; others (tuples, enums, ...) become their str()."""
-    return key if type(key) in (bool, int, float, str) else str(key)

@@ -48,8 +48,8 @@ from trainer.loggers._mlflow_store import (
     reopen_run,
 )
 from trainer.loggers.logger import Logger, metric_as_float
-from trainer.loggers.tensorboard import _as_dict, _flatten_params
-from trainer.loggers.wandb import _checkpoints_to_log
+from trainer.loggers.params import as_dict, flatten_params
+from trainer.loggers.uploads import checkpoints_to_log
 
 __all__ = ["MLFlowLogger"]
 
@@ -269,7 +269,7 @@ class MLFlowLogger(Logger):
         from mlflow.entities import Param
         from mlflow.utils.validation import MAX_PARAM_VAL_LENGTH
 
-        flat = _flatten_params(_as_dict(params, "MLFlowLogger.log_hyperparams"))
+        flat = flatten_params(as_dict(params, "MLFlowLogger.log_hyperparams"))
         values = {
             self._name_of(key): str(value)[:MAX_PARAM_VAL_LENGTH] for key, value in flat.items()
         }
@@ -359,7 +359,7 @@ class MLFlowLogger(Logger):
     # ---- helpers -------------------------------------------------------------------------------
     def _upload_checkpoints(self, checkpoint_callback: Any) -> None:
         client = self.experiment
-        for path, _score, _aliases in _checkpoints_to_log(
+        for path, _score, _aliases in checkpoints_to_log(
             checkpoint_callback, self._logged_checkpoints
         ):
             folder = f"checkpoints/{os.path.basename(path)}"

@@ -38,6 +38,7 @@ from trainer.loggers._versioned import (
     check_folder_arguments,
 )
 from trainer.loggers.logger import metric_as_float
+from trainer.loggers.params import as_dict, flatten_params
 
 __all__ = ["TensorBoardLogger"]
 
@@ -193,7 +194,7 @@ class TensorBoardLogger(VersionedFolderLogger):
         Examples:
             >>> logger.log_hyperparams({"lr": 0.1}, metrics={"val/loss": 0.0})  # doctest: +SKIP
         """
-        self._hparams.update(_hparams_values(_flatten_params(_as_dict(params, "log_hyperparams"))))
+        self._hparams.update(_hparams_values(flatten_params(as_dict(params, "log_hyperparams"))))
         if metrics is None:
             is_placeholder_due = self._default_hp_metric and not self._is_resuming
             metrics = {_HP_METRIC: -1.0} if is_placeholder_due else {}
@@ -370,32 +371,6 @@ def _check_arguments(
             "a str, os.PathLike or None",
             "Pass e.g. 'fold_1'.",
         )
-
-
-def _as_dict(params: Any, where: str) -> dict[str, Any]:
-    """``params`` as a dict (Namespaces included), or an error naming the call."""
-    if isinstance(params, argparse.Namespace):
-        return vars(params)
-    if not isinstance(params, Mapping):
-        raise ConfigurationError(
-            f"{where} expected a dict or an argparse.Namespace, received {describe(params)}. "
-            f"Pass e.g. {{'lr': 0.1}}."
-        )
-    return dict(params)
-
-
-def _flatten_params(params: Mapping[str, Any], parent: str = "") -> dict[str, Any]:
-    """Nested dicts (and Namespaces) as ``"outer/inner"`` keys: trackers store flat key/values."""
-    flat: dict[str, Any] = {}
-    for key, value in params.items():
-        name = f"{parent}/{key}" if parent else str(key)
-        if isinstance(value, argparse.Namespace):
-            value = vars(value)
-        if isinstance(value, Mapping) and value:
-            flat.update(_flatten_params(value, name))
-        else:
-            flat[name] = value
-    return flat
 
 
 def _hparams_values(params: Mapping[str, Any]) -> dict[str, bool | int | float | str]:

@@ -32,8 +32,9 @@ from typing import Any
 
 from trainer._imports import is_available, require
 from trainer.errors import CheckpointError, ConfigurationError, describe
-from trainer.loggers.csv_logs import _to_yaml_safe
 from trainer.loggers.logger import Logger
+from trainer.loggers.params import to_yaml_safe
+from trainer.loggers.uploads import checkpoints_to_log
 
 __all__ = ["WandbLogger"]
 
@@ -226,7 +227,7 @@ class WandbLogger(Logger):
                 f"WandbLogger.log_hyperparams expected a dict or an argparse.Namespace, received "
                 f"{describe(params)}. Pass e.g. {{'lr': 0.1}}."
             )
-        self.experiment.config.update(_to_yaml_safe(dict(params)), allow_val_change=True)
+        self.experiment.config.update(to_yaml_safe(dict(params)), allow_val_change=True)
 
     def after_save_checkpoint(self, checkpoint_callback: Any) -> None:
         """Upload new checkpoints now (``log_model="all"``) or remember them for the end (True)."""
@@ -282,7 +283,7 @@ class WandbLogger(Logger):
         """One ``model`` artifact version per checkpoint not uploaded yet, oldest first."""
         wandb = require("wandb", extra="wandb", feature="WandbLogger(log_model=...)")
         run = self.experiment
-        for path, score, aliases in _checkpoints_to_log(
+        for path, score, aliases in checkpoints_to_log(
             checkpoint_callback, self._logged_checkpoints
         ):
             artifact = wandb.Artifact(
@@ -337,39 +338,6 @@ def _warn_if_offline_file_is_empty(save_dir: str, run_id: str, step: int) -> Non
         "from the checkpoint in a new offline folder with the same id.",
         stacklevel=3,
     )
-
-
-def _checkpoints_to_log(
-    checkpoint_callback: Any, logged: Mapping[str, float]
-) -> list[tuple[str, float | None, list[str]]]:
-    """``(path, score, aliases)`` of the callback's checkpoints that are new or rewritten.
-
-    Reads the public ``best_k_models`` / ``best_model_path`` / ``last_model_path`` of a
-    ModelCheckpoint; oldest first, so the newest upload ends up with the ``latest`` alias.
-    """
-    scores: dict[str, float | None] = {
-        str(path): float(score)
-        for path, score in getattr(checkpoint_callback, "best_k_models", {}).items()
-    }
-    for path in (
-        getattr(checkpoint_callback, "best_model_path", ""),
-        getattr(checkpoint_callback, "last_model_path", ""),
-    ):
-        if path:
-            scores.setdefault(str(path), None)
-    best = getattr(checkpoint_callback, "best_model_path", "")
-    found = []
-    for path, score in scores.items():
-        if not os.path.exists(path):
-            continue  # pruned since it was saved
-        mtime = os.path.getmtime(path)
-        if logged.get(path) != mtime:
-            found.append((mtime, path, score))
-    found.sort()
-    return [
-        (path, score, ["latest", "best"] if path == best else ["latest"])
-        for _, path, score in found
-    ]
 
 
 def _checkpoint_settings(checkpoint_callback: Any) -> dict[str, Any]:

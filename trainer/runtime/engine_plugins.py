@@ -8,7 +8,7 @@ variables the same way).
 
 This module owns the options and the checks that need no other layer: values out of range, and
 options whose feature this package does not have (each refused with the fix, never ignored).
-It does not build anything: ``trainer.accelerator.engine_plugins`` turns a plugin into the
+It does not build anything: ``trainer.accelerator.engine_setup`` turns a plugin into the
 existing Strategy (``DeepSpeedStrategy``, ``FSDPStrategy``, ``MegatronStrategy``) or into
 ``torch.compile`` options.
 """

@@ -10,7 +10,7 @@ One dataclass per object, with Accelerate 1.15's names and defaults:
 - `ProfileKwargs` -> ``torch.profiler.profile`` (``Accelerator.profile()``);
 - `AORecipeKwargs`, `TERecipeKwargs`, `FP8RecipeKwargs` -> the fp8 precision plugin's recipe.
 
-This module owns the options and their checks; ``trainer.accelerator.engine_plugins`` hands
+This module owns the options and their checks; ``trainer.accelerator.engine_setup`` hands
 them to the strategy and the precision plugin. Unlike Accelerate's, these classes read no
 environment variable: a default is the default. Nothing here imports an optional package.
 """

@@ -99,7 +99,7 @@ class PartialState:
         self.process_index = rank
         self.local_process_index = _env_int("LOCAL_RANK", 0) if world_size > 1 else 0
         self.backend = backend
-        self.device = _default_device(cpu, self.local_process_index)
+        self.device = default_device(cpu, self.local_process_index)
         if world_size == 1:
             self.distributed_type = DistributedType.NO
         elif self.device.type == "cuda":
@@ -188,7 +188,8 @@ def _process_group_is_up() -> bool:
     return torch.distributed.is_available() and torch.distributed.is_initialized()
 
 
-def _default_device(cpu: bool, local_rank: int) -> torch.device:
+def default_device(cpu: bool, local_rank: int) -> torch.device:
+    """This process's device: its CUDA device by local rank, else MPS, else (or ``cpu``) the CPU."""
     if not cpu and torch.cuda.is_available():
         return torch.device("cuda", local_rank % torch.cuda.device_count())
     if not cpu and torch.backends.mps.is_available():

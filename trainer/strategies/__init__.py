@@ -72,7 +72,7 @@ def distributed_type_strategies() -> dict[str, str]:
     }
 
 
-def _auto_strategy_name() -> str:
+def auto_strategy_name() -> str:
     """What the launcher asked for (``trainer launch`` sets TRAINER_STRATEGY), else by world size."""
     import os
 
@@ -94,7 +94,7 @@ def resolve_strategy(
     """
     if isinstance(strategy, Strategy):
         return strategy
-    name = _auto_strategy_name() if strategy in (None, "auto") else strategy
+    name = auto_strategy_name() if strategy in (None, "auto") else strategy
     target = STRATEGY_REGISTRY.get(name) if isinstance(name, str) else None
     if target is None:
         valid = ", ".join(repr(n) for n in ("auto", *STRATEGY_REGISTRY))

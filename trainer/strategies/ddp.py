@@ -48,6 +48,7 @@ from trainer.strategies.strategy import ReduceOp, Strategy
 
 __all__ = [
     "FAILURE_TIMEOUT",
+    "REDUCE_OPS",
     "DDPStrategy",
     "bound_collective_timeout",
     "hold_no_group_in_default_arguments",
@@ -57,7 +58,8 @@ _JOIN_COUNT = itertools.count()
 # How long a collective may wait once this process failed (see `bound_collective_timeout`).
 FAILURE_TIMEOUT = dt.timedelta(seconds=30)
 
-_OPS = {
+# all_reduce's op names; "mean" is a sum divided by the world size afterwards
+REDUCE_OPS = {
     "sum": dist.ReduceOp.SUM,
     "max": dist.ReduceOp.MAX,
     "min": dist.ReduceOp.MIN,
@@ -276,12 +278,12 @@ class DDPStrategy(Strategy):
         return tensor
 
     def all_reduce(self, tensor: torch.Tensor, op: ReduceOp = "mean") -> torch.Tensor:
-        if op not in _OPS:
-            raise StrategyError(f"all_reduce(op={op!r}): expected one of {sorted(_OPS)}.")
+        if op not in REDUCE_OPS:
+            raise StrategyError(f"all_reduce(op={op!r}): expected one of {sorted(REDUCE_OPS)}.")
         self._join_process_group()
         result = tensor.clone() if tensor.is_floating_point() or op != "mean" else tensor.float()
         sent = self._on_group_device(result)
-        dist.all_reduce(sent, op=_OPS[op])
+        dist.all_reduce(sent, op=REDUCE_OPS[op])
         result = sent.to(tensor.device)
         return result / self.world_size if op == "mean" else result
 

@@ -204,7 +204,7 @@ class FSDPStrategy(DDPStrategy):
         )
 
         if isinstance(module, FSDPModule):  # sharded by an earlier run: sharding is in place
-            _remember(self._sharded, module)
+            append_once(self._sharded, module)
             return module
         full_state = None
         if self.cpu_ram_efficient_loading:
@@ -238,7 +238,7 @@ class FSDPStrategy(DDPStrategy):
         fully_shard(module, **options)
         if full_state is not None:
             self._broadcast_from_rank0(module, full_state)
-        _remember(self._sharded, module)
+        append_once(self._sharded, module)
         return module
 
     def _broadcast_from_rank0(
@@ -257,7 +257,7 @@ class FSDPStrategy(DDPStrategy):
         )
 
     def setup_optimizer(self, optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer:
-        _remember(self._optimizers, optimizer)  # sharded checkpoints load into these
+        append_once(self._optimizers, optimizer)  # sharded checkpoints load into these
         return optimizer
 
     @contextlib.contextmanager
@@ -415,7 +415,7 @@ def _has_dtensor(obj: Any) -> bool:
     return False
 
 
-def _remember(items: list[Any], item: Any) -> None:
+def append_once(items: list[Any], item: Any) -> None:
     """Append ``item`` unless that very object is already there."""
     if not any(existing is item for existing in items):
         items.append(item)

@@ -42,7 +42,7 @@ from trainer.precision import Precision
 from trainer.runtime.state import DistributedType
 from trainer.strategies.ddp import DDPStrategy
 from trainer.strategies.environment import ClusterEnvironment
-from trainer.strategies.fsdp import _remember
+from trainer.strategies.fsdp import append_once
 from trainer.strategies.megatron_parallel import PIPELINE_PARALLEL as PIPELINE_PARALLEL
 from trainer.strategies.megatron_parallel import (
     all_reduce_sequence_parallel_grads,
@@ -286,7 +286,7 @@ class MegatronStrategy(DDPStrategy):
         module = self.precision.convert_module(module).to(self.root_device)
         if self.tensor_model_parallel_size > 1:
             broadcast_replicated_parameters(module, self._parallel_state)
-        _remember(self._modules, module)
+        append_once(self._modules, module)
         if self.data_parallel_size == 1 or not any(p.requires_grad for p in module.parameters()):
             return module
         device_ids = [self.root_device.index] if self.root_device.type == "cuda" else None
@@ -300,7 +300,7 @@ class MegatronStrategy(DDPStrategy):
         return wrapped
 
     def setup_optimizer(self, optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer:
-        _remember(self._optimizers, optimizer)  # sharded checkpoints load into these
+        append_once(self._optimizers, optimizer)  # sharded checkpoints load into these
         return optimizer
 
     # ---- training ----------------------------------------------------------------------

@@ -34,7 +34,7 @@ import torch.distributed as dist
 from trainer.errors import ConfigurationError, StrategyError, describe
 from trainer.precision import Precision
 from trainer.runtime.state import DistributedType
-from trainer.strategies.ddp import _OPS
+from trainer.strategies.ddp import REDUCE_OPS
 from trainer.strategies.environment import ClusterEnvironment
 from trainer.strategies.fsdp import FSDPStrategy
 from trainer.strategies.strategy import ReduceOp
@@ -288,8 +288,8 @@ def check_size(owner: str, argument: str, value: Any, allow_auto: bool = False) 
 
 
 def _check_op(op: str) -> None:
-    if op not in _OPS:
-        raise StrategyError(f"all_reduce(op={op!r}): expected one of {sorted(_OPS)}.")
+    if op not in REDUCE_OPS:
+        raise StrategyError(f"all_reduce(op={op!r}): expected one of {sorted(REDUCE_OPS)}.")
 
 
 def all_reduce_data_parallel(tensor: torch.Tensor, op: str, group: Any) -> torch.Tensor:
@@ -303,7 +303,7 @@ def all_reduce_data_parallel(tensor: torch.Tensor, op: str, group: Any) -> torch
     _check_op(op)
     result = tensor.clone() if tensor.is_floating_point() or op != "mean" else tensor.float()
     chosen = None if op in ("max", "min") else group
-    dist.all_reduce(result, op=_OPS[op], group=chosen)
+    dist.all_reduce(result, op=REDUCE_OPS[op], group=chosen)
     return result / dist.get_world_size(group) if op == "mean" else result
 
 

@@ -45,9 +45,9 @@ class Strategy:
     def root_device(self) -> torch.device:
         """The device this process computes on."""
         if self._device is None:
-            from trainer.runtime.state import _default_device
+            from trainer.runtime.state import default_device
 
-            self._device = _default_device(False, self.local_rank)
+            self._device = default_device(False, self.local_rank)
         return self._device
 
     @property

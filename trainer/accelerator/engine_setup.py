@@ -31,7 +31,7 @@ from trainer.accelerator.engine_configs import (
     model_parallel_fsdp_options,
     strategy_options,
 )
-from trainer.accelerator.kwargs_handlers import (
+from trainer.accelerator.handler_setup import (
     build_precision,
     collect_handlers,
     handler_strategy_options,
@@ -47,7 +47,7 @@ from trainer.runtime.engine_plugins import (
     TorchDynamoPlugin,
 )
 from trainer.runtime.kwargs_handlers import KwargsHandler
-from trainer.strategies import STRATEGY_REGISTRY, Strategy, _auto_strategy_name, resolve_strategy
+from trainer.strategies import STRATEGY_REGISTRY, Strategy, auto_strategy_name, resolve_strategy
 from trainer.strategies.model_parallel import ModelParallelStrategy
 
 __all__ = ["EngineSetup", "setup_engine"]
@@ -180,7 +180,7 @@ def _build_strategy(
     if plugin is not None:
         name = _PLUGIN_STRATEGY[type(plugin)]
     else:
-        name = _auto_strategy_name() if strategy in (None, "auto") else strategy  # type: ignore[assignment]  # a str here
+        name = auto_strategy_name() if strategy in (None, "auto") else strategy  # type: ignore[assignment]  # a str here
     target = _strategy_target(name)
     if plugin is None and name in _STRATEGY_PLUGIN:  # launched: the launch file's options apply
         plugin = _STRATEGY_PLUGIN[name]()

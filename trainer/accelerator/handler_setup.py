@@ -3,7 +3,7 @@ plugin (grad scaler, autocast, fp8 recipe) and ``Accelerator.profile()``.
 
 `collect_handlers` checks the list given to ``Accelerator(kwargs_handlers=...)``;
 `handler_strategy_options` gives the strategy arguments of ``DistributedDataParallelKwargs`` and
-``InitProcessGroupKwargs`` (``engine_plugins`` passes them to engines that take them);
+``InitProcessGroupKwargs`` (``engine_setup`` passes them to engines that take them);
 `build_precision` applies ``GradScalerKwargs``, ``AutocastKwargs`` and the fp8 recipes;
 `profile_session` runs ``ProfileKwargs``. The handler classes themselves live in
 ``trainer.runtime.kwargs_handlers``.
