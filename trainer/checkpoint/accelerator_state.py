@@ -1,10 +1,9 @@
 """The Accelerator's ``save_state`` / ``load_state`` / ``save_model``, in the checkpoint format.
 
 ``save_state`` writes every prepared model, optimizer, scheduler, dataloader position, the
-precision plugin's state, registered objects and the RNG states as one checkpoint directory.
-A torchdata ``StatefulDataLoader`` stands at its own place on each process, so its state is
-gathered from every process (`gather_loader_state`, also used by the Trainer's checkpoints) and
-each process takes its own back (`loader_state_for_rank`).
+precision plugin's state, registered objects and the RNG states as one checkpoint directory:
+the core a Trainer checkpoint holds too (`trainer.checkpoint.training_state`), plus the
+further models, the registered objects and the iteration.
 With ``ProjectConfiguration(automatic_checkpoint_naming=True)`` the directories are
 ``<project_dir>/checkpoints/checkpoint_<N>`` and only ``total_limit`` are kept, the oldest removed
 after the new one is complete.
@@ -14,7 +13,7 @@ from __future__ import annotations
 
 import os
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -28,8 +27,16 @@ from trainer.checkpoint.format import (
     MODEL_INDEX,
     write_model_files,
 )
+from trainer.checkpoint.training_state import (
+    TrainingObjects,
+    capture_training_state,
+    load_model_state,
+    load_states,
+    loader_state_for_rank,
+    rng_state_for_rank,
+)
 from trainer.errors import CheckpointError, ConfigurationError
-from trainer.runtime.seed import get_rng_states, set_rng_states
+from trainer.runtime.seed import set_rng_states
 
 if TYPE_CHECKING:
     from trainer.accelerator.accelerator import Accelerator
@@ -37,15 +44,12 @@ if TYPE_CHECKING:
 
 __all__ = [
     "CheckpointObjects",
-    "gather_loader_state",
     "load_accelerator_state",
-    "loader_state_for_rank",
     "save_accelerator_state",
     "save_model_weights",
 ]
 
 _AUTO_NAME = re.compile(r"^checkpoint_(\d+)$")
-_PER_RANK = "loader_per_rank"
 
 
 @dataclass(frozen=True)
@@ -68,31 +72,16 @@ class CheckpointObjects:
     custom_objects: Sequence[Any]
 
 
-def gather_loader_state(
-    state: dict[str, Any], *, all_gather_object: Callable[[Any], list[Any]], world_size: int
-) -> dict[str, Any]:
-    """A prepared loader's ``state`` with every process's ``"loader"`` entry added.
-
-    Call it on every process (it is a collective when there is a StatefulDataLoader position to
-    gather). A plain loader's state (seed and epoch, the same everywhere) comes back as it is.
-
-    Args:
-        state: this process's ``DataLoaderShard.state_dict()``.
-        all_gather_object: the strategy's collective, one object per rank back.
-        world_size: the number of processes.
-    """
-    if world_size <= 1 or "loader" not in state:
-        return state
-    return {**state, _PER_RANK: all_gather_object(state["loader"])}
-
-
-def loader_state_for_rank(state: dict[str, Any], rank: int) -> dict[str, Any]:
-    """This process's state out of `gather_loader_state`'s (rank 0's past the saved ranks)."""
-    own = {key: value for key, value in state.items() if key != _PER_RANK}
-    per_rank = state.get(_PER_RANK)
-    if per_rank:
-        own["loader"] = per_rank[min(rank, len(per_rank) - 1)]
-    return own
+def _training_objects(accelerator: Accelerator, objects: CheckpointObjects) -> TrainingObjects:
+    """The shared core's objects: the first model (unwrapped), optimizers, schedulers, loaders."""
+    first = accelerator.unwrap_model(objects.models[0]) if objects.models else None
+    return TrainingObjects(
+        model=first,
+        optimizers=objects.optimizers,
+        schedulers=objects.schedulers,
+        dataloaders=objects.dataloaders,
+        precision=accelerator.precision,
+    )
 
 
 def _auto_dir(accelerator: Accelerator) -> Path:
@@ -146,23 +135,12 @@ def save_accelerator_state(
     models = [accelerator.unwrap_model(model) for model in objects.models]
     # The first model and the optimizers keep the strategy's layout (DCP shards under FSDP's
     # SHARDED state dicts, written by every rank); further models are gathered in full.
+    core = capture_training_state(strategy, _training_objects(accelerator, objects))
     checkpoint: dict[str, Any] = {
-        "state_dict": strategy.module_state_dict(models[0], full=False) if models else {},
+        **core,
         "other_models": [strategy.module_state_dict(model, full=True) for model in models[1:]],
         "num_models": len(models),  # the first state dict may be held by an engine (DeepSpeed)
-        "optimizer_states": [optimizer.state_dict() for optimizer in objects.optimizers],
-        "lr_schedulers": [scheduler.state_dict() for scheduler in objects.schedulers],
-        "dataloaders": [  # a StatefulDataLoader's position on every process (a collective)
-            gather_loader_state(
-                loader.state_dict(),
-                all_gather_object=strategy.all_gather_object,
-                world_size=strategy.world_size,
-            )
-            for loader in objects.dataloaders
-        ],
-        "precision": accelerator.precision.state_dict(),
         "custom_objects": [obj.state_dict() for obj in objects.custom_objects],
-        "rng_states": strategy.all_gather_object(get_rng_states()),  # one per process
         "iteration": config.iteration,
         "global_step": config.iteration,
     }
@@ -222,34 +200,33 @@ def load_accelerator_state(
         checkpoint = accelerator.strategy.load_checkpoint(source, first)
     states = [checkpoint["state_dict"], *checkpoint.get("other_models", [])]
     saved_models = checkpoint.get("num_models", len(states) if states[0] else 0)
-    _check_counts("models", saved_models, len(objects.models), source)
+    fix = "Prepare the same objects in the same order before loading."
+    where = f"load_state({source})"
+    if saved_models != len(objects.models):
+        raise CheckpointError(
+            f"{where}: the checkpoint has {saved_models} models but {len(objects.models)} are "
+            f"prepared or registered now. {fix}"
+        )
     for model, state in zip(objects.models, states, strict=False):
-        accelerator.strategy.load_module_state_dict(accelerator.unwrap_model(model), state)
-    for kind, kind_objects in (
-        ("optimizer_states", objects.optimizers),
-        ("lr_schedulers", objects.schedulers),
-        ("custom_objects", objects.custom_objects),
-    ):
-        saved = checkpoint.get(kind, [])
-        _check_counts(kind, len(saved), len(kind_objects), source)
-        for obj, state in zip(kind_objects, saved, strict=True):
-            obj.load_state_dict(state)
+        load_model_state(accelerator.strategy, accelerator.unwrap_model(model), state, where)
+    load_states(
+        "optimizer_states", objects.optimizers, checkpoint.get("optimizer_states", []), where, fix
+    )
+    load_states(
+        "lr_schedulers", objects.schedulers, checkpoint.get("lr_schedulers", []), where, fix
+    )
+    load_states(
+        "custom_objects", objects.custom_objects, checkpoint.get("custom_objects", []), where, fix
+    )
     for loader, state in zip(objects.dataloaders, checkpoint.get("dataloaders", []), strict=False):
         loader.load_state_dict(loader_state_for_rank(state, accelerator.process_index))
     accelerator.precision.load_state_dict(checkpoint.get("precision") or {})
-    rng_states = checkpoint.get("rng_states") or []
-    if rng_states:
-        set_rng_states(rng_states[min(accelerator.process_index, len(rng_states) - 1)])
+    rng_state = rng_state_for_rank(checkpoint.get("rng_states"), accelerator.process_index)
+    if rng_state is not None:
+        set_rng_states(rng_state)
     if config.automatic_checkpoint_naming and input_dir is None:
         config.iteration = int(checkpoint.get("iteration", 0)) + 1
     return source
-
-
-def _check_counts(kind: str, saved: int, prepared: int, source: Path) -> None:
-    if saved != prepared:
-        raise CheckpointError(
-            f"load_state({source}): the checkpoint has {saved} {kind} but {prepared} are prepared/registered now. Prepare the same objects in the same order before loading."
-        )
 
 
 def save_model_weights(

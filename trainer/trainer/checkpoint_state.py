@@ -1,7 +1,9 @@
 """What the Trainer puts in a checkpoint and how it takes it back; where ``ckpt_path`` points.
 
 The Trainer calls `dump_checkpoint` / `restore_from`; the file format lives in
-``trainer/checkpoint/``. A restore loads into the Trainer's public objects (module, optimizers,
+``trainer/checkpoint/``, and so does the core this checkpoint shares with an Accelerator's
+``save_state`` (`trainer.checkpoint.training_state`: optimizers, schedulers, precision, the
+loader's position, RNG states). A restore loads into the Trainer's public objects (module, optimizers,
 callbacks, the train loader...) and hands back what the Trainer keeps for later (`Resumed`).
 A checkpoint holds the model, optimizers, schedulers, precision state, the progress (epoch,
 global step, batch position), the train loader's seed (and a torchdata StatefulDataLoader's
@@ -18,9 +20,15 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from trainer.checkpoint import find_latest_checkpoint, load_weights_file
-from trainer.checkpoint.accelerator_state import gather_loader_state, loader_state_for_rank
+from trainer.checkpoint.training_state import (
+    TrainingObjects,
+    capture_training_state,
+    load_model_state,
+    load_states,
+    loader_state_for_rank,
+    rng_state_for_rank,
+)
 from trainer.errors import CheckpointError, ConfigurationError, describe
-from trainer.runtime.seed import get_rng_states
 
 if TYPE_CHECKING:
     from trainer.trainer.hook_table import HookTable
@@ -73,32 +81,30 @@ def dump_checkpoint(trainer: Trainer, *, weights_only: bool = False) -> dict[str
     if weights_only:
         return checkpoint
     train_loader = trainer.train_dataloader
+    core = capture_training_state(
+        trainer.strategy,
+        TrainingObjects(
+            model=None,  # the weights are above, with or without the rest
+            optimizers=trainer.optimizers,
+            schedulers=[config.scheduler for config in trainer.lr_scheduler_configs],
+            dataloaders=[train_loader] if train_loader is not None else [],
+            precision=trainer.precision_plugin,
+        ),
+    )
+    loader_states = core.pop("dataloaders")
+    core.pop("state_dict")
     checkpoint.update(
+        core,
         progress=dataclasses.asdict(trainer.progress),
-        optimizer_states=[optimizer.state_dict() for optimizer in trainer.optimizers],
-        lr_schedulers=[config.scheduler.state_dict() for config in trainer.lr_scheduler_configs],
-        precision=trainer.precision_plugin.state_dict(),
         callbacks={callback.state_key: callback.state_dict() for callback in trainer.callbacks},
         datamodule=trainer.datamodule.state_dict() if trainer.datamodule is not None else None,
-        loops={"train_loader": _train_loader_state(trainer, train_loader)},
-        rng_states=trainer.strategy.all_gather_object(get_rng_states()),
+        loops={"train_loader": loader_states[0] if loader_states else None},
         loggers=[{"class": type(lg).__name__, **lg.state_dict()} for lg in trainer.loggers],
         callback_metrics={
             k: float(v) for k, v in trainer.callback_metrics.items() if v.numel() == 1
         },
     )
     return checkpoint
-
-
-def _train_loader_state(trainer: Trainer, loader: Any) -> dict[str, Any] | None:
-    """Its seed and epoch; a StatefulDataLoader's position on every process (a collective)."""
-    if loader is None:
-        return None
-    return gather_loader_state(
-        loader.state_dict(),
-        all_gather_object=trainer.strategy.all_gather_object,
-        world_size=trainer.strategy.world_size,
-    )
 
 
 def resolve_ckpt_path(
@@ -181,15 +187,17 @@ def restore_checkpoint(
     """
     module = trainer.module
     hooks.call("on_load_checkpoint", checkpoint)
-    try:
-        trainer.strategy.load_module_state_dict(module, checkpoint["state_dict"])
-    except RuntimeError as err:
-        raise CheckpointError(
-            f"the checkpoint's weights do not fit {type(module).__name__}: {err}"
-        ) from err
+    load_model_state(trainer.strategy, module, checkpoint["state_dict"], "ckpt_path")
     if not full or "progress" not in checkpoint:
         return None
-    _restore_optimizers(trainer, checkpoint)
+    load_states(
+        "optimizer_states",
+        trainer.optimizers,
+        checkpoint.get("optimizer_states") or [],
+        "ckpt_path",
+        "Resume with the same configure_optimizers.",
+    )
+    # As Lightning: schedulers pair up with the saved states as far as both go.
     for config, state in zip(
         trainer.lr_scheduler_configs, checkpoint.get("lr_schedulers", []), strict=False
     ):
@@ -216,26 +224,10 @@ def restore_checkpoint(
     for logger, state in zip(trainer.loggers, checkpoint.get("loggers") or [], strict=False):
         if state.get("class") == type(logger).__name__:
             logger.load_state_dict(state)
-    rng_states = checkpoint.get("rng_states") or []
     return Resumed(
         callback_metrics=dict(checkpoint.get("callback_metrics") or {}),
-        rng_state=rng_states[min(trainer.global_rank, len(rng_states) - 1)] if rng_states else None,
+        rng_state=rng_state_for_rank(checkpoint.get("rng_states"), trainer.global_rank),
     )
-
-
-def _restore_optimizers(trainer: Trainer, checkpoint: dict[str, Any]) -> None:
-    states = checkpoint.get("optimizer_states") or []
-    if len(states) != len(trainer.optimizers):
-        raise CheckpointError(
-            f"the checkpoint has {len(states)} optimizer states but configure_optimizers returned {len(trainer.optimizers)}. Resume with the same configure_optimizers."
-        )
-    for optimizer, state in zip(trainer.optimizers, states, strict=True):
-        try:
-            optimizer.load_state_dict(state)
-        except (ValueError, KeyError, TypeError, IndexError) as err:
-            raise CheckpointError(
-                f"the checkpoint's optimizer state does not fit {type(optimizer.optimizer).__name__}: {err}"
-            ) from err
 
 
 def _count(progress: dict[str, Any], key: str, default: int) -> int:
