@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import sys
 
 import torch
@@ -135,8 +136,53 @@ def main(out: str) -> None:
     expected_local = rank0_init["inp.weight"].chunk(2)[rank]
     facts["ram_efficient_local_shard_equal"] = bool(torch.equal(local, expected_local))
 
+    facts.update(tampered_shards_are_refused_on_every_rank(strategy, out, rank))
+
     with open(os.path.join(out, f"rank{rank}.json"), "w", encoding="utf-8") as file:
         json.dump(facts, file)
+
+
+def tampered_shards_are_refused_on_every_rank(strategy, out: str, rank: int) -> dict:
+    """Each rank hashes only its share of the shards on load; a flipped byte in any shard is
+    still refused on both ranks, naming the file, before fit restores anything
+    (trainer.checkpoint.rank_hashing). The untampered copy resumes as "sharded" did above."""
+    from trainer.checkpoint.manifest import read_manifest
+    from trainer.checkpoint.rank_hashing import verified_share
+
+    source = os.path.join(out, "sharded")
+    copy = os.path.join(out, "tampered")
+    if rank == 0:
+        shutil.copytree(source, copy)
+    strategy.barrier()
+    files = read_manifest(copy)["files"]
+    shards = sorted(n for n in files if n.startswith("dcp/"))
+    facts: dict[str, object] = {
+        "shards": shards,
+        "my_share": sorted(set(shards) - verified_share(strategy, files, "dcp")),
+    }
+    refusals = {}
+    for name in shards:
+        path = os.path.join(copy, name)
+        if rank == 0:
+            with open(path, "r+b") as file:
+                file.seek(os.path.getsize(path) // 2)
+                byte = file.read(1)
+                file.seek(-1, os.SEEK_CUR)
+                file.write(bytes([byte[0] ^ 0xFF]))
+        strategy.barrier()
+        try:
+            quiet(fsdp(), max_epochs=2, seed=0).fit(Net(), loader(), ckpt_path=copy)
+            refusals[name] = None
+        except trainer.CheckpointError as err:
+            refusals[name] = str(err)
+        strategy.barrier()
+        if rank == 0:
+            with open(path, "r+b") as file:
+                file.seek(os.path.getsize(path) // 2)
+                file.write(byte)
+        strategy.barrier()
+    facts["refusals"] = refusals
+    return facts
 
 
 if __name__ == "__main__":

@@ -78,6 +78,19 @@ def test_sharded_checkpoint_layout_resume_and_consolidation(fsdp_run, tmp_path):
     assert merged["inp.weight"].shape == (8, 4)  # full, not a shard
 
 
+def test_each_rank_verifies_its_share_and_a_tampered_shard_is_refused_on_every_rank(fsdp_run):
+    _, facts = fsdp_run
+    shards = facts[0]["shards"]
+    assert len(shards) >= 3  # .metadata and one .distcp per rank
+    shares = [set(f["my_share"]) for f in facts]
+    assert shares[0] and shares[1] and not shares[0] & shares[1]
+    assert shares[0] | shares[1] == set(shards)  # every shard hashed by exactly one rank
+    for name in shards:
+        for rank_facts in facts:
+            message = rank_facts["refusals"][name]
+            assert message is not None and name in message and "does not match" in message
+
+
 def test_full_state_dict_type_writes_gathered_safetensors(fsdp_run):
     out, _ = fsdp_run
     checkpoint = read_checkpoint(out / "full")

@@ -27,7 +27,7 @@ import json
 import os
 import re
 import warnings
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -172,11 +172,19 @@ def write_checkpoint_files(
     *,
     world_size: int = 1,
     max_shard_size: int | str = "10GB",
+    known_records: Mapping[str, dict[str, Any]] | None = None,
 ) -> None:
     """Write the files of ``checkpoint`` into ``directory``, then the manifest over everything in it.
 
-    Files already in ``directory`` (a sharded engine's DCP shards) are listed in the manifest too.
+    Files already in ``directory`` (a sharded engine's DCP shards) are listed in the manifest too:
+    with the record ``known_records`` gives for them (hashed by the ranks that wrote them,
+    `trainer.checkpoint.rank_hashing`), else hashed here.
     """
+    known = {
+        name: record
+        for name, record in (known_records or {}).items()
+        if (directory / name).is_file()
+    }
     rest = dict(checkpoint)
     model_state = rest.pop("state_dict", None)
     optimizer_states = rest.pop("optimizer_states", None)
@@ -190,7 +198,7 @@ def write_checkpoint_files(
     # The tensor files are written concurrently, each hashing on its own thread, while the files
     # already there (a sharded engine's shards) are hashed: the cores share the work.
     with ThreadPoolExecutor(max_workers=4) as pool:
-        present = start_recording_present_files(pool, directory)
+        present = start_recording_present_files(pool, directory, known)
         jobs = []
         if model_state is not None:
             jobs.append(pool.submit(write_model_files, directory, model_state, max_shard_size))
@@ -207,6 +215,7 @@ def write_checkpoint_files(
         for job in jobs:
             records.update(job.result())
         records.update((name, future.result()) for name, future in present.items())
+        records.update(known)
     records[STATE_FILE] = write_json(directory / STATE_FILE, json.dumps(document, indent=1))
     write_manifest(
         directory,
@@ -318,13 +327,19 @@ def _read_state(directory: Path, files: Mapping[str, Any], read: _Reader) -> tup
 
 
 def read_checkpoint(
-    path: str | os.PathLike[str], *, device: str = "cpu", verify: bool = True
+    path: str | os.PathLike[str],
+    *,
+    device: str = "cpu",
+    verify: bool = True,
+    verified_elsewhere: Collection[str] = (),
 ) -> dict[str, Any]:
     """Verify (unless ``verify=False``) and load a checkpoint directory into one dict.
 
     The dict has ``"state_dict"`` (model weights), ``"optimizer_states"`` (if saved) and every
     key of ``state.json``. The manifest is checked before any file is read, and ``state.json``
     and the model index before any large tensor is loaded (`trainer.checkpoint.schema`).
+    ``verified_elsewhere``: shard files another rank hashes (`trainer.checkpoint.rank_hashing`);
+    their presence and size are still checked here, and this function never reads them.
 
     Raises:
         CheckpointError: a file is missing, unlisted, altered, or holds an invalid field (the
@@ -343,7 +358,12 @@ def read_checkpoint(
                 pool,
                 directory,
                 manifest,
-                [n for n in files if not (is_hashed_on_read and _is_top_level_tensors(n))],
+                [
+                    n
+                    for n in files
+                    if not (is_hashed_on_read and _is_top_level_tensors(n))
+                    and n not in verified_elsewhere
+                ],
             )
             if verify
             else {}
@@ -359,7 +379,9 @@ def read_checkpoint(
 
         def check() -> None:
             if verify:
-                check_hashes(directory, manifest, futures, pool=pool)
+                check_hashes(
+                    directory, manifest, futures, pool=pool, verified_elsewhere=verified_elsewhere
+                )
 
         try:
             checkpoint, optimizer_doc = _read_state(directory, files, read)

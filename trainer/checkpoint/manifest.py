@@ -18,7 +18,7 @@ import datetime as dt
 import json
 import os
 import re
-from collections.abc import Iterable
+from collections.abc import Collection, Iterable
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -120,9 +120,12 @@ def record_present_files(directory: Path) -> dict[str, dict[str, Any]]:
 
 
 def start_recording_present_files(
-    pool: ThreadPoolExecutor, directory: Path
+    pool: ThreadPoolExecutor, directory: Path, known: Collection[str] = ()
 ) -> dict[str, Future[dict[str, Any]]]:
     """`record_present_files` on ``pool``: the caller writes its own files while they hash.
+
+    Files named in ``known`` (hashed already, by the ranks that wrote them) are checked as
+    files of the format but not hashed again.
 
     Raises:
         CheckpointError: at once, as `record_present_files` does.
@@ -130,6 +133,7 @@ def start_recording_present_files(
     return {
         name: pool.submit(hash_file, str(directory / name))
         for name in _present_format_files(directory)
+        if name not in known
     }
 
 
@@ -279,12 +283,14 @@ def check_hashes(
     futures: dict[str, Future[Any]],
     *,
     pool: ThreadPoolExecutor | None = None,
+    verified_elsewhere: Collection[str] = (),
 ) -> None:
     """Wait for the digests in ``futures``; refuse the first listed file whose digest differs.
 
-    A listed file without a future is hashed too: on ``pool`` when given, else here.
+    A listed file without a future is hashed too (on ``pool`` when given, else here), except
+    those in ``verified_elsewhere`` (another rank checks them; see `trainer.checkpoint.rank_hashing`).
     """
-    files = manifest["files"]
+    files = {k: v for k, v in manifest["files"].items() if k not in verified_elsewhere}
     missing = [name for name in files if name not in futures]
     if pool is not None and missing:
         futures = {**futures, **start_hashing(pool, directory, manifest, missing)}

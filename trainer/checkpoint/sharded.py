@@ -25,7 +25,7 @@ from __future__ import annotations
 import io
 import os
 import shutil
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -33,7 +33,9 @@ import torch
 
 from trainer.checkpoint.atomic import atomic_directory, process_tag, refusal_to_replace
 from trainer.checkpoint.format import read_checkpoint, write_checkpoint_files
+from trainer.checkpoint.manifest import read_manifest
 from trainer.checkpoint.paths import resolve_inside
+from trainer.checkpoint.rank_hashing import agree_or_raise, hash_staged_share, verified_share
 from trainer.checkpoint.safe_unpickle import load_weights_only, restricted_loads
 from trainer.errors import CheckpointError, describe
 
@@ -56,15 +58,20 @@ DCP_DIR = "dcp"
 
 
 class ShardedStrategy(Protocol):
-    """What the helpers use of a strategy: rank facts, two collectives, its state dicts."""
+    """What the helpers use of a strategy: rank facts, collectives, its state dicts."""
 
     @property
     def world_size(self) -> int: ...
 
     @property
+    def global_rank(self) -> int: ...
+
+    @property
     def is_global_zero(self) -> bool: ...
 
     def broadcast(self, obj: Any, src: int = 0) -> Any: ...
+
+    def all_gather_object(self, obj: Any) -> list[Any]: ...
 
     def barrier(self) -> None: ...
 
@@ -137,8 +144,11 @@ def save_staged_checkpoint(
     staging = agree_on_staging(strategy, final, subdir)
     write_shards(staging)
     strategy.barrier()
+    records = hash_staged_share(strategy, staging, subdir)  # each rank its share of the files
     if strategy.is_global_zero:
-        commit_staged(final, staging, subdir, rest, world_size=strategy.world_size)
+        commit_staged(
+            final, staging, subdir, rest, world_size=strategy.world_size, known_records=records
+        )
     strategy.barrier()
 
 
@@ -171,14 +181,20 @@ def agree_on_staging(
 
 
 def commit_staged(
-    final: Path, staging: Path, subdir: str, rest: dict[str, Any], *, world_size: int
+    final: Path,
+    staging: Path,
+    subdir: str,
+    rest: dict[str, Any],
+    *,
+    world_size: int,
+    known_records: Mapping[str, dict[str, Any]] | None = None,
 ) -> None:
     """On rank 0, once every rank's shards are in ``staging``: make the checkpoint ``final``.
 
     ``staging`` is moved into an atomic directory as ``subdir``, ``rest`` is written next to it
     (``write_checkpoint_files``: JSON, tensor files, and the manifest over every file, shards
-    included), and the directory is renamed into place. ``staging`` is gone afterwards, whatever
-    happened.
+    included; ``known_records``: shard records the ranks computed, `hash_staged_share`), and
+    the directory is renamed into place. ``staging`` is gone afterwards, whatever happened.
 
     Raises:
         CheckpointError: the directory could not be created, written or renamed; an earlier
@@ -187,7 +203,9 @@ def commit_staged(
     try:
         with atomic_directory(final) as directory:
             os.rename(staging, directory / subdir)
-            write_checkpoint_files(directory, rest, world_size=world_size)
+            write_checkpoint_files(
+                directory, rest, world_size=world_size, known_records=known_records
+            )
     finally:
         shutil.rmtree(staging, ignore_errors=True)
 
@@ -216,7 +234,13 @@ def load_sharded_checkpoint(
     import torch.distributed.checkpoint as dcp
 
     directory = Path(path)
-    checkpoint = read_checkpoint(directory)
+
+    def read_verified() -> dict[str, Any]:
+        # Each rank hashes its share of the shards; the ranks agree before DCP reads any.
+        others = verified_share(strategy, read_manifest(directory)["files"], DCP_DIR)
+        return read_checkpoint(directory, verified_elsewhere=others)
+
+    checkpoint = agree_or_raise(strategy, read_verified)
     if module is None:
         raise CheckpointError(
             f"{directory}: a sharded checkpoint is loaded into a prepared model; prepare it first."
