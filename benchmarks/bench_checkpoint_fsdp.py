@@ -8,12 +8,14 @@ Each process shards the model of ``bench_checkpoint.py`` (a stack of ``Linear(40
 ``--params`` parameters, 100,687,872 and 403 MB fp32 by default) with ``FSDPStrategy`` (one
 ``fully_shard`` per Linear, then the root), and each round times, in turn, the order rotated:
 
-  save: ``FSDPStrategy.save_checkpoint`` (every rank writes its DCP shards to a staging folder,
-        rank 0 moves them into an atomic directory, writes ``state.json`` and the manifest with
-        a digest of every shard, then renames it into place);
+  save: ``FSDPStrategy.save_checkpoint`` (every rank writes its DCP shards to a staging folder
+        and hashes its share of the shard files, rank 0 moves them into an atomic directory,
+        writes ``state.json`` and the manifest with every rank's digests, then renames it into
+        place);
         raw ``torch.distributed.checkpoint.save`` (DCP's FileSystemWriter fsyncs each file).
-  load: ``FSDPStrategy.load_checkpoint`` (every rank checks the listing and every file's
-        digest, reads DCP's metadata with an allow-list unpickler, then ``dcp.load``);
+  load: ``FSDPStrategy.load_checkpoint`` (every rank checks the listing and the digests of its
+        share of the files, the ranks agree, DCP's metadata is read with an allow-list
+        unpickler, then ``dcp.load``);
         raw ``dcp.load`` into the same sharded state dict.
 
 Lightning's and Accelerate's FSDP sharded checkpoints are DCP's files too (written by the same
