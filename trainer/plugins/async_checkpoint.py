@@ -6,8 +6,9 @@ training thread what has to wait until a save is complete (a ModelCheckpoint's r
 tensor copied to host memory, pinned on CUDA; re-exported here).
 It does not own the file format, hashing, fsync or the atomic rename: the background thread calls
 the same `trainer.checkpoint.write_checkpoint` as a synchronous save, or, for a strategy whose
-every rank writes shards (FSDP's SHARDED state dicts), finishes the sharded save that
-`trainer.plugins.async_sharded` started with DCP's ``async_save``. Nor does it decide when or what
+every rank writes its part (FSDP's SHARDED state dicts, Megatron, DeepSpeed), finishes the save
+that `trainer.plugins.async_sharded` started (DCP's ``async_save``, or DeepSpeed's files staged
+by ``engine.save_checkpoint``, `trainer.plugins.async_engine`). Nor does it decide when or what
 to save (``ModelCheckpoint``) or where the loop checks on the save (``trainer/trainer/trainer.py``).
 
 The guarantees of a synchronous save hold (DESIGN §6, docs/checkpointing.md "Asynchronous saves"):
@@ -233,12 +234,17 @@ class AsyncCheckpointIO:
     for the previous. Extra host memory: one copy of the checkpoint's tensors.
 
     Under FSDP's SHARDED state dicts every process copies its own shards and writes them with
-    ``torch.distributed.checkpoint.async_save``; process 0 commits the checkpoint (manifest,
-    digests, rename) once every process wrote its part (`trainer.plugins.async_sharded`).
+    ``torch.distributed.checkpoint.async_save`` (Megatron too); process 0 commits the checkpoint
+    (manifest, digests, rename) once every process wrote its part
+    (`trainer.plugins.async_sharded`). Under DeepSpeed, ``engine.save_checkpoint`` runs at the
+    step boundary with a checkpoint engine that copies each of its state dicts to host memory;
+    DeepSpeed's own checkpoint engine writes the copies on the background thread, and process 0
+    commits the same way (`trainer.plugins.async_engine`).
 
     A save runs in the background only while ``fit`` runs; elsewhere (after ``fit``, in
-    ``on_exception``) it is synchronous. Strategies that write through their own engine
-    (DeepSpeed, Megatron, XLA) save synchronously, with a warning the first time.
+    ``on_exception``) it is synchronous. Strategies that write through an engine of their own
+    that cannot be deferred (XLA; DeepSpeed with a ``checkpoint.writer`` in its config or NVMe
+    optimizer offload) save synchronously, with a warning the first time.
 
     Attributes:
         last_wait_s: seconds the latest save waited for the one before it.
@@ -282,8 +288,9 @@ class AsyncCheckpointIO:
             False, or a strategy that writes its own files).
 
         Raises:
-            CheckpointError: a value cannot be stored (raised here, naming where it is), or the
-                previous background save failed.
+            CheckpointError: a value cannot be stored (raised here, naming where it is), the
+                folder cannot hold the checkpoint (under a sharded save, on every process), or
+                the previous background save failed.
         """
         self.wait()  # at most one in flight
         is_sharded = saves_sharded(strategy)
@@ -296,9 +303,13 @@ class AsyncCheckpointIO:
         if not is_sharded and not strategy.is_global_zero:  # as synchronously: process 0 writes
             return PendingSave(Path(path), None, submit=self._submit, on_end=self._ended)
         start = time.perf_counter()
-        writer: Writer
-        if is_sharded:  # every process copies and writes its shards
+        writer: Writer | None
+        if is_sharded:  # every process copies and writes its part
             writer = self._sharded.start(strategy, path, checkpoint)
+            if writer is None:  # the strategy's engine writes this checkpoint itself
+                self._warn_synchronous(strategy)
+                strategy.save_checkpoint(path, checkpoint)
+                return None
         else:
             writer = _SnapshotWriter(
                 snapshot_checkpoint(checkpoint, spare=self._spare), strategy.world_size
@@ -409,7 +420,7 @@ class AsyncCheckpointIO:
             f"AsyncCheckpointIO: {name} writes its own checkpoint files (through its engine), "
             "so its checkpoints are saved synchronously. Remove AsyncCheckpointIO from plugins "
             "to silence this, or use a strategy it saves in the background (single device, "
-            "DDP, FSDP).",
+            "DDP, FSDP, Megatron, DeepSpeed with its default checkpoint engine).",
             stacklevel=4,
         )
 

@@ -1,4 +1,5 @@
-"""Background saves of sharded checkpoints (FSDP's SHARDED state dicts) for `AsyncCheckpointIO`.
+"""Background saves of sharded checkpoints for `AsyncCheckpointIO`: every process writes its part
+(FSDP's and Megatron's DCP shards; DeepSpeed's own files, through ``async_engine.py``).
 
 Owns what a stage of background sharded saves holds: the process group their collectives run on
 (gloo, created by every process at the first sharded save of a stage; training's own group is
@@ -6,8 +7,9 @@ never used from the writer thread), DCP's stager that copies each process's shar
 memory (pinned on CUDA; its buffers are reused from save to save and released when the stage
 ends — from torch 2.13 on, see `stager_is_reusable`), and the `Writer` a `trainer.plugins.PendingSave` uses to finish a sharded save. The save
 itself (``async_save`` into a staging folder, then process 0's commit) is
-`trainer.checkpoint.sharded_async`'s; the thread, the one save in flight and raising failures on
-the training thread are ``async_checkpoint.py``'s.
+`trainer.checkpoint.sharded_async`'s, and for an engine that writes its own files (DeepSpeed),
+``async_engine.py``'s; the thread, the one save in flight and raising failures on the training
+thread are ``async_checkpoint.py``'s.
 """
 
 from __future__ import annotations
@@ -15,6 +17,8 @@ from __future__ import annotations
 import functools
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
+
+from trainer.plugins.async_engine import EngineWriter, copy_to_host, saves_engine_files
 
 if TYPE_CHECKING:
     import os
@@ -31,11 +35,13 @@ __all__ = ["ShardedSaves", "ShardedWriter", "saves_sharded", "stager_is_reusable
 
 
 def saves_sharded(strategy: Strategy) -> bool:
-    """Whether every process of ``strategy`` writes its shards, and can start that in the
-    background (``start_async_save``): FSDP / ModelParallel with SHARDED state dicts."""
-    return bool(getattr(strategy, "has_sharded_checkpoints", False)) and callable(
+    """Whether every process of ``strategy`` writes its part, and can do that in the background:
+    DCP shards started with ``start_async_save`` (FSDP / ModelParallel with SHARDED state dicts,
+    Megatron), or an engine's own files staged with ``stage_async_save`` (DeepSpeed)."""
+    is_dcp = bool(getattr(strategy, "has_sharded_checkpoints", False)) and callable(
         getattr(strategy, "start_async_save", None)
     )
+    return is_dcp or saves_engine_files(strategy)
 
 
 class ShardedWriter:
@@ -65,8 +71,12 @@ class ShardedSaves:
 
     def start(
         self, strategy: Strategy, path: str | os.PathLike[str], checkpoint: dict[str, Any]
-    ) -> ShardedWriter:
-        """Copy this process's shards and start writing them (every process calls it).
+    ) -> ShardedWriter | EngineWriter | None:
+        """Copy this process's part and start writing it (every process calls it).
+
+        Returns:
+            The writer; None when the strategy writes this checkpoint at once (DeepSpeed with
+            a checkpoint engine of its own choosing): save it synchronously.
 
         Raises:
             CheckpointError: on every process, when ``path`` is not a checkpoint or a value
@@ -77,6 +87,10 @@ class ShardedSaves:
 
             # Collective: every process reaches its first sharded save of the stage together.
             self._group = dist.new_group(backend="gloo")
+        if saves_engine_files(strategy):
+            stage: Any = strategy.stage_async_save  # type: ignore[attr-defined] # checked above
+            staged = stage(path, checkpoint, stage=copy_to_host)
+            return None if staged is None else EngineWriter(strategy, staged, self._group)
         if self._stager is None:
             self._stager = _make_stager(strategy)
         start: Any = strategy.start_async_save  # type: ignore[attr-defined] # saves_sharded said

@@ -3,7 +3,8 @@
 What this file owns: the strategy's arguments (Lightning's names), building the engine when the
 optimizer is prepared (DeepSpeed needs the model and its optimizer together), backward, clipping
 and step through the engine, the module and optimizer state the Trainer/Accelerator ask for, and
-what a checkpoint holds (DeepSpeed's shards, or gathered weights for a weights-only one).
+what a checkpoint holds (DeepSpeed's shards, or gathered weights for a weights-only one), saved
+at once or staged for a background save (`stage_async_save`).
 
 What it does not own: the config translation (``deepspeed_config.py``: arguments and the user's
 dict or JSON, filled with what the Trainer and Accelerator already know, so the user states each
@@ -21,7 +22,7 @@ import contextlib
 import datetime as dt
 import logging
 import os
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -35,11 +36,14 @@ from trainer.strategies.deepspeed_checkpoint import (
     ENGINE_DIR,
     STATE_KEY,
     EngineState,
+    StagedCheckpoint,
     check_optimizer_placeholder,
     load_engine_weights,
     load_into_engine,
     optimizer_placeholder,
     save_engine_checkpoint,
+    stage_engine_checkpoint,
+    stage_full_checkpoint,
     with_gathered_weights,
 )
 from trainer.strategies.deepspeed_config import (
@@ -413,20 +417,45 @@ class DeepSpeedStrategy(DDPStrategy):
         """
         engine = self._engine
         if engine is None or "optimizer_states" not in checkpoint:
-            if engine is not None and is_partitioned(engine.module):
-                full = self.module_state_dict(engine.module, full=True)  # collective: every rank
-                checkpoint = with_gathered_weights(checkpoint, full)
-            super().save_checkpoint(path, checkpoint)
+            super().save_checkpoint(path, self._gathered(checkpoint))
             return
-        save_engine_checkpoint(
-            self,
-            engine,
-            path,
-            checkpoint,
-            zero_stage=self.zero_stage,
-            version=import_deepspeed(self.accelerator_type).__version__,
-            exclude_frozen_parameters=self.exclude_frozen_parameters,
-        )
+        save_engine_checkpoint(self, engine, path, checkpoint, **self._engine_save_options())
+
+    def stage_async_save(
+        self,
+        path: str | os.PathLike[str],
+        checkpoint: dict[str, Any],
+        *,
+        stage: Callable[[Any], Any],
+    ) -> StagedCheckpoint | None:
+        """`save_checkpoint` for ``AsyncCheckpointIO``: every rank, on the training thread, runs
+        ``engine.save_checkpoint`` with a checkpoint engine that copies each state dict with
+        ``stage`` (to host memory) instead of writing it (weights-only: gathered, copied).
+
+        Returns:
+            What ``trainer.plugins`` writes and commits on its writer thread; None when this
+            engine's files must be written at once (`stage_engine_checkpoint`).
+
+        Raises:
+            CheckpointError: on every rank, when ``path`` cannot hold the checkpoint.
+        """
+        engine = self._engine
+        if engine is None or "optimizer_states" not in checkpoint:
+            return stage_full_checkpoint(self, path, self._gathered(checkpoint), stage=stage)
+        options = self._engine_save_options()
+        return stage_engine_checkpoint(self, engine, path, checkpoint, stage=stage, **options)
+
+    def _gathered(self, checkpoint: dict[str, Any]) -> dict[str, Any]:
+        """``checkpoint`` with ZeRO-3's weights gathered (a collective: every rank calls it)."""
+        engine = self._engine
+        if engine is None or not is_partitioned(engine.module):
+            return checkpoint
+        return with_gathered_weights(checkpoint, self.module_state_dict(engine.module, full=True))
+
+    def _engine_save_options(self) -> dict[str, Any]:
+        version = import_deepspeed(self.accelerator_type).__version__
+        exclude = self.exclude_frozen_parameters
+        return dict(zero_stage=self.zero_stage, version=version, exclude_frozen_parameters=exclude)
 
     def load_checkpoint(
         self, path: str | os.PathLike[str], module: torch.nn.Module | None = None

@@ -2,8 +2,11 @@
 
 What this file owns: the layout (DeepSpeed's own files under ``deepspeed/<tag>/``, and a
 ``state.json`` entry with the tag, ZeRO stage, key prefix and DeepSpeed version), writing them
-with ``engine.save_checkpoint`` on every rank into a staging folder that rank 0 commits, loading
-them back into an engine, consolidating full weights in one process (`load_engine_weights`,
+with ``engine.save_checkpoint`` on every rank into a staging folder that rank 0 commits (at once,
+or, for ``AsyncCheckpointIO``, staged: `stage_engine_checkpoint` runs ``engine.save_checkpoint``
+with a checkpoint engine of DeepSpeed's interface that copies each file's state to host memory
+and defers its write, and the plugin's writer thread writes the copies with DeepSpeed's own
+checkpoint engine and commits), loading them back into an engine, consolidating full weights in one process (`load_engine_weights`,
 used by ``trainer checkpoint consolidate``), and reading every DeepSpeed ``*.pt`` file with
 ``weights_only=True``, both through the engine and through ``zero_to_fp32``.
 
@@ -14,10 +17,13 @@ and deciding what a checkpoint holds (``DeepSpeedStrategy.save_checkpoint``).
 from __future__ import annotations
 
 import contextlib
+import dataclasses
+import functools
 import io
 import json
 import os
-from collections.abc import Iterable, Iterator
+import shutil
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -33,11 +39,14 @@ __all__ = [
     "ENGINE_DIR",
     "STATE_KEY",
     "EngineState",
+    "StagedCheckpoint",
     "check_optimizer_placeholder",
     "load_engine_weights",
     "load_into_engine",
     "optimizer_placeholder",
     "save_engine_checkpoint",
+    "stage_engine_checkpoint",
+    "stage_full_checkpoint",
     "with_gathered_weights",
 ]
 
@@ -101,22 +110,209 @@ def save_engine_checkpoint(
     """
     from trainer.checkpoint.sharded import save_staged_checkpoint
 
+    rest = _engine_rest(engine, checkpoint, zero_stage=zero_stage, version=version)
+
+    def write_engine_shards(staging: Path) -> None:  # every rank writes its own
+        _save_engine_files(engine, staging, exclude_frozen_parameters)
+
+    save_staged_checkpoint(strategy, path, ENGINE_DIR, write_engine_shards, rest)
+
+
+def _engine_rest(
+    engine: Any, checkpoint: dict[str, Any], *, zero_stage: int, version: str
+) -> dict[str, Any]:
+    """What rank 0 writes beside DeepSpeed's files: ``checkpoint`` without the state DeepSpeed
+    holds, with the `STATE_KEY` entry."""
     rest = {k: v for k, v in checkpoint.items() if k not in ("state_dict", "optimizer_states")}
     prefix = _key_prefix(engine.module.state_dict(), checkpoint.get("state_dict", {}))
     rest[STATE_KEY] = {
         "tag": _TAG, "zero_stage": zero_stage, "module_prefix": prefix, "version": version
     }  # fmt: skip
+    return rest
 
-    def write_engine_shards(staging: Path) -> None:  # every rank writes its own
-        engine.save_checkpoint(
-            str(staging),
-            tag=_TAG,
-            client_state={},
-            save_latest=False,
-            exclude_frozen_parameters=exclude_frozen_parameters,
-        )
 
-    save_staged_checkpoint(strategy, path, ENGINE_DIR, write_engine_shards, rest)
+def _save_engine_files(engine: Any, staging: Path, exclude_frozen_parameters: bool) -> None:
+    engine.save_checkpoint(
+        str(staging),
+        tag=_TAG,
+        client_state={},
+        save_latest=False,
+        exclude_frozen_parameters=exclude_frozen_parameters,
+    )
+
+
+# ---- background saves: staged here, written by trainer.plugins' writer thread ---------------
+@dataclasses.dataclass
+class StagedCheckpoint:
+    """A checkpoint copied to host memory on the training thread, to be written later.
+
+    Made on every rank by `stage_engine_checkpoint` (or `stage_full_checkpoint`);
+    ``trainer.plugins.AsyncCheckpointIO`` writes ``files`` on its writer thread (each with
+    ``save``, DeepSpeed's own checkpoint engine, then ``commit``), and process 0 commits the
+    checkpoint with ``rest`` as a synchronous save does.
+
+    Attributes:
+        staging: the staging folder agreed for the first destination; DeepSpeed's folders and
+            the files it wrote itself are already in it.
+        subdir: the checkpoint's folder for DeepSpeed's files (`ENGINE_DIR`); None for a
+            weights-only checkpoint, which process 0 writes whole from ``rest``.
+        rest: what process 0 writes beside them (a host copy; empty on the other processes).
+        files: this rank's DeepSpeed files, as (path relative to the staging folder, host
+            copy of the state that ``engine.save_checkpoint`` gave its checkpoint engine).
+        copied: files DeepSpeed wrote itself at once (its recovery scripts), on process 0:
+            (relative path, content), for another destination.
+        save: DeepSpeed's checkpoint engine's ``save(state_dict, path)``.
+        commit: its ``commit``, once this rank's files are written.
+    """
+
+    staging: Path
+    subdir: str | None
+    rest: dict[str, Any]
+    files: list[tuple[str, Any]] = dataclasses.field(default_factory=list)
+    copied: list[tuple[str, bytes]] = dataclasses.field(default_factory=list)
+    save: Callable[[Any, str], Any] | None = None
+    commit: Callable[[], Any] | None = None
+
+
+def stage_engine_checkpoint(
+    strategy: ShardedStrategy,
+    engine: Any,
+    path: str | os.PathLike[str],
+    checkpoint: dict[str, Any],
+    *,
+    stage: Callable[[Any], Any],
+    zero_stage: int,
+    version: str,
+    exclude_frozen_parameters: bool,
+) -> StagedCheckpoint | None:
+    """`save_engine_checkpoint`'s files copied now and written later (every rank, training thread).
+
+    ``engine.save_checkpoint`` runs as in a synchronous save, into an agreed staging folder,
+    with a checkpoint engine that copies each state dict it is given with ``stage`` and writes
+    nothing; DeepSpeed's own checkpoint engine writes the copies later (`StagedCheckpoint`).
+
+    Returns:
+        The staged checkpoint; None when DeepSpeed writes with another checkpoint engine than
+        its default one (a ``checkpoint.writer`` in its config) or swaps optimizer state to
+        NVMe: save it synchronously.
+
+    Raises:
+        CheckpointError: on every rank, when ``path`` holds something that is not a checkpoint,
+            its folder cannot be created, or a value cannot be stored (naming where it is).
+    """
+    from deepspeed.runtime.checkpoint_engine import TorchCheckpointEngine
+
+    from trainer.checkpoint.sharded import agree_on_staging
+
+    original = engine.checkpoint_engine
+    if type(original) is not TorchCheckpointEngine or engine.zero_nvme_offload_optimizer():
+        return None
+    final = Path(path)
+    rest = _engine_rest(engine, checkpoint, zero_stage=zero_stage, version=version)
+    staging = agree_on_staging(
+        strategy, final, ENGINE_DIR, check=lambda: _refusal_to_stage(final, rest)
+    )
+    deferring = _deferring_engine_class()(original, staging, stage)
+    engine.checkpoint_engine = deferring
+    try:
+        _save_engine_files(engine, staging, exclude_frozen_parameters)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    finally:
+        engine.checkpoint_engine = original
+    is_zero = strategy.is_global_zero
+    return StagedCheckpoint(
+        staging, ENGINE_DIR, stage(rest) if is_zero else {}, files=deferring.files,
+        copied=_read_files(staging) if is_zero else [], save=original.save,
+        commit=functools.partial(original.commit, deferring.info),
+    )  # fmt: skip
+
+
+def stage_full_checkpoint(
+    strategy: ShardedStrategy,
+    path: str | os.PathLike[str],
+    checkpoint: dict[str, Any],
+    *,
+    stage: Callable[[Any], Any],
+) -> StagedCheckpoint:
+    """A whole checkpoint (weights-only, gathered) copied now; process 0 writes it later.
+
+    Raises:
+        CheckpointError: on every rank, as `stage_engine_checkpoint` does.
+    """
+    from trainer.checkpoint.sharded import agree_on_staging
+
+    final = Path(path)
+    rest = {k: v for k, v in checkpoint.items() if k not in ("state_dict", "optimizer_states")}
+    check = functools.partial(_refusal_to_stage, final, rest)
+    staging = agree_on_staging(strategy, final, "full", check=check)
+    return StagedCheckpoint(staging, None, stage(checkpoint) if strategy.is_global_zero else {})
+
+
+def _refusal_to_stage(final: Path, rest: dict[str, Any]) -> str | None:
+    """On rank 0, before anything is copied: why the checkpoint cannot be written, or None."""
+    from trainer.checkpoint.codec import encode
+
+    try:
+        final.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        return f"cannot create checkpoint {final}: {err}. Check the path and its permissions."
+    try:
+        encode(rest, {}, "state")
+    except CheckpointError as err:
+        return str(err)
+    return None
+
+
+def _read_files(folder: Path) -> list[tuple[str, bytes]]:
+    """Every file in ``folder``: (relative "/"-separated path, content)."""
+    found = []
+    for root, _, names in os.walk(folder):
+        for name in names:
+            file = Path(root, name)
+            found.append((file.relative_to(folder).as_posix(), file.read_bytes()))
+    return found
+
+
+@functools.cache
+def _deferring_engine_class() -> type:
+    """DeepSpeed's ``CheckpointEngine`` that copies and defers (built once DeepSpeed is imported)."""
+    from deepspeed.runtime.checkpoint_engine.checkpoint_engine import CheckpointEngine
+
+    class DeferringCheckpointEngine(CheckpointEngine):
+        """Stands in for ``original`` during ``engine.save_checkpoint``: ``save`` copies the state
+        dict with ``stage`` and notes its path (relative to ``root``); ``commit`` notes the
+        commit info. Folders are made at once; nothing else is written."""
+
+        def __init__(self, original: Any, root: Path, stage: Callable[[Any], Any]) -> None:
+            super().__init__()
+            self.name = "DeferringCheckpointEngine"
+            self.original, self.root, self.stage = original, root, stage
+            self.files: list[tuple[str, Any]] = []
+            self.info: Any = None
+
+        def create(self, info: Any) -> None:
+            self.original.create(info)
+
+        def save(self, state_dict: Any, path: str) -> None:
+            name = Path(path).relative_to(self.root).as_posix()
+            self.files.append((name, self.stage(state_dict)))
+
+        def load(self, path: str, map_location: Any = None) -> Any:
+            return self.original.load(path, map_location=map_location)
+
+        def commit(self, info: Any) -> bool:
+            self.info = info
+            return True
+
+        def is_data_parallel_writer(self, dp_rank: int) -> bool:
+            return self.original.is_data_parallel_writer(dp_rank)
+
+        def preserves_storage_sharing(self) -> bool:
+            return self.original.preserves_storage_sharing()
+
+    return DeferringCheckpointEngine
 
 
 def with_gathered_weights(checkpoint: dict[str, Any], full: dict[str, Any]) -> dict[str, Any]:

@@ -6,7 +6,8 @@ after the process group, so ``configure_model`` can build ``ColumnParallelLinear
 data sharding and gradient all-reduce over the data-parallel group only (a torch
 ``DistributedDataParallel`` on that group); tensor-parallel-aware gradient clipping; the
 all-reduce of sequence-parallel gradients over the tensor-parallel group; and checkpoints as
-``torch.distributed.checkpoint`` shards inside our atomic directory, where each tensor-parallel
+``torch.distributed.checkpoint`` shards inside our atomic directory (with ``AsyncCheckpointIO``,
+from DCP's ``async_save``: `start_async_save`), where each tensor-parallel
 shard is written as a DTensor slice of the full tensor, so ``trainer checkpoint consolidate``
 reassembles full weights and a checkpoint loads at another tensor-parallel size.
 
@@ -27,7 +28,7 @@ import datetime as dt
 import os
 from collections.abc import Iterable, Iterator
 from types import ModuleType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch.nn.parallel import DistributedDataParallel
@@ -67,6 +68,12 @@ from trainer.strategies.model_parallel import (
     check_size,
 )
 from trainer.strategies.strategy import ReduceOp
+
+if TYPE_CHECKING:
+    from torch.distributed import ProcessGroup
+    from torch.distributed.checkpoint.staging import AsyncStager
+
+    from trainer.checkpoint.sharded_async import AsyncShardedSave
 
 __all__ = ["MegatronStrategy"]
 
@@ -390,6 +397,49 @@ class MegatronStrategy(DDPStrategy):
 
     def save_checkpoint(self, path: str | os.PathLike[str], checkpoint: dict[str, Any]) -> None:
         """Every rank writes its DCP shards; rank 0 moves them into the atomic directory."""
+        save_sharded_checkpoint(self, path, self._with_parallel_state(checkpoint))
+
+    @property
+    def has_sharded_checkpoints(self) -> bool:
+        """Every rank writes its DCP shards (``AsyncCheckpointIO`` writes them in the background)."""
+        return True
+
+    def start_async_save(
+        self,
+        path: str | os.PathLike[str],
+        checkpoint: dict[str, Any],
+        *,
+        process_group: ProcessGroup,
+        stager: AsyncStager,
+    ) -> AsyncShardedSave:
+        """`save_checkpoint` in the background: copy this rank's shards, start DCP's ``async_save``.
+
+        Every rank calls it on the training thread (``trainer.plugins.AsyncCheckpointIO`` does),
+        as ``FSDPStrategy.start_async_save``; the checkpoint is committed as `save_checkpoint`'s.
+
+        Args:
+            path: the checkpoint directory to create or replace.
+            checkpoint: the checkpoint dict, with this rank's sharded state dicts.
+            process_group: the gloo group the background write uses (not training's).
+            stager: copies the state to host memory before this returns.
+
+        Returns:
+            The save in flight (`trainer.checkpoint.sharded_async.AsyncShardedSave`).
+
+        Raises:
+            CheckpointError: on every rank, when ``path`` holds something that is not a
+                checkpoint or a value cannot be stored.
+        """
+        from trainer.checkpoint.sharded_async import start_async_sharded_save
+
+        checkpoint = self._with_parallel_state(checkpoint)
+        return start_async_sharded_save(
+            self, path, checkpoint, process_group=process_group, stager=stager
+        )
+
+    def _with_parallel_state(self, checkpoint: dict[str, Any]) -> dict[str, Any]:
+        """``checkpoint`` with the parallel sizes and, on CUDA, every rank's RNG tracker states
+        (gathered: a collective)."""
         checkpoint = dict(checkpoint)
         checkpoint["model_parallel"] = {
             "tensor_model_parallel_size": self.tensor_model_parallel_size,
@@ -402,7 +452,7 @@ class MegatronStrategy(DDPStrategy):
             checkpoint[RNG_TRACKER_KEY] = self.all_gather_object(
                 get_cuda_rng_tracker().get_states()
             )
-        save_sharded_checkpoint(self, path, checkpoint)
+        return checkpoint
 
     def load_checkpoint(
         self, path: str | os.PathLike[str], module: torch.nn.Module | None = None

@@ -112,10 +112,13 @@ def optimizer_state(
         owner, optimizer, options=StateDictOptions(full_state_dict=False)
     )
     params = dict(owner.named_parameters())
-    for name, entries in state["state"].items():
+    for name, entries in list(state["state"].items()):
         param = params.get(name)
         if param is None or not _is_split(param, layout):
             continue
+        # A copy of the dict: torch hands back the live optimizer.state entries, which must keep
+        # their plain tensors (a DTensor there breaks the next optimizer step).
+        entries = state["state"][name] = dict(entries)
         for key, value in entries.items():
             if isinstance(value, torch.Tensor) and value.shape == param.shape:
                 entries[key] = _as_dtensor(value, param, layout)
