@@ -143,6 +143,17 @@ def test_a_damaged_shard_is_refused_before_deepspeed_reads_it(ds_run, tmp_path):
         verify_checkpoint(copy)
 
 
+def test_each_rank_verifies_its_share_and_a_damaged_shard_is_refused_on_both(ds_run):
+    _, facts = ds_run
+    shares = [set(f["ds_my_share"]) for f in facts]
+    assert shares[0] and shares[1] and not shares[0] & shares[1]
+    assert shares[0] | shares[1] == set(facts[0]["ds_shards"])
+    for rank_facts in facts:
+        assert len(rank_facts["ds_refusals"]) == 2
+        for name, message in rank_facts["ds_refusals"].items():
+            assert message is not None and name in message and "does not match" in message
+
+
 def test_consolidate_zero_shards_into_one_safetensors_file(ds_run, tmp_path):
     out, facts = ds_run
     # ZeRO-3 (bf16) through the command line; ZeRO-2 (fp32) through trainer.cli's main() on rank 0

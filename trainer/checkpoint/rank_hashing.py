@@ -17,7 +17,8 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Protocol, TypeVar
 
-from trainer.checkpoint.manifest import list_files
+from trainer.checkpoint.format import read_checkpoint
+from trainer.checkpoint.manifest import list_files, read_manifest
 from trainer.checkpoint.tensor_files import hash_file
 from trainer.errors import CheckpointError
 
@@ -26,6 +27,7 @@ __all__ = [
     "agree_or_raise",
     "gather_or_raise",
     "hash_staged_share",
+    "read_checkpoint_by_shares",
     "split_by_size",
     "verified_share",
 ]
@@ -138,3 +140,19 @@ def verified_share(
         return set()
     mine = split_by_size(shards, group.world_size)[group.global_rank]
     return set(shards) - set(mine)
+
+
+def read_checkpoint_by_shares(group: RankGroup, directory: Path, prefix: str) -> dict[str, Any]:
+    """`trainer.checkpoint.read_checkpoint` on every rank, each hashing only its share of the
+    files under ``prefix/``; the ranks agree before anything else reads a shard.
+
+    Raises:
+        CheckpointError: on every rank, when any rank found a file missing, unlisted, altered
+            or invalid (the first rank's message, naming the file).
+    """
+
+    def read() -> dict[str, Any]:
+        others = verified_share(group, read_manifest(directory)["files"], prefix)
+        return read_checkpoint(directory, verified_elsewhere=others)
+
+    return agree_or_raise(group, read)

@@ -32,10 +32,9 @@ from typing import TYPE_CHECKING, Any, Protocol
 import torch
 
 from trainer.checkpoint.atomic import atomic_directory, process_tag, refusal_to_replace
-from trainer.checkpoint.format import read_checkpoint, write_checkpoint_files
-from trainer.checkpoint.manifest import read_manifest
+from trainer.checkpoint.format import write_checkpoint_files
 from trainer.checkpoint.paths import resolve_inside
-from trainer.checkpoint.rank_hashing import agree_or_raise, hash_staged_share, verified_share
+from trainer.checkpoint.rank_hashing import hash_staged_share, read_checkpoint_by_shares
 from trainer.checkpoint.safe_unpickle import load_weights_only, restricted_loads
 from trainer.errors import CheckpointError, describe
 
@@ -234,13 +233,8 @@ def load_sharded_checkpoint(
     import torch.distributed.checkpoint as dcp
 
     directory = Path(path)
-
-    def read_verified() -> dict[str, Any]:
-        # Each rank hashes its share of the shards; the ranks agree before DCP reads any.
-        others = verified_share(strategy, read_manifest(directory)["files"], DCP_DIR)
-        return read_checkpoint(directory, verified_elsewhere=others)
-
-    checkpoint = agree_or_raise(strategy, read_verified)
+    # Each rank hashes its share of the shards; the ranks agree before DCP reads any.
+    checkpoint = read_checkpoint_by_shares(strategy, directory, DCP_DIR)
     if module is None:
         raise CheckpointError(
             f"{directory}: a sharded checkpoint is loaded into a prepared model; prepare it first."

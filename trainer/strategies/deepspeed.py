@@ -470,9 +470,10 @@ class DeepSpeedStrategy(DDPStrategy):
         directory = Path(path)
         if not (directory / ENGINE_DIR).is_dir():
             return super().load_checkpoint(path, module)
-        from trainer.checkpoint import read_checkpoint
+        from trainer.checkpoint.rank_hashing import read_checkpoint_by_shares
 
-        checkpoint = read_checkpoint(directory)  # every file's sha256 before DeepSpeed reads one
+        # every file verified (each rank its share of the shards) before DeepSpeed reads one
+        checkpoint = read_checkpoint_by_shares(self, directory, ENGINE_DIR)
         engine = self._engine
         if engine is None:
             checkpoint["state_dict"] = load_engine_weights(directory, checkpoint.get(STATE_KEY))
