@@ -161,6 +161,12 @@ def resume(facts: dict[str, Any], kept: dict[str, Any], rank: int, out: str) -> 
         part_run.save_checkpoint(directory)
         if rank == 0:
             save_file(at_save, os.path.join(out, f"{name}_at_save.safetensors"))
+        if stage == 2:  # a folder that cannot be created: refused on both ranks, none left waiting
+            try:
+                part_run.save_checkpoint(os.path.join(out, "a_file", "ck"))
+                facts["uncreatable_refusal"] = None
+            except trainer.CheckpointError as err:
+                facts["uncreatable_refusal"] = str(err)
         resumed_run, resumed, _ = fit(
             DeepSpeedStrategy(stage=stage), directory, precision=precision
         )
@@ -268,6 +274,8 @@ def main(out: str) -> None:
 
     gc.freeze()  # otherwise each gc.collect() (DDP's teardown) walks DeepSpeed's objects: ~1 s
     rank = int(os.environ["RANK"])
+    if rank == 0:  # a file where a checkpoint folder's parent would go (used after the first fits)
+        open(os.path.join(out, "a_file"), "w").close()
     facts: dict[str, Any] = {"world_size": int(os.environ["WORLD_SIZE"])}
     kept: dict[str, Any] = {}
     timings: dict[str, float] = {}

@@ -161,19 +161,21 @@ def test_resume_from_an_async_sharded_checkpoint_gives_the_uninterrupted_weights
 
 @pytest.mark.parametrize("mode", ["blocked", "disk-full"])
 def test_a_background_failure_is_raised_on_every_process_naming_the_checkpoint(tmp_path, mode):
-    # "blocked": every process fails to create the staging folder (a file is where the folder
-    # must go); "disk-full": process 0 alone cannot write its shard file (RLIMIT_FSIZE).
+    # "blocked": a file is where the folder must go: refused at the save call, on every process,
+    # before anything is written (as a synchronous save); "disk-full": process 0 alone cannot
+    # write its shard file in the background (RLIMIT_FSIZE).
     (tmp_path / "blocker").write_text("a file where a folder is expected")
     result = torchrun(tmp_path, mode)
     assert result.returncode != 0, result.stderr[-3000:]
     name, cause = (
-        (str(tmp_path / "blocker" / "ck"), "Not a directory")
+        (str(tmp_path / "blocker" / "ck"), "File exists")
         if mode == "blocked"
         else (str(tmp_path / "checkpoints" / "full-disk"), "File too large")
     )
     for rank in range(2):
         error = (tmp_path / f"error-rank{rank}.txt").read_text()
-        assert "background save of checkpoint" in error and name in error, (rank, error)
+        where = "cannot create checkpoint" if mode == "blocked" else "background save of checkpoint"
+        assert where in error and name in error, (rank, error)
         assert cause in error, (rank, error)
     folder = tmp_path / "checkpoints"
     for entry in real_entries(folder):  # earlier checkpoints are intact

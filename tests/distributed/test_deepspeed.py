@@ -143,6 +143,15 @@ def test_a_damaged_shard_is_refused_before_deepspeed_reads_it(ds_run, tmp_path):
         verify_checkpoint(copy)
 
 
+def test_a_folder_that_cannot_be_created_is_refused_on_both_ranks(ds_run):
+    """Before: process 0 failed inside DeepSpeed and process 1 waited at DeepSpeed's barrier."""
+    _, facts = ds_run
+    for rank_facts in facts:
+        message = rank_facts["uncreatable_refusal"]
+        assert message is not None and "cannot create checkpoint" in message
+        assert "a_file" in message
+
+
 def test_each_rank_verifies_its_share_and_a_damaged_shard_is_refused_on_both(ds_run):
     _, facts = ds_run
     shares = [set(f["ds_my_share"]) for f in facts]

@@ -162,8 +162,9 @@ def agree_on_staging(
     It is a hidden sibling of ``final``, ``.<name>.<subdir>.tmp-<pid>-<host>-<id>`` after rank 0's
     process, so `trainer.checkpoint.atomic.remove_stale_temporaries` removes it once that process
     is gone (a killed save). One broadcast carries the name and whether rank 0 may write at
-    ``final`` (and ``check``'s refusal, run on rank 0), so a refusal is raised on every rank
-    instead of leaving the others waiting in a collective.
+    ``final`` (its parent can be created, nothing else is there; and ``check``'s refusal, run
+    on rank 0), so a refusal is raised on every rank instead of leaving the others waiting in a
+    collective (an engine's own barrier, say).
 
     Raises:
         CheckpointError: on every rank, when ``final`` holds something that is not a checkpoint
@@ -171,12 +172,25 @@ def agree_on_staging(
     """
     proposal = None
     if strategy.is_global_zero:
-        refusal = refusal_to_replace(final) or (check() if check is not None else None)
+        refusal = (
+            refusal_to_replace(final)
+            or _refusal_to_create(final)
+            or (check() if check is not None else None)
+        )
         proposal = (f".{final.name}.{subdir}.tmp-{process_tag()}", refusal)
     name, refusal = strategy.broadcast(proposal)
     if refusal is not None:
         raise CheckpointError(refusal)
     return final.parent / name
+
+
+def _refusal_to_create(final: Path) -> str | None:
+    """Why checkpoint ``final`` cannot be made (its parent cannot be created), or None."""
+    try:
+        final.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        return f"cannot create checkpoint {final}: {err}. Check the path and its permissions."
+    return None
 
 
 def commit_staged(

@@ -251,13 +251,10 @@ def stage_full_checkpoint(
 
 
 def _refusal_to_stage(final: Path, rest: dict[str, Any]) -> str | None:
-    """On rank 0, before anything is copied: why the checkpoint cannot be written, or None."""
+    """On rank 0, before anything is copied: why the state cannot be stored, or None (a folder
+    that cannot be created is `agree_on_staging`'s own refusal)."""
     from trainer.checkpoint.codec import encode
 
-    try:
-        final.parent.mkdir(parents=True, exist_ok=True)
-    except OSError as err:
-        return f"cannot create checkpoint {final}: {err}. Check the path and its permissions."
     try:
         encode(rest, {}, "state")
     except CheckpointError as err:
