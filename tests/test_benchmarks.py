@@ -18,6 +18,13 @@ from typing import Any
 import pytest
 import torch
 
+from tests.conftest import make_loader, quiet_trainer
+from trainer import Accelerator, TrainModule
+from trainer.accelerator.optimizer import AcceleratedOptimizer
+from trainer.callbacks.callback import Callback
+from trainer.precision import Precision
+from trainer.strategies.single import SingleDeviceStrategy
+
 REPO_ROOT = Path(__file__).resolve().parent.parent
 VARIANTS = (
     "raw",
@@ -217,12 +224,143 @@ def _python_calls(run: Any, steps: int, tmp_path: Path) -> int:
 def test_a_quiet_trainer_step_makes_few_python_calls_beyond_a_raw_loop(tmp_path: Path) -> None:
     """#14's hot path, counted rather than timed (a count does not depend on the machine): a
     trainer_quiet step made 42 Python calls more than the raw loop's, 33 after the batch step
-    read its hooks once per fit and skipped the calls that do nothing."""
+    read its hooks once per fit and skipped the calls that do nothing, 10 once the plain step
+    (`BatchStep._is_plain`) ran inline and the Accelerator, the prepared optimizer and the
+    loader stopped passing through calls that only pass the work on. What is left: the
+    loader's generator, ``_train_batch``, ``step_batch``, ``accumulate`` (and its
+    ``GradientState.advance``), ``accumulate_grad_batches``, the Accelerator's ``backward``, the
+    prepared optimizer's ``step``, and the module's own ``training_step`` (whose ``self.net``
+    goes through ``nn.Module.__getattr__``). A hand-written Accelerator loop adds 4: the
+    loader's generator, ``backward``, ``step`` and ``zero_grad``."""
     from benchmarks import bench_overhead
 
     def per_step(run: Any) -> float:
         _python_calls(run, 10, tmp_path)  # the first fit imports lazily: not a step's cost
         return (_python_calls(run, 300, tmp_path) - _python_calls(run, 100, tmp_path)) / 200
 
-    extra = per_step(bench_overhead.run_trainer_quiet) - per_step(bench_overhead.run_raw)
-    assert 20 <= extra <= 36, extra
+    raw = per_step(bench_overhead.run_raw)
+    extra = per_step(bench_overhead.run_trainer_quiet) - raw
+    assert 5 <= extra <= 11, extra  # 10, and a row every 50 steps
+    accelerator = per_step(bench_overhead.run_accelerator) - raw
+    assert 2 <= accelerator <= 5, accelerator  # 4
+
+
+# ---- the fast paths behind the call counts above: same results as the general paths --------
+class _StepModule(TrainModule):
+    """Returns a Tensor, a dict, or None (skip) by batch, so every branch of the step runs."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.net = torch.nn.Linear(4, 1)
+
+    def training_step(self, batch: Any, batch_idx: int) -> Any:
+        x, y = batch
+        loss = torch.nn.functional.mse_loss(self.net(x), y)
+        if batch_idx == 2:
+            return None
+        return {"loss": loss} if batch_idx % 2 else loss
+
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        return torch.optim.SGD(self.parameters(), lr=0.1)
+
+
+class _BeforeBackward(Callback):
+    """A hook between the step's parts: the fit takes the general path that calls it."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    def on_before_backward(self, trainer: Any, module: Any, loss: torch.Tensor) -> None:
+        self.calls += 1
+
+
+class _PathSeen(Callback):
+    """Records whether the fit's batches take the plain step (`BatchStep._is_plain`)."""
+
+    def on_train_start(self, trainer: Any, module: Any) -> None:
+        self.is_plain = trainer._fit_loop._is_plain
+
+
+def _fit_steps(tmp_path: Path, callbacks: list[Any], accumulate: int) -> tuple[Any, ...]:
+    module, seen = _StepModule(), _PathSeen()
+    fit = quiet_trainer(
+        tmp_path, max_epochs=2, callbacks=[seen, *callbacks], accumulate_grad_batches=accumulate
+    )
+    fit.fit(module, make_loader(n=40, batch_size=4))  # 10 batches: the last window is short
+    params = torch.cat([p.detach().reshape(-1) for p in module.parameters()])
+    return seen.is_plain, params, fit.global_step, fit.optimizers[0].step_count
+
+
+@pytest.mark.parametrize("accumulate", [1, 3])
+def test_the_plain_step_trains_exactly_as_the_step_with_hooks(
+    tmp_path: Path, accumulate: int
+) -> None:
+    hook = _BeforeBackward()
+    is_plain, params, steps, stepped = _fit_steps(tmp_path / "plain", [], accumulate)
+    was_plain, hooked_params, hooked_steps, hooked_stepped = _fit_steps(
+        tmp_path / "hooked", [hook], accumulate
+    )
+
+    assert is_plain and not was_plain
+    assert hook.calls == 2 * 9  # every batch but the skipped one, both epochs
+    assert torch.equal(params, hooked_params)
+    assert (steps, stepped) == (hooked_steps, hooked_stepped)
+
+
+class _CountingStrategy(SingleDeviceStrategy):
+    """A strategy that changes backward and the optimizer step: the Accelerator must call it."""
+
+    def __init__(self) -> None:
+        super().__init__("cpu")
+        self.calls: list[str] = []
+
+    def backward(self, loss: torch.Tensor, module: Any, **kwargs: Any) -> None:
+        self.calls.append("backward")
+        super().backward(loss, module, **kwargs)
+
+    def optimizer_step(self, optimizer: torch.optim.Optimizer) -> bool:
+        self.calls.append("step")
+        return False  # reports a skipped step without stepping
+
+
+class _CountingPrecision(Precision):
+    def __init__(self) -> None:
+        self.calls: list[str] = []
+
+    def backward(self, loss: torch.Tensor, **kwargs: Any) -> None:
+        self.calls.append("backward")
+        super().backward(loss, **kwargs)
+
+
+def _one_step(accelerator: Accelerator) -> tuple[torch.Tensor, AcceleratedOptimizer]:
+    """One backward and optimizer step of a seeded Linear; its parameters after, and the
+    prepared optimizer."""
+    torch.manual_seed(0)
+    net = torch.nn.Linear(4, 1)
+    model, optimizer = accelerator.prepare(net, torch.optim.SGD(net.parameters(), lr=0.1))
+    accelerator.backward(model(torch.ones(2, 4)).sum())
+    optimizer.step()
+    return torch.cat([p.detach().reshape(-1) for p in net.parameters()]), optimizer
+
+
+def test_the_accelerator_goes_through_a_strategy_or_precision_that_changes_a_step() -> None:
+    torch.manual_seed(0)
+    net = torch.nn.Linear(4, 1)
+    net(torch.ones(2, 4)).sum().backward()
+    torch.optim.SGD(net.parameters(), lr=0.1).step()
+    raw = torch.cat([p.detach().reshape(-1) for p in net.parameters()])
+
+    params, optimizer = _one_step(Accelerator(cpu=True))  # the base strategy and precision
+    assert torch.equal(params, raw)
+    assert optimizer.step_count == 1 and not optimizer.step_was_skipped
+
+    strategy = _CountingStrategy()
+    params, optimizer = _one_step(Accelerator(strategy=strategy))
+    assert strategy.calls == ["backward", "step"]
+    assert optimizer.step_was_skipped and optimizer.step_count == 0
+    assert not torch.equal(params, raw)  # its step did not step
+
+    precision = _CountingPrecision()
+    params, _ = _one_step(Accelerator(cpu=True, mixed_precision=precision))
+    assert precision.calls == ["backward"] and torch.equal(params, raw)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import os
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -50,6 +50,7 @@ if TYPE_CHECKING:
 __all__ = ["Accelerator"]
 
 _NOTHING = contextlib.nullcontext()  # reusable: entering it has no state
+_BACKWARD, _PLAIN_BACKWARD = Strategy.backward, Precision.backward  # the base ones
 
 _SCHEDULER_TYPES: tuple[type, ...] = (
     torch.optim.lr_scheduler.LRScheduler,
@@ -336,7 +337,14 @@ class Accelerator(ProcessAPI, CheckpointAPI):
         num_steps = self.gradient_state.num_steps
         if num_steps > 1:
             loss = loss / num_steps
-        self.strategy.backward(loss, self._models[0] if self._models else None, **kwargs)
+        strategy = self.strategy
+        precision = strategy.precision
+        # Every batch: where neither the strategy nor its precision plugin changes the base
+        # backward, do what they would (loss.backward) without their two calls.
+        if type(strategy).backward is _BACKWARD and type(precision).backward is _PLAIN_BACKWARD:
+            loss.backward(**kwargs)
+        else:
+            strategy.backward(loss, self._models[0] if self._models else None, **kwargs)
 
     def accumulate(self, *models: torch.nn.Module) -> contextlib.AbstractContextManager[Any]:
         """Accumulate gradients over ``gradient_accumulation_steps`` batches.
@@ -353,11 +361,9 @@ class Accelerator(ProcessAPI, CheckpointAPI):
             stack.enter_context(self.strategy.no_backward_sync(model))
         return stack
 
-    @contextlib.contextmanager
-    def no_sync(self, model: torch.nn.Module) -> Iterator[None]:
+    def no_sync(self, model: torch.nn.Module) -> contextlib.AbstractContextManager[None]:
         """Skip the gradient synchronisation of ``model`` inside the block."""
-        with self.strategy.no_backward_sync(model):
-            yield
+        return self.strategy.no_backward_sync(model)
 
     def autocast(self) -> contextlib.AbstractContextManager[Any]:
         """Run the block under the precision plugin's autocast (no-op for true precisions)."""

@@ -14,10 +14,11 @@ import torch
 
 from trainer._warnings import warn_user
 from trainer.errors import ConfigurationError
+from trainer.precision import Precision
+from trainer.strategies import Strategy
 
 if TYPE_CHECKING:
     from trainer.runtime.gradient_state import GradientState
-    from trainer.strategies import Strategy
 
 __all__ = [
     "AcceleratedOptimizer",
@@ -27,6 +28,8 @@ __all__ = [
     "warn_on_eps_below_dtype",
 ]
 
+
+_STEP, _PLAIN_STEP = Strategy.optimizer_step, Precision.optimizer_step  # the base ones
 
 # Wrappers that insert a segment into parameter names without changing what they name.
 _WRAPPER_SEGMENTS = ("_checkpoint_wrapped_module.", "_orig_mod.", "_fsdp_wrapped_module.")
@@ -150,10 +153,19 @@ class AcceleratedOptimizer(torch.optim.Optimizer):
                 "optimizer.step(closure) is not supported by a prepared optimizer: compute the "
                 "loss, call accelerator.backward(loss), then optimizer.step()."
             )
-        if self._gradient_state.sync_gradients:
-            self.step_was_skipped = not self._strategy.optimizer_step(self.optimizer)
-            if not self.step_was_skipped:
-                self.step_count += 1
+        if not self._gradient_state.sync_gradients:
+            return
+        strategy = self._strategy
+        precision = strategy.precision
+        # Every batch: where neither the strategy nor its precision plugin changes the base
+        # step, do what they would (step, never skipped) without their two calls.
+        if type(strategy).optimizer_step is _STEP and type(precision).optimizer_step is _PLAIN_STEP:
+            self.optimizer.step()
+            self.step_was_skipped = False
+        else:
+            self.step_was_skipped = not strategy.optimizer_step(self.optimizer)
+        if not self.step_was_skipped:
+            self.step_count += 1
 
     def __repr__(self) -> str:
         return f"AcceleratedOptimizer({self.optimizer!r})"

@@ -218,20 +218,30 @@ class DataLoaderShard:
                 return
             move = self.device is not None and self.device.type != "cpu"
             transform = self.transform
-            read_ahead = _read_ahead_with_state if self.is_stateful else _read_ahead
+            is_stateful = self.is_stateful
+            # The hot path reads ahead itself: no seeded reads, no loader state to take.
+            is_plain = run is _call and not is_stateful
+            read_ahead = _read_ahead_with_state if is_stateful else _read_ahead
             is_reading = True
             current = run(next, iterator, _DONE)
             while current is not _DONE:
                 has_more = self.batches_yielded + 1 < limit
-                loader_state, following = run(read_ahead, loader, iterator, has_more)
+                if is_plain:
+                    following = next(iterator, _DONE) if has_more else _DONE
+                else:
+                    loader_state, following = run(read_ahead, loader, iterator, has_more)
+                    if loader_state is not None:  # the state after `current`, for a resume
+                        loader_state["_iterator_finished"] = following is _DONE
+                        self._loader_state = loader_state
                 is_last = following is _DONE
-                if loader_state is not None:  # the state after `current`, as a resume needs it
-                    loader_state["_iterator_finished"] = is_last
-                    self._loader_state = loader_state
                 if is_last:
                     self.end_of_dataloader = True
                 if state is not None:
-                    state.begin_batch(self, is_last)
+                    active = state.active_dataloaders
+                    if active and active[-1] is self:  # `begin_batch` for the active loader
+                        state.end_of_dataloader = is_last
+                    else:
+                        state.begin_batch(self, is_last)
                 batch = send_to_device(current, self.device, non_blocking=True) if move else current
                 if transform is not None:
                     batch = transform(batch)

@@ -3,8 +3,10 @@
 `BatchStep` owns what a training batch does: ``training_step`` under autocast, the loss check,
 ``zero_grad`` on the first batch of an accumulation window (Lightning's place: hooks and
 callbacks still see the last step's gradients), backward, and on the window's last batch
-``on_before_optimizer_step``, clipping and the optimizer step. A module that overrides
-``optimizer_step`` / ``optimizer_zero_grad`` gets them called where Lightning calls them
+``on_before_optimizer_step``, clipping and the optimizer step (inline in `BatchStep.step_batch`
+when a fit has nothing to call between them: no hook, override, closure, clipping, anomaly
+check, autocast or profiler). A module that overrides ``optimizer_step`` /
+``optimizer_zero_grad`` gets them called where Lightning calls them
 (`trainer.trainer.step_hooks`); an optimizer whose ``step`` needs a closure (LBFGS) gets one
 (`trainer.trainer.closure`). Hooks go through the `HookTable` it is given.
 
@@ -19,6 +21,7 @@ nor putting state back after trials (`trainer.callbacks.finder_steps`).
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable
 from functools import partial
 from typing import TYPE_CHECKING, Any
@@ -26,11 +29,13 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from trainer.errors import ConfigurationError
+from trainer.precision import Precision
 from trainer.profilers import PassThroughProfiler
 from trainer.trainer.closure import check_closure_precision, needs_closure, stepping_with
 from trainer.trainer.hook_table import HookTable, is_overridden
 from trainer.trainer.loss import anomaly_backward, check_finite, loss_of
 from trainer.trainer.module import TrainModule
+from trainer.trainer.profiling import is_profiling
 from trainer.trainer.step_hooks import HookedStep
 
 if TYPE_CHECKING:
@@ -90,13 +95,38 @@ class BatchStep:
         # Read once per fit, not on every batch (the hot path): the hook lists (empty when
         # nobody implements the hook) and whether the module optimizes automatically.
         self._accelerator = trainer.accelerator
+        self._gradient_state = trainer.accelerator.gradient_state
         self._is_automatic = is_automatic
+        # A true precision's autocast is the base plugin's shared no-op context: not entered.
+        self._has_autocast = is_overridden(trainer.accelerator.precision, "autocast", Precision)
         self._on_batch_start = hooks["on_train_batch_start"]
         self._on_batch_end = hooks["on_train_batch_end"]
         self._on_before_backward = hooks["on_before_backward"]
         self._on_after_backward = hooks["on_after_backward"]
         self._on_before_zero_grad = hooks["on_before_zero_grad"]
         self._on_before_optimizer_step = hooks["on_before_optimizer_step"]
+        # The plain step, decided once: nothing to call between training_step, zero_grad,
+        # backward and the optimizer step (no hook, module override, closure, autocast or
+        # profiler; clipping and detect_anomaly are read per batch). `step_batch` then runs
+        # them inline; anything else goes through `_step_automatic`.
+        self._is_plain = (
+            is_automatic
+            and optimizer is not None
+            and self._hooked_step is None
+            and not self._needs_closure
+            and not self._has_zero_grad_hook
+            and not self._has_autocast
+            and not is_profiling(trainer.profiler)
+            and not any(
+                hooks[name]
+                for name in (
+                    "on_before_backward",
+                    "on_after_backward",
+                    "on_before_zero_grad",
+                    "on_before_optimizer_step",
+                )
+            )
+        )
 
     def start_batch(self, batch: Any, batch_idx: int) -> bool:
         """``on_train_batch_start``; True when the module's returned -1 (skip the rest)."""
@@ -113,30 +143,59 @@ class BatchStep:
         Under manual optimization the module steps its optimizers itself; every batch counts
         as stepping and ``loss`` is the output's (a Tensor, or a dict's "loss"), if any.
         """
-        accelerator = self._accelerator
         if not self._is_automatic:
-            with accelerator.autocast():
+            if self._has_autocast:
+                with self._accelerator.autocast():
+                    output = self._training_step(batch, batch_idx)
+            else:
                 output = self._training_step(batch, batch_idx)
             return output, _loss_in(output), True
-        with accelerator.accumulate(self._model):
-            # The Accelerator decides whether this batch ends an accumulation window.
-            is_stepping = accelerator.sync_gradients
-            if is_stepping and self._hooked_step is not None:  # the module's optimizer_step
-                output, loss = self._hooked_step.run(self.trainer.current_epoch, batch, batch_idx)
-            else:
-                output, loss = self._run_batch(batch, batch_idx)
-                if is_stepping:
-                    if self._needs_closure:  # LBFGS: the closure's first call: this loss
-                        self._closure_batch = (batch, batch_idx)
-                        self._closure_loss = None if loss is None else loss.detach()
-                    self._optimizer_step(is_skipped=loss is None)
+        # The Accelerator decides whether this batch ends an accumulation window; what it
+        # returns for a batch that needs no context (a nullcontext) is not entered.
+        window = self._accelerator.accumulate(self._model)
+        if type(window) is not contextlib.nullcontext:
+            with window:
+                return self._step_automatic(batch, batch_idx)
+        trainer = self.trainer
+        if not self._is_plain or trainer.detect_anomaly or trainer.gradient_clip_val is not None:
+            return self._step_automatic(batch, batch_idx)
+        # The plain step: `_step_automatic`'s parts in its order, inline (this runs every
+        # batch), where none of them would call anything but the next.
+        is_stepping = self._gradient_state.sync_gradients
+        output = self._training_step(batch, batch_idx)
+        if type(output) is torch.Tensor and output.requires_grad and output.numel() == 1:
+            loss = output  # passes `loss_of`'s checks
+        else:
+            loss = loss_of(trainer, output, batch_idx)
+        optimizer = trainer.optimizers[0]
+        if batch_idx % trainer.accumulate_grad_batches == 0:
+            optimizer.optimizer.zero_grad()  # `_zero_grad`: the wrapped optimizer's own
+        if loss is not None:
+            self._accelerator.backward(loss)
+            if is_stepping:
+                optimizer.step()
+        return output, loss, is_stepping
+
+    def _step_automatic(self, batch: Any, batch_idx: int) -> tuple[Any, torch.Tensor | None, bool]:
+        """`step_batch` under automatic optimization, inside the batch's accumulation window."""
+        is_stepping = self._gradient_state.sync_gradients
+        if is_stepping and self._hooked_step is not None:  # the module's optimizer_step
+            output, loss = self._hooked_step.run(self.trainer.current_epoch, batch, batch_idx)
+        else:
+            output, loss = self._run_batch(batch, batch_idx)
+            if is_stepping:
+                if self._needs_closure:  # LBFGS: the closure's first call: this loss
+                    self._closure_batch = (batch, batch_idx)
+                    self._closure_loss = None if loss is None else loss.detach()
+                self._optimizer_step(loss is None)
         return output, loss, is_stepping
 
     def end_batch(self, output: Any, batch: Any, batch_idx: int) -> None:
         """``on_train_batch_end`` with ``training_step``'s output (a Tensor as ``{"loss": t}``)."""
         if self._on_batch_end:  # hot path: build nothing nobody reads
             output = {"loss": output.detach()} if isinstance(output, torch.Tensor) else output
-            self._hooks.call("on_train_batch_end", output, batch, batch_idx)
+            for hook in self._on_batch_end:  # the table's order; nobody reads what they return
+                hook(output, batch, batch_idx)
 
     def backward(self, loss: torch.Tensor, **kwargs: Any) -> None:
         """The hooks around ``accelerator.backward`` (also ``manual_backward``'s path)."""
@@ -160,7 +219,10 @@ class BatchStep:
         """``training_step``, then (Lightning's order) ``zero_grad`` on the first batch of a
         window, so hooks and callbacks still see the last step's gradients, then backward."""
         trainer = self.trainer
-        with self._accelerator.autocast():
+        if self._has_autocast:
+            with self._accelerator.autocast():
+                output = self._training_step(batch, batch_idx)
+        else:
             output = self._training_step(batch, batch_idx)
         loss = loss_of(trainer, output, batch_idx)
         if batch_idx % trainer.accumulate_grad_batches == 0:
@@ -184,7 +246,7 @@ class BatchStep:
         else:
             optimizer.optimizer.zero_grad()
 
-    def _optimizer_step(self, *, is_skipped: bool = False) -> None:
+    def _optimizer_step(self, is_skipped: bool = False) -> None:
         """Unscale, hook, clip, step.
 
         ``is_skipped`` (training_step returned None): as in Lightning, the hook runs (and the

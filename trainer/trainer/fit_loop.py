@@ -32,6 +32,8 @@ import math
 import time
 from typing import TYPE_CHECKING, Any
 
+import torch
+
 from trainer.runtime.seed import set_rng_states
 from trainer.trainer import profiling
 from trainer.trainer.batch_step import BatchStep
@@ -64,8 +66,9 @@ class FitLoop(BatchStep):
     Each batch is a `BatchStep` over the run's hooks and prepared model, whose optimizer steps
     this loop counts (a subclass, not a member: a profiler times ``backward``,
     ``_optimizer_step`` and ``_zero_grad`` on the loop object, `profiling.STAGE_ACTIONS`, and
-    the step calls them through ``self``). ``pending_rng_state`` (from a resumed checkpoint) is applied when the
-    first epoch starts, so the random streams continue where the interrupted run left them.
+    the step calls them through ``self``; a profiled fit never takes the inline plain step).
+    ``pending_rng_state`` (from a resumed checkpoint) is applied when the first epoch starts,
+    so the random streams continue where the interrupted run left them.
     """
 
     def __init__(
@@ -89,6 +92,7 @@ class FitLoop(BatchStep):
         self._is_exhausted = False  # the train loader yielded nothing: no epoch ever would
         self._has_step_plateau = False  # read again each epoch: callbacks may add schedulers
         self._reloaded_at: dict[str, float] = {}  # set when the run starts
+        self._train_store = run.stores["train"]  # self.log's, read every batch
 
     def run(self) -> None:
         """``on_train_start``, then epochs until done (the Trainer calls ``on_train_end``)."""
@@ -150,10 +154,6 @@ class FitLoop(BatchStep):
             trainer.min_steps is None or trainer.global_step >= trainer.min_steps
         )
 
-    def _is_max_steps_reached(self) -> bool:
-        max_steps = self.trainer.max_steps
-        return max_steps != -1 and self.trainer.global_step >= max_steps
-
     def _time_is_up(self) -> bool:
         max_time = self.trainer.max_time
         return (
@@ -171,7 +171,7 @@ class FitLoop(BatchStep):
             reload_stage(trainer, "train", self._run)
             self._reloaded_at["train"] = progress.epoch
         loader = run.loaders["train"]
-        run.stores["train"].start_epoch()
+        self._train_store.start_epoch()
         loader.set_epoch(progress.epoch)
         loader.skip_batches = progress.batch_idx  # > 0 only when resuming mid-epoch
         if self.pending_rng_state is not None:  # resuming: continue the saved random streams
@@ -216,7 +216,8 @@ class FitLoop(BatchStep):
                 self._run_validation()
             if self._has_step_plateau:  # after the validation it may read
                 self._step_plateau_after_batch()
-            if is_stopping or self._is_max_steps_reached():
+            max_steps = trainer.max_steps  # read each batch: a callback may change it
+            if is_stopping or (max_steps != -1 and progress.global_step >= max_steps):
                 is_epoch_complete = is_last
                 break
         if first_batch_idx == 0 and progress.batch_idx == 0:  # nothing came: never would
@@ -260,7 +261,7 @@ class FitLoop(BatchStep):
     def _train_batch(self, batch: Any, batch_idx: int) -> Any:
         """One batch: its step (`BatchStep`), counted, between the batch hooks."""
         trainer = self.trainer
-        self._run.stores["train"].current_batch = batch
+        self._train_store.current_batch = batch
         if self._on_batch_start and self.start_batch(batch, batch_idx):  # it returned -1
             # Lightning counts the skipped batch as the epoch's last: the interval schedulers
             # step as after its last batch (no optimizer step, no validation).
@@ -269,12 +270,17 @@ class FitLoop(BatchStep):
                 self._step_schedulers("epoch", is_plateau=False)
             return _SKIP_EPOCH
         output, _, is_stepping = self.step_batch(batch, batch_idx)
+        progress = trainer.progress
         if self._is_automatic:
             self.is_stepping = is_stepping
-            if is_stepping:
-                self._count_step()
+            if is_stepping:  # count the optimizer step (also one skipped for a None loss)
+                progress.global_step += 1
+                progress.batches_stepped += 1  # = global_step under automatic optimization
+                if trainer.lr_scheduler_configs:
+                    self._step_interval_schedulers()
+                if progress.batches_stepped % trainer.log_every_n_steps == 0:
+                    self.is_step_row_due = True  # written after on_train_batch_end (below)
         else:  # each optimizer.step() counted itself
-            progress = trainer.progress
             # Lightning counts every batch as stepped here (whatever the optimizers did): the
             # loggers' step, and the row due every log_every_n_steps of them.
             progress.batches_stepped += 1
@@ -282,8 +288,11 @@ class FitLoop(BatchStep):
                 self.is_step_row_due = True
         if trainer.checkpoint_io is not None:  # a background save that ended: finish it or raise
             trainer.checkpoint_io.poll()
-        if self._on_batch_end:
-            self.end_batch(output, batch, batch_idx)
+        on_batch_end = self._on_batch_end
+        if on_batch_end:  # `end_batch`, inlined: this runs every batch
+            outputs = {"loss": output.detach()} if isinstance(output, torch.Tensor) else output
+            for hook in on_batch_end:
+                hook(outputs, batch, batch_idx)
         # Lightning writes the step row after on_train_batch_end (what it logs joins the row),
         # and also for the batch that stops the fit.
         if self.is_step_row_due or (is_stepping and trainer.should_stop):
@@ -295,21 +304,13 @@ class FitLoop(BatchStep):
         self.is_step_row_due = False
         send_to_loggers(self.trainer, self._run.stores["train"].step_items(for_logger=True))
 
-    def _count_step(self) -> None:
-        """Count the optimizer step (also one skipped for a None loss); step the interval
-        schedulers; mark the logger row due."""
-        trainer = self.trainer
-        accelerator = trainer.accelerator
-        progress = trainer.progress
-        progress.global_step += 1
-        progress.batches_stepped += 1  # = global_step under automatic optimization
-        if trainer.lr_scheduler_configs and self._is_automatic:
-            if not accelerator.optimizer_step_was_skipped:
-                self._step_schedulers("step", is_plateau=False)
-            if self._run.loaders["train"].end_of_dataloader:
-                self._step_schedulers("epoch", is_plateau=False)  # Lightning: before validation
-        if progress.batches_stepped % trainer.log_every_n_steps == 0:
-            self.is_step_row_due = True  # written after on_train_batch_end (`_train_batch`)
+    def _step_interval_schedulers(self) -> None:
+        """After a counted optimizer step: the "step" schedulers (unless the step was skipped),
+        and on the epoch's last batch the "epoch" ones (Lightning: before validation)."""
+        if not self.trainer.accelerator.optimizer_step_was_skipped:
+            self._step_schedulers("step", is_plateau=False)
+        if self._run.loaders["train"].end_of_dataloader:
+            self._step_schedulers("epoch", is_plateau=False)
 
     def _step_schedulers(self, interval: str, *, is_plateau: bool) -> None:
         """Step ``interval``'s schedulers through the module's ``lr_scheduler_step`` hook; as in
