@@ -167,6 +167,7 @@ def resume(facts: dict[str, Any], kept: dict[str, Any], rank: int, out: str) -> 
                 facts["uncreatable_refusal"] = None
             except trainer.CheckpointError as err:
                 facts["uncreatable_refusal"] = str(err)
+            tampered(facts, part_run.strategy, rank, out)
         resumed_run, resumed, _ = fit(
             DeepSpeedStrategy(stage=stage), directory, precision=precision
         )
@@ -233,20 +234,19 @@ def accelerator_path(facts: dict[str, Any]) -> None:
     facts["accelerator_is_wrapper"] = isinstance(model, DeepSpeedModel)
 
 
-def tampered(facts: dict[str, Any], rank: int, out: str) -> None:
+def tampered(facts: dict[str, Any], strategy: DeepSpeedStrategy, rank: int, out: str) -> None:
     """A flipped byte in either rank's ZeRO shard is refused on both ranks before DeepSpeed
-    reads it, though each rank hashes only its share (trainer.checkpoint.rank_hashing)."""
+    reads it, though each rank hashes only its share (trainer.checkpoint.rank_hashing).
+    ``strategy``: a fitted run's, its process group still up (no fit is made to fail here)."""
     from trainer.checkpoint.manifest import read_manifest
     from trainer.checkpoint.rank_hashing import verified_share
 
     source = os.path.join(out, "ck_zero2")
     files = read_manifest(source)["files"]
     shards = sorted(n for n in files if n.startswith("deepspeed/"))
-    world = type("Rank", (), {"global_rank": rank, "world_size": 2})()
     facts["ds_shards"] = shards
-    facts["ds_my_share"] = sorted(set(shards) - verified_share(world, files, "deepspeed"))
+    facts["ds_my_share"] = sorted(set(shards) - verified_share(strategy, files, "deepspeed"))
     flipped = [sorted(n for n in shards if f"zero_pp_rank_{r}_" in n)[0] for r in range(2)]
-    ready = os.path.join(out, "tampered_ready")
     if rank == 0:
         for index, name in enumerate(flipped):
             copy = os.path.join(out, f"tampered_{index}")
@@ -256,13 +256,11 @@ def tampered(facts: dict[str, Any], rank: int, out: str) -> None:
                 byte = file.read(1)
                 file.seek(-1, os.SEEK_CUR)
                 file.write(bytes([byte[0] ^ 0xFF]))
-        open(ready, "w").close()
-    while not os.path.exists(ready):
-        time.sleep(0.05)
+    strategy.barrier()
     facts["ds_refusals"] = {}
     for index, name in enumerate(flipped):
         try:
-            fit(DeepSpeedStrategy(stage=2), os.path.join(out, f"tampered_{index}"))
+            strategy.load_checkpoint(os.path.join(out, f"tampered_{index}"))
             facts["ds_refusals"][name] = None
         except trainer.CheckpointError as err:
             facts["ds_refusals"][name] = str(err)
@@ -284,7 +282,6 @@ def main(out: str) -> None:
         ("bf16", lambda: bf16(facts, kept)),
         ("resume", lambda: resume(facts, kept, rank, out)),
         ("accelerator", lambda: accelerator_path(facts)),
-        ("tampered", lambda: tampered(facts, rank, out)),
     ):
         start = time.perf_counter()
         scenario()

@@ -135,20 +135,24 @@ def test_refusals_are_raised_before_any_shard_is_written(
     assert (foreign / "optimizer.bin").read_bytes() == b"user data"
 
 
-def test_a_failed_background_write_raises_with_its_cause(
+def test_a_folder_that_cannot_be_created_is_refused_before_anything_is_staged(
     strategy: FSDPStrategy, tmp_path: Path
 ) -> None:
+    """A background failure with its cause: tests/distributed/test_async_checkpoint_fsdp.py
+    (disk full on process 0)."""
     model, optimizer = _prepare(strategy)
     (tmp_path / "blocker").write_text("a file where a folder is expected")
     group = dist.new_group(backend="gloo")
     stager = _stager()
     try:
-        save = start_async_sharded_save(
-            strategy, tmp_path / "blocker" / "ck", _checkpoint(strategy, model, optimizer, 0),
-            process_group=group, stager=stager,
-        )  # fmt: skip
-        with pytest.raises(CheckpointError, match="process 0: .*Not a directory"):
-            save.write(0)
+        with pytest.raises(
+            CheckpointError, match="cannot create checkpoint .*blocker/ck.*File exists"
+        ):
+            start_async_sharded_save(
+                strategy, tmp_path / "blocker" / "ck", _checkpoint(strategy, model, optimizer, 0),
+                process_group=group, stager=stager,
+            )  # fmt: skip
+        assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]  # nothing staged
     finally:
         stager.close()
         dist.destroy_process_group(group)
