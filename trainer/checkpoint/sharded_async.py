@@ -37,7 +37,13 @@ if TYPE_CHECKING:
     from torch.distributed import ProcessGroup
     from torch.distributed.checkpoint.staging import AsyncStager
 
-__all__ = ["AsyncShardedSave", "PassThroughStager", "start_async_sharded_save"]
+__all__ = [
+    "AsyncShardedSave",
+    "PassThroughStager",
+    "broadcast_failure",
+    "gather_failures",
+    "start_async_sharded_save",
+]
 
 
 @dataclasses.dataclass
@@ -147,7 +153,9 @@ class AsyncShardedSave:
                 )
         except BaseException as err:  # DCP's CheckpointException is a BaseException
             error = err
-        failures = self._gather(_describe(error) if error is not None else None)
+        failures = gather_failures(
+            self._group, self._world_size, _describe(error) if error is not None else None
+        )
         if failures and error is None:
             error = CheckpointError(f"another process could not write its shards: {failures[0]}")
         if self._is_zero:
@@ -161,7 +169,9 @@ class AsyncShardedSave:
                     error = err
             else:
                 shutil.rmtree(destination.staging, ignore_errors=True)
-        committed = self._broadcast(_describe(error) if error is not None else None)
+        committed = broadcast_failure(
+            self._group, self._world_size, _describe(error) if error is not None else None
+        )
         if error is None and committed is not None:
             error = CheckpointError(f"process 0 could not commit it: {committed}")
         if isinstance(error, KeyboardInterrupt | SystemExit):
@@ -169,25 +179,28 @@ class AsyncShardedSave:
         if error is not None:
             raise CheckpointError(_describe(error)) from error
 
-    def _gather(self, failure: str | None) -> list[str]:
-        """Every rank's failure, if any (one all-gather on the checkpoint group)."""
-        import torch.distributed as dist
 
-        if self._world_size == 1:
-            return [failure] if failure else []
-        gathered: list[str | None] = [None] * self._world_size
-        dist.all_gather_object(gathered, failure, group=self._group)
-        return [f"process {rank}: {item}" for rank, item in enumerate(gathered) if item]
+def gather_failures(group: Any, world_size: int, failure: str | None) -> list[str]:
+    """Every process's failure, if any, as ``"process R: ..."`` (one all-gather on ``group``,
+    the checkpoint group: never training's)."""
+    import torch.distributed as dist
 
-    def _broadcast(self, failure: str | None) -> str | None:
-        """Rank 0's commit failure, if any, on every rank (one broadcast on the checkpoint group)."""
-        import torch.distributed as dist
+    if world_size == 1:
+        return [failure] if failure else []
+    gathered: list[str | None] = [None] * world_size
+    dist.all_gather_object(gathered, failure, group=group)
+    return [f"process {rank}: {item}" for rank, item in enumerate(gathered) if item]
 
-        if self._world_size == 1:
-            return failure
-        box = [failure]
-        dist.broadcast_object_list(box, group=self._group, group_src=0)
-        return box[0]
+
+def broadcast_failure(group: Any, world_size: int, failure: str | None) -> str | None:
+    """Process 0's commit failure, if any, on every process (one broadcast on ``group``)."""
+    import torch.distributed as dist
+
+    if world_size == 1:
+        return failure
+    box = [failure]
+    dist.broadcast_object_list(box, group=group, group_src=0)
+    return box[0]
 
 
 def start_async_sharded_save(

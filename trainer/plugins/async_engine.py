@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from trainer.checkpoint.sharded_async import broadcast_failure, gather_failures
 from trainer.errors import CheckpointError, TrainerError
 
 if TYPE_CHECKING:
@@ -148,7 +149,9 @@ class EngineWriter:
             write_engine_files(self._staged, staging, is_first=index == 0)
         except BaseException as err:  # kept until every process has said how it went
             error = err
-        failures = self._gather(_describe(error) if error is not None else None)
+        failures = gather_failures(
+            self._group, self._world_size, _describe(error) if error is not None else None
+        )
         if failures and error is None:
             error = CheckpointError(f"another process could not write its files: {failures[0]}")
         if self._is_zero:
@@ -159,7 +162,9 @@ class EngineWriter:
                     error = err
             else:
                 shutil.rmtree(staging, ignore_errors=True)
-        committed = self._broadcast(_describe(error) if error is not None else None)
+        committed = broadcast_failure(
+            self._group, self._world_size, _describe(error) if error is not None else None
+        )
         if error is None and committed is not None:
             error = CheckpointError(f"process 0 could not commit it: {committed}")
         if isinstance(error, KeyboardInterrupt | SystemExit):
@@ -177,26 +182,6 @@ class EngineWriter:
             write_checkpoint(final, staged.rest, world_size=self._world_size)
             return
         commit_staged(final, staging, staged.subdir, staged.rest, world_size=self._world_size)
-
-    def _gather(self, failure: str | None) -> list[str]:
-        """Every process's failure, if any (one all-gather on the checkpoint group)."""
-        import torch.distributed as dist
-
-        if self._world_size == 1:
-            return [failure] if failure else []
-        gathered: list[str | None] = [None] * self._world_size
-        dist.all_gather_object(gathered, failure, group=self._group)
-        return [f"process {rank}: {item}" for rank, item in enumerate(gathered) if item]
-
-    def _broadcast(self, failure: str | None) -> str | None:
-        """Process 0's commit failure, if any, on every process (one broadcast)."""
-        import torch.distributed as dist
-
-        if self._world_size == 1:
-            return failure
-        box = [failure]
-        dist.broadcast_object_list(box, group=self._group, group_src=0)
-        return box[0]
 
 
 def write_engine_files(staged: StagedCheckpoint, folder: Path, *, is_first: bool) -> None:
