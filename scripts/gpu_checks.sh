@@ -8,11 +8,12 @@
 # OUT/bench_async.{log,json} (background checkpoint saves of a 100M model trained on the GPU)
 # and OUT/cuda_sync.log (device syncs per step the Trainer adds to a raw loop).
 # Exits non-zero when a test failed. Packages the image lacks can be installed first from
-# wheels in .whl/ (blake3 for checkpoints, torchao for fp8): `pip install --no-index .whl/*.whl`.
+# wheels in .whl/ (blake3, torchao for fp8, deepspeed and its pydantic/hjson) into a folder on
+# PYTHONPATH: `pip install --no-index --no-deps --target /tmp/site .whl/*.whl; export PYTHONPATH=/tmp/site`.
 set -o pipefail
 OUT=${OUT:-/tmp/gpu_checks}
 mkdir -p "$OUT"
-export PYTHONPATH="$PWD" PYTHONUNBUFFERED=1 OMP_NUM_THREADS=4
+export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1 OMP_NUM_THREADS=4
 PY=${PYTHON:-python3}
 
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv | tee "$OUT/gpu.txt"

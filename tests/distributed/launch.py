@@ -19,7 +19,8 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def job_env(**extra: str) -> dict[str, str]:
     """The environment of a job: this one, the repository importable, one thread per process."""
-    return dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1", **extra)
+    path = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
+    return dict(os.environ, PYTHONPATH=path, OMP_NUM_THREADS="1", **extra)
 
 
 def run_job(

@@ -10,6 +10,10 @@
   (``AsyncCheckpointIO``) every 3 steps; the run to step 10, then a run stopped at step 6 and
   resumed from its last checkpoint. Writes OUT/fsdp.json: whether the resumed weights equal the
   uninterrupted ones, the parameter dtype/device seen in the step, and the checkpoints kept.
+- ``deepspeed`` (1 process, NCCL): the same bf16 scenario for DeepSpeed ZeRO-2 and ZeRO-3 with
+  background saves (the engine's state copied off the GPU at the step boundary), plus a
+  synchronous run to step 10 for each stage. Writes OUT/deepspeed.json: per stage, whether the
+  background run ends equal to the synchronous one and the resumed run to the uninterrupted one.
 """
 
 from __future__ import annotations
@@ -25,7 +29,7 @@ from torch.utils.data import DataLoader, TensorDataset
 import trainer
 from trainer.callbacks import ModelCheckpoint
 from trainer.plugins import AsyncCheckpointIO
-from trainer.strategies import DDPStrategy, FSDPStrategy
+from trainer.strategies import DDPStrategy, DeepSpeedStrategy, FSDPStrategy
 
 
 def regression(n: int) -> TensorDataset:
@@ -75,7 +79,8 @@ class ShardedNet(trainer.TrainModule):
         x, y = batch
         hidden = self.blocks(self.inp(x))
         self.seen = {"activation_dtype": str(hidden.dtype), "input_device": x.device.type}
-        return torch.nn.functional.mse_loss(self.out(hidden).float(), y)
+        # DeepSpeed in bf16 hands the step a bf16 batch (targets too), as Lightning's does.
+        return torch.nn.functional.mse_loss(self.out(hidden).float(), y.float())
 
     def configure_optimizers(self):
         return torch.optim.AdamW(self.parameters(), lr=0.01)
@@ -136,12 +141,49 @@ def fsdp_run(out: Path) -> None:
     (out / "fsdp.json").write_text(json.dumps(facts))
 
 
+def deepspeed_run(out: Path) -> None:
+    def fit_to(
+        stage: int, max_steps: int, root: Path, is_async: bool = True, ckpt_path: str | None = None
+    ) -> dict[str, torch.Tensor]:
+        torch.manual_seed(0)
+        module = ShardedNet()
+        checkpoints = ModelCheckpoint(dirpath=root, every_n_train_steps=3, save_top_k=-1)
+        fit = quiet(
+            strategy=DeepSpeedStrategy(stage=stage, accelerator="cuda"), precision="bf16-mixed",
+            max_steps=max_steps, max_epochs=10, enable_checkpointing=True, callbacks=[checkpoints],
+            plugins=[AsyncCheckpointIO()] if is_async else None, default_root_dir=str(root),
+        )  # fmt: skip
+        fit.fit(module, DataLoader(regression(64), batch_size=4, shuffle=True), ckpt_path=ckpt_path)
+        stage_facts.update(module.seen)
+        state = fit.strategy.module_state_dict(module, full=True)  # ZeRO-3: a collective
+        return {k: v.detach().float().cpu().clone() for k, v in state.items()}
+
+    facts: dict[str, object] = {}
+    for stage in (2, 3):
+        stage_facts: dict[str, object] = {}
+        base = out / f"zero{stage}"
+        sync = fit_to(stage, 10, base / "sync", is_async=False)
+        full = fit_to(stage, 10, base / "full")
+        fit_to(stage, 6, base / "part")
+        stage_facts["kept"] = sorted(p.name for p in (base / "part").iterdir())
+        resumed = fit_to(
+            stage, 10, base / "resumed", ckpt_path=str(base / "part" / "epoch=0-step=6")
+        )
+        stage_facts["async_equals_sync"] = all(torch.equal(sync[k], full[k]) for k in sync)
+        stage_facts["resume_equal"] = all(torch.equal(full[k], resumed[k]) for k in full)
+        stage_facts["max_diff"] = max(float((full[k] - resumed[k]).abs().max()) for k in full)
+        facts[f"zero{stage}"] = stage_facts
+    (out / "deepspeed.json").write_text(json.dumps(facts))
+
+
 def main(mode: str, out: str) -> None:
     folder = Path(out)
     if mode in ("syncbn", "plain-bn"):
         batchnorm_run(folder, sync=mode == "syncbn")
     elif mode == "fsdp":
         fsdp_run(folder)
+    elif mode == "deepspeed":
+        deepspeed_run(folder)
     else:
         raise SystemExit(f"unknown mode {mode!r}")
 

@@ -6,6 +6,7 @@ ranks on one device; gloo runs CUDA tensors, and torch's SyncBatchNorm has a glo
 
 from __future__ import annotations
 
+import importlib.util
 import json
 from pathlib import Path
 
@@ -62,3 +63,18 @@ def test_fsdp2_bf16_on_cuda_with_background_sharded_checkpoints_resumes_exactly(
     assert facts["activation_dtype"] == "torch.bfloat16", facts
     assert facts["kept"] == ["epoch=0-step=3", "epoch=0-step=6"], facts
     assert facts["resume_equal"], facts
+
+
+def test_deepspeed_bf16_on_cuda_background_saves_equal_synchronous_and_resume_exactly(tmp_path):
+    if importlib.util.find_spec("deepspeed") is None:
+        pytest.skip("deepspeed is not installed")
+    result = torchrun(JOB, "deepspeed", str(tmp_path), nprocs=1, timeout=400)
+    assert result.returncode == 0, output_tail(result)
+    facts = json.loads((tmp_path / "deepspeed.json").read_text())
+    for stage in ("zero2", "zero3"):
+        seen = facts[stage]
+        assert seen["input_device"] == "cuda", seen
+        assert seen["activation_dtype"] == "torch.bfloat16", seen
+        assert seen["kept"] == ["epoch=0-step=3", "epoch=0-step=6"], seen
+        assert seen["async_equals_sync"], seen
+        assert seen["resume_equal"], seen

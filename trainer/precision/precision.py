@@ -42,7 +42,7 @@ class Precision:
         """Cast floating-point tensors of a batch where the mode stores inputs in another dtype."""
         if self.param_dtype is None:
             return data
-        return _cast_floating(data, self.param_dtype)
+        return cast_floating(data, self.param_dtype)
 
     def autocast(self) -> contextlib.AbstractContextManager[Any]:
         """The region where the forward pass runs (autocast for mixed modes)."""
@@ -71,13 +71,14 @@ class Precision:
         return f"{type(self).__name__}({self.name!r})"
 
 
-def _cast_floating(data: Any, dtype: torch.dtype) -> Any:
+def cast_floating(data: Any, dtype: torch.dtype) -> Any:
+    """``data`` with its floating-point tensors cast to ``dtype`` (dicts, lists, tuples walked)."""
     if isinstance(data, torch.Tensor):
         return data.to(dtype) if data.is_floating_point() else data
     if isinstance(data, dict):
-        return {k: _cast_floating(v, dtype) for k, v in data.items()}
+        return {k: cast_floating(v, dtype) for k, v in data.items()}
     if isinstance(data, tuple) and hasattr(data, "_fields"):  # namedtuple
-        return type(data)(*(_cast_floating(v, dtype) for v in data))
+        return type(data)(*(cast_floating(v, dtype) for v in data))
     if isinstance(data, list | tuple):
-        return type(data)(_cast_floating(v, dtype) for v in data)
+        return type(data)(cast_floating(v, dtype) for v in data)
     return data

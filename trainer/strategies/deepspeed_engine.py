@@ -18,10 +18,12 @@ from typing import Any
 import torch
 
 from trainer.errors import StrategyError
+from trainer.precision.precision import cast_floating
 
 __all__ = [
     "DeepSpeedModel",
     "check_installed",
+    "engine_dtype",
     "import_deepspeed",
     "initialize_engine",
     "is_partitioned",
@@ -38,6 +40,10 @@ class DeepSpeedModel(torch.nn.Module):
     so ``prepare`` returns this wrapper and ``setup_optimizer`` binds the engine to it
     (``model.engine``, None until then: evaluation without an optimizer runs the module itself).
     Attributes the wrapper lacks come from the engine (``model.global_steps``).
+
+    When the engine runs in bf16 or fp16 (its weights in that dtype, torch's autocast switched
+    off inside its forward on a GPU), floating-point inputs are cast to that dtype first, as
+    Lightning's DeepSpeed precision does with the batch; integer inputs (token ids) stay.
     """
 
     def __init__(self, module: torch.nn.Module) -> None:
@@ -47,7 +53,15 @@ class DeepSpeedModel(torch.nn.Module):
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         engine = self.__dict__["engine"]
-        return (engine if engine is not None else self.module)(*args, **kwargs)
+        if engine is None:
+            return self.module(*args, **kwargs)
+        if self.__dict__.get("_cast_for") is not engine:
+            self.__dict__["_cast_for"] = engine
+            self.__dict__["_cast_to"] = engine_dtype(engine)
+        dtype = self.__dict__["_cast_to"]
+        if dtype is not None:
+            args, kwargs = cast_floating(args, dtype), cast_floating(kwargs, dtype)
+        return engine(*args, **kwargs)
 
     def train(self, mode: bool = True) -> DeepSpeedModel:
         super().train(mode)
@@ -65,6 +79,15 @@ class DeepSpeedModel(torch.nn.Module):
             return getattr(engine, name)
 
 
+def engine_dtype(engine: Any) -> torch.dtype | None:
+    """bf16 or fp16 when the engine's weights are in it (its bf16 / fp16 section); else None."""
+    if engine.bfloat16_enabled():
+        return torch.bfloat16
+    if engine.fp16_enabled():
+        return torch.float16
+    return None
+
+
 def check_installed() -> None:
     """Fail at construction, without importing DeepSpeed (slow), when it is not installed."""
     from trainer._imports import is_available, require
@@ -78,6 +101,7 @@ def import_deepspeed(accelerator_type: str = "cpu") -> Any:
 
     Raises:
         MissingDependencyError: DeepSpeed is not installed, or older than 0.19.4.
+        StrategyError: the CPU was asked for, but DeepSpeed was imported earlier and chose a GPU.
     """
     if accelerator_type == "cpu":
         os.environ.setdefault("DS_ACCELERATOR", "cpu")  # read once, at DeepSpeed's import
@@ -85,6 +109,15 @@ def import_deepspeed(accelerator_type: str = "cpu") -> Any:
     from trainer.errors import MissingDependencyError
 
     deepspeed = require("deepspeed", extra="deepspeed", feature="DeepSpeedStrategy")
+    if accelerator_type == "cpu":
+        chosen = deepspeed.accelerator.get_accelerator().device_name()
+        if chosen != "cpu":
+            raise StrategyError(
+                f"DeepSpeedStrategy(accelerator='cpu'): DeepSpeed was imported before the strategy "
+                f"set DS_ACCELERATOR=cpu and chose its {chosen!r} accelerator, which it keeps for "
+                "the process. Set DS_ACCELERATOR=cpu before anything imports deepspeed, or train "
+                f"on {chosen!r}."
+            )
     version = tuple(int(p) for p in deepspeed.__version__.split("+")[0].split(".")[:3])
     if version < _MIN_VERSION:
         raise MissingDependencyError(
