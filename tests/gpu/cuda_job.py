@@ -10,16 +10,22 @@
   (``AsyncCheckpointIO``) every 3 steps; the run to step 10, then a run stopped at step 6 and
   resumed from its last checkpoint. Writes OUT/fsdp.json: whether the resumed weights equal the
   uninterrupted ones, the parameter dtype/device seen in the step, and the checkpoints kept.
-- ``deepspeed`` (1 process, NCCL): the same bf16 scenario for DeepSpeed ZeRO-2 and ZeRO-3 with
-  background saves (the engine's state copied off the GPU at the step boundary), plus a
-  synchronous run to step 10 for each stage. Writes OUT/deepspeed.json: per stage, whether the
-  background run ends equal to the synchronous one and the resumed run to the uninterrupted one.
+- ``deepspeed`` (1 process, NCCL): the same scenario for DeepSpeed ZeRO-2 and ZeRO-3 in bf16 and
+  ZeRO-2 in fp16 (DeepSpeed's own loss scaling) with background saves (the engine's state copied
+  off the GPU at the step boundary), plus a synchronous run to step 10 for each. Writes
+  OUT/deepspeed.json: per run kind, whether the background run ends equal to the synchronous one
+  and the resumed run to the uninterrupted one.
+- ``megatron`` (1 process, NCCL, tensor-parallel size 1): the same scenario for MegatronStrategy
+  (ColumnParallelLinear / RowParallelLinear, the CUDA RNG tracker) in bf16. Writes
+  OUT/megatron.json.
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -143,37 +149,72 @@ def fsdp_run(out: Path) -> None:
 
 def deepspeed_run(out: Path) -> None:
     def fit_to(
-        stage: int, max_steps: int, root: Path, is_async: bool = True, ckpt_path: str | None = None
+        stage: int,
+        precision: str,
+        max_steps: int,
+        root: Path,
+        is_async: bool = True,
+        ckpt_path: str | None = None,
     ) -> dict[str, torch.Tensor]:
         torch.manual_seed(0)
         module = ShardedNet()
         checkpoints = ModelCheckpoint(dirpath=root, every_n_train_steps=3, save_top_k=-1)
         fit = quiet(
-            strategy=DeepSpeedStrategy(stage=stage, accelerator="cuda"), precision="bf16-mixed",
+            strategy=DeepSpeedStrategy(stage=stage, accelerator="cuda"), precision=precision,
             max_steps=max_steps, max_epochs=10, enable_checkpointing=True, callbacks=[checkpoints],
             plugins=[AsyncCheckpointIO()] if is_async else None, default_root_dir=str(root),
         )  # fmt: skip
         fit.fit(module, DataLoader(regression(64), batch_size=4, shuffle=True), ckpt_path=ckpt_path)
-        stage_facts.update(module.seen)
+        run_facts.update(module.seen)
         state = fit.strategy.module_state_dict(module, full=True)  # ZeRO-3: a collective
         return {k: v.detach().float().cpu().clone() for k, v in state.items()}
 
     facts: dict[str, object] = {}
-    for stage in (2, 3):
-        stage_facts: dict[str, object] = {}
-        base = out / f"zero{stage}"
-        sync = fit_to(stage, 10, base / "sync", is_async=False)
-        full = fit_to(stage, 10, base / "full")
-        fit_to(stage, 6, base / "part")
-        stage_facts["kept"] = sorted(p.name for p in (base / "part").iterdir())
-        resumed = fit_to(
-            stage, 10, base / "resumed", ckpt_path=str(base / "part" / "epoch=0-step=6")
-        )
-        stage_facts["async_equals_sync"] = all(torch.equal(sync[k], full[k]) for k in sync)
-        stage_facts["resume_equal"] = all(torch.equal(full[k], resumed[k]) for k in full)
-        stage_facts["max_diff"] = max(float((full[k] - resumed[k]).abs().max()) for k in full)
-        facts[f"zero{stage}"] = stage_facts
+    for stage, precision in ((2, "bf16-mixed"), (3, "bf16-mixed"), (2, "16-mixed")):
+        run_facts: dict[str, object] = {}
+        name = f"zero{stage}" + ("-fp16" if precision == "16-mixed" else "")
+        facts[name] = run_facts
+        compare_runs(functools.partial(fit_to, stage, precision), out / name, run_facts)
     (out / "deepspeed.json").write_text(json.dumps(facts))
+
+
+def compare_runs(fit_to: Callable[..., dict[str, torch.Tensor]], base: Path, facts: dict) -> None:
+    """Synchronous and background runs to step 10; one stopped at 6 and resumed from its save."""
+    sync = fit_to(10, base / "sync", is_async=False)
+    full = fit_to(10, base / "full")
+    fit_to(6, base / "part")
+    facts["kept"] = sorted(p.name for p in (base / "part").iterdir())
+    resumed = fit_to(10, base / "resumed", ckpt_path=str(base / "part" / "epoch=0-step=6"))
+    facts["finite"] = all(bool(torch.isfinite(v).all()) for v in full.values())
+    facts["async_equals_sync"] = all(torch.equal(sync[k], full[k]) for k in sync)
+    facts["resume_equal"] = all(torch.equal(full[k], resumed[k]) for k in full)
+    facts["max_diff"] = max(float((full[k] - resumed[k]).abs().max()) for k in full)
+
+
+def megatron_run(out: Path) -> None:
+    from tests.distributed.megatron_worker import MegatronNet
+    from trainer.strategies import MegatronStrategy
+
+    def fit_to(
+        max_steps: int, root: Path, is_async: bool = True, ckpt_path: str | None = None
+    ) -> dict[str, torch.Tensor]:
+        torch.manual_seed(0)
+        module = MegatronNet()
+        checkpoints = ModelCheckpoint(dirpath=root, every_n_train_steps=3, save_top_k=-1)
+        fit = quiet(
+            strategy=MegatronStrategy("cuda", tensor_model_parallel_size=1),
+            precision="bf16-mixed", max_steps=max_steps, max_epochs=10,
+            enable_checkpointing=True, callbacks=[checkpoints],
+            plugins=[AsyncCheckpointIO()] if is_async else None, default_root_dir=str(root),
+        )  # fmt: skip
+        fit.fit(module, DataLoader(regression(64), batch_size=4, shuffle=True), ckpt_path=ckpt_path)
+        facts["param_device"] = next(module.parameters()).device.type
+        state = fit.strategy.module_state_dict(module, full=True)
+        return {k: v.detach().float().cpu().clone() for k, v in state.items()}
+
+    facts: dict[str, object] = {}
+    compare_runs(fit_to, out / "megatron", facts)
+    (out / "megatron.json").write_text(json.dumps(facts))
 
 
 def main(mode: str, out: str) -> None:
@@ -184,6 +225,8 @@ def main(mode: str, out: str) -> None:
         fsdp_run(folder)
     elif mode == "deepspeed":
         deepspeed_run(folder)
+    elif mode == "megatron":
+        megatron_run(folder)
     else:
         raise SystemExit(f"unknown mode {mode!r}")
 

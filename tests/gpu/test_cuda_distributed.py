@@ -71,10 +71,25 @@ def test_deepspeed_bf16_on_cuda_background_saves_equal_synchronous_and_resume_ex
     result = torchrun(JOB, "deepspeed", str(tmp_path), nprocs=1, timeout=400)
     assert result.returncode == 0, output_tail(result)
     facts = json.loads((tmp_path / "deepspeed.json").read_text())
-    for stage in ("zero2", "zero3"):
-        seen = facts[stage]
+    for run, dtype in (("zero2", "bfloat16"), ("zero3", "bfloat16"), ("zero2-fp16", "float16")):
+        seen = facts[run]
         assert seen["input_device"] == "cuda", seen
-        assert seen["activation_dtype"] == "torch.bfloat16", seen
-        assert seen["kept"] == ["epoch=0-step=3", "epoch=0-step=6"], seen
-        assert seen["async_equals_sync"], seen
-        assert seen["resume_equal"], seen
+        assert seen["activation_dtype"] == f"torch.{dtype}", seen
+        assert_same_training(seen)
+
+
+def assert_same_training(seen: dict) -> None:
+    assert seen["kept"] == ["epoch=0-step=3", "epoch=0-step=6"], seen
+    assert seen["finite"], seen
+    assert seen["async_equals_sync"], seen
+    assert seen["resume_equal"], seen
+
+
+def test_megatron_bf16_on_cuda_background_saves_equal_synchronous_and_resume_exactly(tmp_path):
+    if importlib.util.find_spec("megatron") is None:
+        pytest.skip("megatron-core is not installed")
+    result = torchrun(JOB, "megatron", str(tmp_path), nprocs=1, timeout=400)
+    assert result.returncode == 0, output_tail(result)
+    seen = json.loads((tmp_path / "megatron.json").read_text())
+    assert seen["param_device"] == "cuda", seen
+    assert_same_training(seen)

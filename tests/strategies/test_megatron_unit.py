@@ -113,3 +113,36 @@ def test_docs_page_example_runs_in_one_process_and_prints_what_the_page_shows(pa
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
     assert blocks[0].expected_output is not None
     assert _matches(result.stdout, blocks[0].expected_output), result.stdout
+
+
+@has_megatron
+def test_mixed_precision_on_the_cpu_is_refused_before_any_process_group(tmp_path):
+    # Before: the first backward failed inside megatron-core ("expected m1 and m2 to have the
+    # same dtype"): its layers' backward runs outside CPU autocast.
+    code = textwrap.dedent(
+        """
+        import torch
+        import trainer
+        from trainer.errors import ConfigurationError
+        from trainer.strategies import MegatronStrategy
+        from tests.distributed.megatron_worker import MegatronNet, loader
+
+        try:  # refused when the Trainer is built (its Accelerator sets the strategy up)
+            fit = trainer.Trainer(
+                strategy=MegatronStrategy("cpu", tensor_model_parallel_size=1),
+                precision="bf16-mixed", max_steps=2, logger=False, enable_checkpointing=False,
+                enable_progress_bar=False, enable_model_summary=False,
+            )
+            fit.fit(MegatronNet(), loader())
+        except ConfigurationError as err:
+            import torch.distributed as dist
+            print("refused:", err, "| group started:", dist.is_initialized())
+        """
+    )
+    result = run_python(code, cwd=tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "refused: MegatronStrategy: precision='bf16-mixed' does not run on the CPU" in (
+        result.stdout
+    )
+    assert "precision='bf16-true'" in result.stdout
+    assert "group started: False" in result.stdout

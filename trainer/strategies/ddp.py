@@ -52,6 +52,7 @@ __all__ = [
     "DDPStrategy",
     "bound_collective_timeout",
     "hold_no_group_in_default_arguments",
+    "on_backend_device",
 ]
 
 _JOIN_COUNT = itertools.count()
@@ -273,9 +274,7 @@ class DDPStrategy(Strategy):
         Host tensors (a shuffle seed, a metric computed on the CPU) go through this process's
         GPU and come back to the host; gloo sends host and CUDA tensors as they are.
         """
-        if tensor.device.type == "cpu" and dist.get_backend() == "nccl":
-            return tensor.to(self.root_device)
-        return tensor
+        return on_backend_device(tensor, self.root_device)
 
     def all_reduce(self, tensor: torch.Tensor, op: ReduceOp = "mean") -> torch.Tensor:
         if op not in REDUCE_OPS:
@@ -429,3 +428,10 @@ def release_ended_groups() -> None:
     """Free the ended groups once no DDP wrapper built here is alive."""
     if _ENDED_GROUPS and not len(_LIVE_WRAPPERS):
         _ENDED_GROUPS.clear()
+
+
+def on_backend_device(tensor: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """A host tensor moved to ``device`` when the default group is NCCL's (CUDA tensors only)."""
+    if tensor.device.type == "cpu" and dist.get_backend() == "nccl":
+        return tensor.to(device)
+    return tensor

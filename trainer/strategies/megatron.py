@@ -51,6 +51,7 @@ from trainer.strategies.megatron_parallel import (
     build_device_mesh,
     check_divides,
     check_features,
+    check_precision,
     clip_grad_norm_model_parallel,
     import_parallel_state,
     initialize_parallel_state,
@@ -227,6 +228,7 @@ class MegatronStrategy(DDPStrategy):
     # ---- setup -------------------------------------------------------------------------
     def setup_environment(self) -> None:
         """Process group, then megatron's groups (before ``configure_model``), then the mesh."""
+        check_precision(self.precision.name, self.accelerator_type)
         self._start_or_join_process_group()
         check_divides(
             self.world_size,
@@ -355,11 +357,13 @@ class MegatronStrategy(DDPStrategy):
     # ---- collectives -------------------------------------------------------------------
     def all_reduce(self, tensor: torch.Tensor, op: ReduceOp = "mean") -> torch.Tensor:
         """Sum/mean over data-parallel ranks (model-parallel peers hold copies); max/min over all."""
-        return all_reduce_data_parallel(tensor, op, self._parallel_state.get_data_parallel_group())
+        group = self._parallel_state.get_data_parallel_group()
+        return all_reduce_data_parallel(tensor, op, group, self.root_device)
 
     def all_gather(self, tensor: torch.Tensor) -> torch.Tensor:
         """One row per data-parallel rank: each sample once, not once per model-parallel peer."""
-        return all_gather_data_parallel(tensor, self._parallel_state.get_data_parallel_group())
+        group = self._parallel_state.get_data_parallel_group()
+        return all_gather_data_parallel(tensor, group, self.root_device)
 
     # ---- state -------------------------------------------------------------------------
     def module_state_dict(self, module: torch.nn.Module, full: bool = True) -> dict[str, Any]:

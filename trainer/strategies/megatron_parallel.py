@@ -34,6 +34,7 @@ __all__ = [
     "build_device_mesh",
     "check_divides",
     "check_features",
+    "check_precision",
     "clip_grad_norm_model_parallel",
     "import_parallel_state",
     "initialize_parallel_state",
@@ -87,6 +88,24 @@ def check_divides(world_size: int, *, tensor: int, pipeline: int) -> None:
             f"pipeline_model_parallel_size={pipeline}): their product "
             f"{model_parallel} does not divide the {world_size} processes of this job. "
             f"Launch a multiple of {model_parallel} processes or choose smaller sizes."
+        )
+
+
+def check_precision(precision_name: str, accelerator_type: str) -> None:
+    """Mixed precisions need a GPU under megatron-core's tensor-parallel layers.
+
+    Their backward passes are registered for CUDA's autocast only, so on the CPU the first
+    backward would meet a bf16 gradient and a float32 weight deep inside megatron-core.
+
+    Raises:
+        ConfigurationError: a mixed precision on the CPU, naming the precisions that work there.
+    """
+    if accelerator_type == "cpu" and precision_name.endswith("-mixed"):
+        raise ConfigurationError(
+            f"MegatronStrategy: precision={precision_name!r} does not run on the CPU: "
+            "megatron-core's tensor-parallel layers run their backward outside CPU autocast, so "
+            "bf16 gradients would meet float32 weights. Use precision='bf16-true' or '32-true' "
+            f"on the CPU; {precision_name!r} runs on a GPU."
         )
 
 

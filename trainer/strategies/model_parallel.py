@@ -34,7 +34,7 @@ import torch.distributed as dist
 from trainer.errors import ConfigurationError, StrategyError, describe
 from trainer.precision import Precision
 from trainer.runtime.state import DistributedType
-from trainer.strategies.ddp import REDUCE_OPS
+from trainer.strategies.ddp import REDUCE_OPS, on_backend_device
 from trainer.strategies.environment import ClusterEnvironment
 from trainer.strategies.fsdp import FSDPStrategy
 from trainer.strategies.strategy import ReduceOp
@@ -260,10 +260,12 @@ class ModelParallelStrategy(FSDPStrategy):
 
     # ---- collectives -------------------------------------------------------------------
     def all_reduce(self, tensor: torch.Tensor, op: ReduceOp = "mean") -> torch.Tensor:
-        return all_reduce_data_parallel(tensor, op, self.meshes.data_parallel.get_group())
+        group = self.meshes.data_parallel.get_group()
+        return all_reduce_data_parallel(tensor, op, group, self.root_device)
 
     def all_gather(self, tensor: torch.Tensor) -> torch.Tensor:
-        return all_gather_data_parallel(tensor, self.meshes.data_parallel.get_group())
+        group = self.meshes.data_parallel.get_group()
+        return all_gather_data_parallel(tensor, group, self.root_device)
 
     def __repr__(self) -> str:
         sizes = (
@@ -292,26 +294,34 @@ def _check_op(op: str) -> None:
         raise StrategyError(f"all_reduce(op={op!r}): expected one of {sorted(REDUCE_OPS)}.")
 
 
-def all_reduce_data_parallel(tensor: torch.Tensor, op: str, group: Any) -> torch.Tensor:
+def all_reduce_data_parallel(
+    tensor: torch.Tensor, op: str, group: Any, device: torch.device
+) -> torch.Tensor:
     """ "sum"/"mean" over the data-parallel ``group``; "max"/"min" over every process.
 
     Model-parallel peers hold replicas of a logged value (the loss after the last all-reduce),
     so summing over all processes would count each sample ``tp`` times; data reductions use the
     data-parallel group. "max"/"min" give the same answer either way for replicas, and over
-    every process they make control flags (stop, preempted) agree on all ranks.
+    every process they make control flags (stop, preempted) agree on all ranks. A host tensor
+    goes through ``device`` where the backend is NCCL (it sends CUDA tensors only) and comes back.
     """
     _check_op(op)
     result = tensor.clone() if tensor.is_floating_point() or op != "mean" else tensor.float()
     chosen = None if op in ("max", "min") else group
-    dist.all_reduce(result, op=REDUCE_OPS[op], group=chosen)
+    sent = on_backend_device(result, device)
+    dist.all_reduce(sent, op=REDUCE_OPS[op], group=chosen)
+    result = sent.to(tensor.device)
     return result / dist.get_world_size(group) if op == "mean" else result
 
 
-def all_gather_data_parallel(tensor: torch.Tensor, group: Any) -> torch.Tensor:
+def all_gather_data_parallel(
+    tensor: torch.Tensor, group: Any, device: torch.device
+) -> torch.Tensor:
     """Stack ``tensor`` from each data-parallel rank: shape ``(data_parallel_size, ...)``."""
-    pieces = [torch.empty_like(tensor) for _ in range(dist.get_world_size(group))]
-    dist.all_gather(pieces, tensor.contiguous(), group=group)
-    return torch.stack(pieces)
+    sent = on_backend_device(tensor.contiguous(), device)
+    pieces = [torch.empty_like(sent) for _ in range(dist.get_world_size(group))]
+    dist.all_gather(pieces, sent, group=group)
+    return torch.stack(pieces).to(tensor.device)
 
 
 def clip_grad_norm_over_meshes(
