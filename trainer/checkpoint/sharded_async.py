@@ -24,6 +24,7 @@ from __future__ import annotations
 import concurrent.futures
 import dataclasses
 import shutil
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -43,6 +44,7 @@ __all__ = [
     "broadcast_failure",
     "gather_failures",
     "start_async_sharded_save",
+    "write_and_commit",
 ]
 
 
@@ -141,8 +143,8 @@ class AsyncShardedSave:
         import torch.distributed.checkpoint as dcp
 
         destination = self._destinations[index]
-        error: BaseException | None = None
-        try:
+
+        def write_shards() -> None:
             if index == 0:
                 self._upload.result()
             else:
@@ -151,33 +153,65 @@ class AsyncShardedSave:
                     checkpoint_id=str(destination.staging),
                     process_group=self._group,
                 )
-        except BaseException as err:  # DCP's CheckpointException is a BaseException
-            error = err
-        failures = gather_failures(
-            self._group, self._world_size, _describe(error) if error is not None else None
-        )
-        if failures and error is None:
-            error = CheckpointError(f"another process could not write its shards: {failures[0]}")
-        if self._is_zero:
-            if error is None:
-                try:
-                    commit_staged(
-                        destination.final, destination.staging, DCP_DIR, self._rest,
-                        world_size=self._world_size,
-                    )  # fmt: skip
-                except BaseException as err:
-                    error = err
-            else:
-                shutil.rmtree(destination.staging, ignore_errors=True)
-        committed = broadcast_failure(
-            self._group, self._world_size, _describe(error) if error is not None else None
-        )
-        if error is None and committed is not None:
-            error = CheckpointError(f"process 0 could not commit it: {committed}")
-        if isinstance(error, KeyboardInterrupt | SystemExit):
-            raise error
-        if error is not None:
-            raise CheckpointError(_describe(error)) from error
+
+        def commit() -> None:
+            commit_staged(
+                destination.final, destination.staging, DCP_DIR, self._rest,
+                world_size=self._world_size,
+            )  # fmt: skip
+
+        write_and_commit(
+            self._group, self._world_size, self._is_zero, write=write_shards, commit=commit,
+            staging=destination.staging, what="shards",
+        )  # fmt: skip
+
+
+def write_and_commit(
+    group: Any,
+    world_size: int,
+    is_zero: bool,
+    *,
+    write: Callable[[], None],
+    commit: Callable[[], None],
+    staging: Path,
+    what: str,
+) -> None:
+    """A background sharded write on every process: write, agree, process 0 commits, agree.
+
+    Each process runs ``write`` (its own files into ``staging``); the processes all-gather how
+    it went on ``group`` (the checkpoint group, never training's); process 0 then runs
+    ``commit`` (``is_zero``: this is process 0) if every process wrote, or removes ``staging`` if any failed; last, every
+    process learns whether the commit happened.
+
+    Raises:
+        CheckpointError: on every process, when any process's ``what`` (its files) or process
+            0's commit failed, with each cause (the caller names the checkpoint).
+    """
+    error: BaseException | None = None
+    try:
+        write()
+    except BaseException as err:  # DCP's CheckpointException is a BaseException
+        error = err
+    failures = gather_failures(group, world_size, _describe(error) if error is not None else None)
+    if failures and error is None:
+        error = CheckpointError(f"another process could not write its {what}: {failures[0]}")
+    if is_zero:
+        if error is None:
+            try:
+                commit()
+            except BaseException as err:
+                error = err
+        else:
+            shutil.rmtree(staging, ignore_errors=True)
+    committed = broadcast_failure(
+        group, world_size, _describe(error) if error is not None else None
+    )
+    if error is None and committed is not None:
+        error = CheckpointError(f"process 0 could not commit it: {committed}")
+    if isinstance(error, KeyboardInterrupt | SystemExit):
+        raise error
+    if error is not None:
+        raise CheckpointError(_describe(error)) from error
 
 
 def gather_failures(group: Any, world_size: int, failure: str | None) -> list[str]:

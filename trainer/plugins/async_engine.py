@@ -24,15 +24,14 @@ from __future__ import annotations
 import copy
 import functools
 import os
-import shutil
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
 
-from trainer.checkpoint.sharded_async import broadcast_failure, gather_failures
-from trainer.errors import CheckpointError, TrainerError
+from trainer.checkpoint.sharded_async import write_and_commit
+from trainer.errors import CheckpointError
 
 if TYPE_CHECKING:
     from torch.distributed import ProcessGroup
@@ -144,33 +143,11 @@ class EngineWriter:
                 failed, with each cause (the caller names the checkpoint).
         """
         final, staging = self._destinations[index]
-        error: BaseException | None = None
-        try:
-            write_engine_files(self._staged, staging, is_first=index == 0)
-        except BaseException as err:  # kept until every process has said how it went
-            error = err
-        failures = gather_failures(
-            self._group, self._world_size, _describe(error) if error is not None else None
-        )
-        if failures and error is None:
-            error = CheckpointError(f"another process could not write its files: {failures[0]}")
-        if self._is_zero:
-            if error is None:
-                try:
-                    self._commit(final, staging)
-                except BaseException as err:
-                    error = err
-            else:
-                shutil.rmtree(staging, ignore_errors=True)
-        committed = broadcast_failure(
-            self._group, self._world_size, _describe(error) if error is not None else None
-        )
-        if error is None and committed is not None:
-            error = CheckpointError(f"process 0 could not commit it: {committed}")
-        if isinstance(error, KeyboardInterrupt | SystemExit):
-            raise error
-        if error is not None:
-            raise CheckpointError(_describe(error)) from error
+        write_and_commit(
+            self._group, self._world_size, self._is_zero,
+            write=lambda: write_engine_files(self._staged, staging, is_first=index == 0),
+            commit=lambda: self._commit(final, staging), staging=staging, what="files",
+        )  # fmt: skip
 
     def _commit(self, final: Path, staging: Path) -> None:
         """On process 0, once every process wrote its files: the checkpoint, atomically."""
@@ -214,10 +191,3 @@ def _fsync(path: Path) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
-
-
-def _describe(error: BaseException) -> str:
-    """One line for ``error``: ours already says what and where; others get their type."""
-    if isinstance(error, TrainerError):
-        return str(error)
-    return f"{type(error).__name__}: {error}"
