@@ -28,6 +28,7 @@ from trainer.accelerator.optimizer import (
     warn_on_eps_below_dtype,
 )
 from trainer.accelerator.process_api import ProcessAPI
+from trainer.accelerator.tracker_api import TrackerAPI
 from trainer.data.loader import DataLoaderShard, skip_first_batches
 from trainer.data.prepare import prepare_loader_shard
 from trainer.errors import ConfigurationError
@@ -58,7 +59,7 @@ _SCHEDULER_TYPES: tuple[type, ...] = (
 )
 
 
-class Accelerator(ProcessAPI, CheckpointAPI):
+class Accelerator(ProcessAPI, CheckpointAPI, TrackerAPI):
     """Runs a hand-written training loop on any strategy and precision.
 
     Args:
@@ -420,54 +421,7 @@ class Accelerator(ProcessAPI, CheckpointAPI):
         """A loader that resumes ``dataloader`` at batch ``num_batches``."""
         return skip_first_batches(dataloader, num_batches)
 
-    # ---- trackers -----------------------------------------------------------------------
-    def init_trackers(
-        self,
-        project_name: str,
-        config: dict[str, Any] | None = None,
-        init_kwargs: dict[str, dict[str, Any]] | None = None,
-    ) -> None:
-        """Start the trackers named in ``log_with`` for ``project_name`` (main process only)."""
-        from trainer.loggers.registry import build_trackers
-
-        if not self.is_main_process:
-            return
-        self.trackers = build_trackers(
-            self.log_with,
-            project_name=project_name,
-            logging_dir=self.logging_dir,
-            init_kwargs=init_kwargs or {},
-        )
-        if config is not None:
-            for tracker in self.trackers:
-                tracker.log_hyperparams(dict(config))
-
-    def log(
-        self,
-        values: dict[str, Any],
-        step: int | None = None,
-        log_kwargs: dict[str, Any] | None = None,
-    ) -> None:
-        """Send ``values`` to every tracker (main process only); tensors are read here."""
-        if not self.is_main_process or not self.trackers:
-            return
-        metrics = {k: (float(v) if isinstance(v, torch.Tensor) else v) for k, v in values.items()}
-        for tracker in self.trackers:
-            tracker.log_metrics(metrics, step)  # None: one past the tracker's last step
-
-    def get_tracker(self, name: str, unwrap: bool = False) -> Any:
-        """The tracker whose ``name`` (e.g. "csv") matches; its backend object if ``unwrap``."""
-        for tracker in self.trackers:
-            if getattr(tracker, "tracker_name", None) == name or type(
-                tracker
-            ).__name__.lower().startswith(name.lower()):
-                return tracker.experiment if unwrap else tracker
-        raise ConfigurationError(
-            f"get_tracker({name!r}): no such tracker was started; started: "
-            f"{[type(t).__name__ for t in self.trackers]}. Pass it in Accelerator(log_with=...) "
-            "and call init_trackers first."
-        )
-
+    # ---- trackers (init_trackers, log, get_tracker: TrackerAPI) ---------------------------
     def end_training(self) -> None:
         """Finish every tracker's run, then end the process group (after a barrier).
 
