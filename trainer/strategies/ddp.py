@@ -18,7 +18,10 @@ process) lowers every group's timeout to `FAILURE_TIMEOUT`, so a collective in a
 
 Ending the group only frees it if nothing else holds it: `hold_no_group_in_default_arguments`
 runs before every group this package starts, because ``torch.distributed.nn.functional`` (which
-DDP imports lazily) would otherwise bind the first group into default arguments for ever.
+DDP imports lazily) would otherwise bind the first group into default arguments for ever; a
+strategy refers to the group it started only weakly (a Trainer kept after ``fit`` keeps its
+strategy); and what holds a group beyond Python's collector (DeepSpeed's engines) registers with
+`release_with_groups` to let go of it before the group ends.
 """
 
 from __future__ import annotations
@@ -53,6 +56,7 @@ __all__ = [
     "bound_collective_timeout",
     "hold_no_group_in_default_arguments",
     "on_backend_device",
+    "release_with_groups",
 ]
 
 _JOIN_COUNT = itertools.count()
@@ -126,7 +130,9 @@ class DDPStrategy(Strategy):
         self.environment = environment or detect_environment()
         self._wrapped: list[DistributedDataParallel] = []
         self._dropped: list[weakref.ref[DistributedDataParallel]] = []
-        self._own_group: Any = None  # the default group, when this strategy started it
+        # The default group, when this strategy started it; weak, so that a strategy that outlives
+        # its run (its Trainer kept, or reachable from an engine) does not keep an ended group alive.
+        self._own_group: weakref.ref[Any] | None = None
 
     # ---- facts -------------------------------------------------------------------------
     @property
@@ -231,7 +237,7 @@ class DDPStrategy(Strategy):
 
     def _adopt_process_group(self) -> None:
         """Record that this strategy started the group (it ends it); forget cached facts."""
-        self._own_group = dist.group.WORLD
+        self._own_group = weakref.ref(dist.group.WORLD)
         register_exit_fallback()
         PartialState.reset_state()
 
@@ -324,12 +330,14 @@ class DDPStrategy(Strategy):
         A dropped DDP wrapper still alive in a reference cycle holds the group's pending work:
         it is collected first, only when one is (a collection costs ~0.1-1 s with big imports).
         """
-        if not dist.is_initialized() or dist.group.WORLD is not self._own_group:
+        own_group = self._own_group() if self._own_group is not None else None
+        if not dist.is_initialized() or dist.group.WORLD is not own_group:
             return  # not started here (a user's group, another Trainer's), or already ended
         if any(ref() is not None for ref in self._dropped):
             gc.collect()
         self._dropped = []
         dist.barrier()
+        release_group_holders()
         destroy_default_group()
         self._own_group = None
         PartialState.reset_state()
@@ -388,7 +396,10 @@ def register_exit_fallback() -> None:
 
 
 def _destroy_process_group_at_exit() -> None:
-    """The fallback: collect dead wrappers first, then end the group (the order avoids an abort)."""
+    """The fallback: release the groups' holders, collect dead wrappers and engines, then end the
+    groups (the order avoids an abort: the groups are freed, their threads joined, before
+    the interpreter shuts down)."""
+    release_group_holders()
     # Always collect, also after a clean end: a group ended earlier may still be referenced from
     # a cycle (a background save's futures, say); freed later, during interpreter shutdown, its
     # gloo threads abort the process ("terminate called without an active exception": skipping
@@ -412,6 +423,28 @@ def _destroy_process_group_at_exit() -> None:
 # object, whose release lets go of the GIL while the threads are joined.
 _LIVE_WRAPPERS: weakref.WeakSet[DistributedDataParallel] = weakref.WeakSet()
 _ENDED_GROUPS: list[Any] = []
+
+
+# What must let go of the process groups before this package ends them (`release_with_groups`).
+_GROUP_HOLDERS: list[Callable[[], None]] = []
+
+
+def release_with_groups(release: Callable[[], None]) -> None:
+    """Have ``release`` run each time this package ends the process groups, before it does.
+
+    For what holds a group beyond Python's collector (DeepSpeed's engines, in reference cycles
+    through autograd's C++ nodes): a group still held when it ends is not freed, and its gloo
+    threads live on into interpreter shutdown, where one that frees a just-finished
+    collective's tensors aborts the process. Registering the same function again is a no-op.
+    """
+    if release not in _GROUP_HOLDERS:
+        _GROUP_HOLDERS.append(release)
+
+
+def release_group_holders() -> None:
+    """Run every `release_with_groups` function (the groups are about to end)."""
+    for release in _GROUP_HOLDERS:
+        release()
 
 
 def destroy_default_group() -> None:
