@@ -64,3 +64,20 @@ def test_refused_deepspeed_restores_then_a_fit_or_the_end_exit_cleanly(tmp_path,
             assert facts[rank]["after_end_steps"] == 2
         at_exit = json.loads((tmp_path / f"rank{rank}_exit.json").read_text())
         assert at_exit["gloo_threads"] == []  # the groups were freed before Python shut down
+
+
+@pytest.mark.parametrize("name", ["fsdp", "ddp"])
+def test_refused_restores_then_the_end_leave_no_group_running_at_exit(tmp_path, name):
+    # FSDP: its DeviceMesh kept the world group in a registry of its own, reachable from DTensor's
+    # caches, so the group outlived the exit fallback (3 gloo threads at exit; 1 abort in 30).
+    script = ROOT / "tests/distributed/failed_restore_worker.py"
+    result = torchrun(script, str(tmp_path), name, "2", "exit", timeout=300)
+    output = result.stdout + result.stderr
+    assert result.returncode == 0, output[-4000:]
+    assert "terminate called" not in output
+    facts = [json.loads((tmp_path / f"rank{rank}.json").read_text()) for rank in range(2)]
+    assert facts[0]["refusals"] == facts[1]["refusals"]
+    assert all(error is not None for _, error in facts[0]["refusals"]), facts[0]
+    for rank in range(2):
+        at_exit = json.loads((tmp_path / f"rank{rank}_exit.json").read_text())
+        assert at_exit["gloo_threads"] == [], at_exit

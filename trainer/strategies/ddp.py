@@ -56,6 +56,7 @@ __all__ = [
     "bound_collective_timeout",
     "hold_no_group_in_default_arguments",
     "on_backend_device",
+    "release_mesh_with_groups",
     "release_with_groups",
 ]
 
@@ -427,6 +428,7 @@ _ENDED_GROUPS: list[Any] = []
 
 # What must let go of the process groups before this package ends them (`release_with_groups`).
 _GROUP_HOLDERS: list[Callable[[], None]] = []
+_MESHES: weakref.WeakSet[Any] = weakref.WeakSet()  # meshes whose groups `_release_meshes` drops
 
 
 def release_with_groups(release: Callable[[], None]) -> None:
@@ -439,6 +441,26 @@ def release_with_groups(release: Callable[[], None]) -> None:
     """
     if release not in _GROUP_HOLDERS:
         _GROUP_HOLDERS.append(release)
+
+
+def release_mesh_with_groups(mesh: Any) -> Any:
+    """``mesh`` (a DeviceMesh), made to let go of its process groups when this package ends them.
+
+    A mesh keeps its groups in a registry of its own and is itself kept by DTensor's sharding
+    caches, so without this its groups outlive ``destroy_process_group`` (`release_with_groups`
+    says what that costs). Returns ``mesh``.
+    """
+    _MESHES.add(mesh)
+    release_with_groups(_release_meshes)
+    return mesh
+
+
+def _release_meshes() -> None:
+    for mesh in list(_MESHES):
+        registry = getattr(mesh, "_pg_registry", None)  # torch's name -> ProcessGroup map
+        if isinstance(registry, dict):
+            registry.clear()
+    _MESHES.clear()
 
 
 def release_group_holders() -> None:

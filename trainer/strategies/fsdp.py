@@ -29,7 +29,7 @@ from trainer.checkpoint.sharded import (
 from trainer.errors import ConfigurationError
 from trainer.precision import Precision
 from trainer.runtime.state import DistributedType
-from trainer.strategies.ddp import DDPStrategy
+from trainer.strategies.ddp import DDPStrategy, release_mesh_with_groups
 from trainer.strategies.environment import ClusterEnvironment
 from trainer.strategies.fsdp_config import parse_fsdp_config
 
@@ -137,7 +137,9 @@ class FSDPStrategy(DDPStrategy):
         super().setup_environment()
         from torch.distributed.device_mesh import init_device_mesh
 
-        self._mesh = init_device_mesh(self.root_device.type, (self.world_size,))
+        self._mesh = release_mesh_with_groups(
+            init_device_mesh(self.root_device.type, (self.world_size,))
+        )
 
     def module_init_context(self) -> contextlib.AbstractContextManager[Any]:
         if self.cpu_ram_efficient_loading and self.global_rank != 0:

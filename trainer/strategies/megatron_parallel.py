@@ -25,6 +25,7 @@ import torch
 import torch.distributed as dist
 
 from trainer.errors import ConfigurationError, StrategyError
+from trainer.strategies.ddp import release_mesh_with_groups, release_with_groups
 from trainer.strategies.model_parallel import DATA_PARALLEL, TENSOR_PARALLEL
 
 __all__ = [
@@ -163,11 +164,14 @@ def build_device_mesh(
 
     key = (device_type, *shape)
     if key not in _MESHES:
-        _MESHES[key] = init_device_mesh(
-            device_type,
-            shape,
-            mesh_dim_names=(PIPELINE_PARALLEL, DATA_PARALLEL, TENSOR_PARALLEL),
+        _MESHES[key] = release_mesh_with_groups(
+            init_device_mesh(
+                device_type,
+                shape,
+                mesh_dim_names=(PIPELINE_PARALLEL, DATA_PARALLEL, TENSOR_PARALLEL),
+            )
         )
+        release_with_groups(_MESHES.clear)  # a later group gets a mesh of its own
     mesh = _MESHES[key]
     coordinates = tuple(mesh.get_local_rank(name) for name in mesh.mesh_dim_names)
     expected = (

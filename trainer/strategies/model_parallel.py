@@ -34,7 +34,7 @@ import torch.distributed as dist
 from trainer.errors import ConfigurationError, StrategyError, describe
 from trainer.precision import Precision
 from trainer.runtime.state import DistributedType
-from trainer.strategies.ddp import REDUCE_OPS, on_backend_device
+from trainer.strategies.ddp import REDUCE_OPS, on_backend_device, release_mesh_with_groups
 from trainer.strategies.environment import ClusterEnvironment
 from trainer.strategies.fsdp import FSDPStrategy
 from trainer.strategies.strategy import ReduceOp
@@ -203,8 +203,10 @@ class ModelParallelStrategy(FSDPStrategy):
         from torch.distributed.device_mesh import init_device_mesh
 
         dp, tp = self._resolve_sizes()
-        mesh = init_device_mesh(
-            self.root_device.type, (dp, tp), mesh_dim_names=(DATA_PARALLEL, TENSOR_PARALLEL)
+        mesh = release_mesh_with_groups(
+            init_device_mesh(
+                self.root_device.type, (dp, tp), mesh_dim_names=(DATA_PARALLEL, TENSOR_PARALLEL)
+            )
         )
         # A flattened (dp, tp) view lets DTensor reduce a norm over both dims in one collective
         # (torchtitan does the same); without it torch warns and runs two.
