@@ -60,10 +60,10 @@ from trainer.strategies.deepspeed_engine import (
     DeepSpeedModel,
     check_installed,
     import_deepspeed,
+    initialize_engine,
     is_partitioned,
     set_clipping,
 )
-from trainer.strategies.deepspeed_lifetime import build_engine
 from trainer.strategies.environment import ClusterEnvironment
 
 # ENGINE_DIR, DeepSpeedModel and load_engine_weights are re-exported: this was their module before
@@ -274,7 +274,7 @@ class DeepSpeedStrategy(DDPStrategy):
                 "groups can hold different learning rates)."
             )
         wrapper = self._owner(optimizer)
-        engine, engine_optimizer = build_engine(
+        engine, engine_optimizer = initialize_engine(
             wrapper.module, optimizer, self.engine_config(), self.accelerator_type
         )
         wrapper.__dict__["engine"] = engine

@@ -19,6 +19,7 @@ import torch
 
 from trainer.errors import StrategyError
 from trainer.precision.precision import cast_floating
+from trainer.strategies.deepspeed_lifetime import track_engine
 
 __all__ = [
     "DeepSpeedModel",
@@ -141,6 +142,9 @@ def initialize_engine(
 ) -> tuple[Any, Any]:
     """``deepspeed.initialize`` on one model and its optimizer: (the engine, its optimizer).
 
+    The engine is recorded (`trainer.strategies.deepspeed_lifetime.track_engine`) so that it is
+    destroyed before the process group it runs on ends.
+
     Raises:
         StrategyError: DeepSpeed refused the config (the message shows the config it got).
     """
@@ -154,6 +158,7 @@ def initialize_engine(
             f"deepspeed.initialize refused the config {json.dumps(config, default=str)}: "
             f"{err}. Fix the DeepSpeedStrategy arguments or its config."
         ) from err
+    track_engine(engine)
     return engine, engine_optimizer
 
 

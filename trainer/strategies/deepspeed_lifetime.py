@@ -10,7 +10,8 @@ tensors there aborts the process ("terminate called without an active exception"
 at restore shortly before a script ended did that (issue #13): the last thing it does is the
 ranks' all-gather agreeing on the refusal.
 
-What this file owns: recording every engine built here (`build_engine`), and `release_engines`,
+What this file owns: recording every engine built (`track_engine`, called by
+``deepspeed_engine.initialize_engine``), and `release_engines`,
 which runs before this package ends the process groups (``DDPStrategy.end_process_group``, the
 exit fallback): it destroys those engines (``engine.destroy()`` removes the hooks, so the
 collector frees them) and drops DeepSpeed's cached groups, so that the groups are freed, their
@@ -27,35 +28,17 @@ import sys
 import weakref
 from typing import Any
 
-import torch
-
 from trainer.strategies.ddp import release_with_groups
-from trainer.strategies.deepspeed_engine import initialize_engine
 
-__all__ = ["build_engine", "release_engines"]
+__all__ = ["release_engines", "track_engine"]
 
 _ENGINES: weakref.WeakSet[Any] = weakref.WeakSet()  # engines built here, not destroyed yet
 
 
-def build_engine(
-    module: torch.nn.Module,
-    optimizer: torch.optim.Optimizer,
-    config: dict[str, Any],
-    accelerator_type: str,
-) -> tuple[Any, Any]:
-    """`trainer.strategies.deepspeed_engine.initialize_engine`, the engine recorded so that it is
-    destroyed when the process group ends (`release_engines`).
-
-    Returns:
-        The engine and its optimizer.
-
-    Raises:
-        StrategyError: DeepSpeed refused the config.
-    """
-    engine, engine_optimizer = initialize_engine(module, optimizer, config, accelerator_type)
+def track_engine(engine: Any) -> None:
+    """Record ``engine`` so that it is destroyed when the process group ends (`release_engines`)."""
     _ENGINES.add(engine)
     release_with_groups(release_engines)
-    return engine, engine_optimizer
 
 
 def release_engines() -> None:
