@@ -24,6 +24,7 @@ from torch.utils.data import DataLoader
 
 import trainer
 from tests.distributed.ddp_worker import regression
+from tests.distributed.launch import flip_byte
 from trainer import Accelerator
 from trainer.callbacks import Callback
 from trainer.strategies import DeepSpeedStrategy
@@ -251,11 +252,7 @@ def tampered(facts: dict[str, Any], strategy: DeepSpeedStrategy, rank: int, out:
         for index, name in enumerate(flipped):
             copy = os.path.join(out, f"tampered_{index}")
             shutil.copytree(source, copy)
-            with open(os.path.join(copy, name), "r+b") as file:
-                file.seek(-10, os.SEEK_END)
-                byte = file.read(1)
-                file.seek(-1, os.SEEK_CUR)
-                file.write(bytes([byte[0] ^ 0xFF]))
+            flip_byte(os.path.join(copy, name), -10)
     strategy.barrier()
     facts["ds_refusals"] = {}
     for index, name in enumerate(flipped):

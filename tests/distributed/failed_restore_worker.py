@@ -31,6 +31,7 @@ from torch.utils.data import DataLoader
 import trainer
 from tests.distributed.ddp_worker import Net, quiet, regression
 from tests.distributed.exit_worker import gloo_threads
+from tests.distributed.launch import flip_byte
 from trainer.checkpoint.manifest import read_manifest
 
 
@@ -64,11 +65,7 @@ def damaged_copies(good: str, out: str, count: int, rank: int) -> list[tuple[str
         copies.append((copy, name))
         if rank == 0:
             shutil.copytree(good, copy)
-            with open(os.path.join(copy, name), "r+b") as file:
-                file.seek(-10, os.SEEK_END)
-                byte = file.read(1)
-                file.seek(-1, os.SEEK_CUR)
-                file.write(bytes([byte[0] ^ 0xFF]))
+            flip_byte(os.path.join(copy, name), -10)
     return copies
 
 

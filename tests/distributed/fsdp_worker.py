@@ -13,6 +13,7 @@ from torch.utils.data import DataLoader
 
 import trainer
 from tests.distributed.ddp_worker import regression
+from tests.distributed.launch import flip_byte
 from trainer.strategies import FSDPStrategy
 
 
@@ -164,11 +165,7 @@ def tampered_shards_are_refused_on_every_rank(strategy, out: str, rank: int) -> 
     for name in shards:
         path = os.path.join(copy, name)
         if rank == 0:
-            with open(path, "r+b") as file:
-                file.seek(os.path.getsize(path) // 2)
-                byte = file.read(1)
-                file.seek(-1, os.SEEK_CUR)
-                file.write(bytes([byte[0] ^ 0xFF]))
+            flip_byte(path, os.path.getsize(path) // 2)
         strategy.barrier()
         try:
             quiet(fsdp(), max_epochs=2, seed=0).fit(Net(), loader(), ckpt_path=copy)
@@ -177,9 +174,7 @@ def tampered_shards_are_refused_on_every_rank(strategy, out: str, rank: int) -> 
             refusals[name] = str(err)
         strategy.barrier()
         if rank == 0:
-            with open(path, "r+b") as file:
-                file.seek(os.path.getsize(path) // 2)
-                file.write(byte)
+            flip_byte(path, os.path.getsize(path) // 2)  # flipped back: the next shard's turn
         strategy.barrier()
     facts["refusals"] = refusals
     return facts

@@ -59,3 +59,12 @@ def torchrun(
 def output_tail(result: subprocess.CompletedProcess, size: int = 3000) -> str:
     """The end of a job's stdout and stderr, for an assertion message."""
     return result.stdout[-size:] + result.stderr[-size:]
+
+
+def flip_byte(path: str | os.PathLike[str], offset: int) -> None:
+    """Invert the byte of ``path`` at ``offset`` (from the end when negative): a damaged file."""
+    with open(path, "r+b") as file:
+        file.seek(offset, os.SEEK_END if offset < 0 else os.SEEK_SET)
+        byte = file.read(1)
+        file.seek(-1, os.SEEK_CUR)
+        file.write(bytes([byte[0] ^ 0xFF]))
