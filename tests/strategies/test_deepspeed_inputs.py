@@ -72,3 +72,28 @@ def test_float_inputs_reach_the_step_in_the_engines_dtype_and_integers_stay(tmp_
     seen = json.loads(result.stdout.split("SEEN ", 1)[1])
     expected = "torch.bfloat16" if precision == "bf16-mixed" else "torch.float32"
     assert seen == [[expected, "torch.int64"]] * 2
+
+
+def test_the_cpu_is_refused_when_deepspeed_was_imported_for_cuda_first(tmp_path):
+    # DeepSpeed fixes its accelerator at import; found on an H200, where an earlier import chose
+    # CUDA and a DeepSpeedStrategy("cpu") then trained on the GPU. DS_ACCELERATOR=cuda makes that
+    # choice on a CPU machine too.
+    code = textwrap.dedent(
+        """
+        import deepspeed
+        from trainer.errors import StrategyError
+        from trainer.strategies.deepspeed_engine import import_deepspeed
+        try:
+            import_deepspeed("cpu")
+        except StrategyError as err:
+            print("REFUSED", err)
+        """
+    )
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "DS_ACCELERATOR": "cuda"}
+    result = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=180, env=env,
+        cwd=tmp_path,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "REFUSED DeepSpeedStrategy(accelerator='cpu')" in result.stdout, result.stdout
+    assert "chose its 'cuda' accelerator" in result.stdout
