@@ -16,25 +16,19 @@ process) lowers every group's timeout to `FAILURE_TIMEOUT`, so a collective in a
 ``on_exception`` hook that the other ranks never join fails within seconds, not the group's
 30 minutes, and the launcher can stop the job.
 
-Ending the group only frees it if nothing else holds it: `hold_no_group_in_default_arguments`
-runs before every group this package starts, because ``torch.distributed.nn.functional`` (which
-DDP imports lazily) would otherwise bind the first group into default arguments for ever; a
+Ending the group only frees it if nothing else holds it; what keeps the groups from outliving
+the interpreter (and what the exit hook does) is `trainer.strategies.group_lifetime`'s. A
 strategy refers to the group it started only weakly (a Trainer kept after ``fit`` keeps its
-strategy); and what holds a group beyond Python's collector (DeepSpeed's engines) registers with
-`release_with_groups` to let go of it before the group ends.
+strategy).
 """
 
 from __future__ import annotations
 
-import atexit
 import contextlib
-import ctypes
 import datetime as dt
-import functools
 import gc
 import itertools
 import os
-import time
 import weakref
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -47,6 +41,13 @@ from trainer.errors import StrategyError
 from trainer.precision import Precision
 from trainer.runtime.state import DistributedType, PartialState
 from trainer.strategies.environment import ClusterEnvironment, detect_environment
+from trainer.strategies.group_lifetime import (
+    destroy_default_group,
+    hold_no_group_in_default_arguments,
+    register_exit_fallback,
+    release_group_holders,
+    track_wrapper,
+)
 from trainer.strategies.strategy import ReduceOp, Strategy
 
 __all__ = [
@@ -54,10 +55,7 @@ __all__ = [
     "REDUCE_OPS",
     "DDPStrategy",
     "bound_collective_timeout",
-    "hold_no_group_in_default_arguments",
     "on_backend_device",
-    "release_mesh_with_groups",
-    "release_with_groups",
 ]
 
 _JOIN_COUNT = itertools.count()
@@ -252,8 +250,7 @@ class DDPStrategy(Strategy):
         if self.ddp_comm_hook is not None:
             wrapped.register_comm_hook(self.ddp_comm_state, self.ddp_comm_hook)
         self._wrapped.append(wrapped)
-        _LIVE_WRAPPERS.add(wrapped)
-        return wrapped
+        return track_wrapper(wrapped)
 
     @contextlib.contextmanager
     def no_backward_sync(self, module: torch.nn.Module) -> Iterator[None]:
@@ -347,20 +344,6 @@ class DDPStrategy(Strategy):
         return f"DDPStrategy(device={self.root_device}, world_size={self.world_size}, precision={self.precision.name!r})"
 
 
-def hold_no_group_in_default_arguments() -> None:
-    """Import ``torch.distributed.nn.functional`` while no process group exists; call before
-    ``init_process_group``.
-
-    Its functions declare ``group=group.WORLD`` as a default argument, evaluated on import. DDP
-    imports it lazily, after the group exists, so the first group stayed referenced for ever:
-    ``destroy_process_group`` could not free it, its gloo worker threads lived on, and one that
-    released a finished collective's tensors during interpreter shutdown aborted the process
-    ("terminate called without an active exception", issue #13). Imported first, the defaults
-    are None (the current group at call time).
-    """
-    import torch.distributed.nn.functional  # noqa: F401
-
-
 def bound_collective_timeout(timeout: dt.timedelta = FAILURE_TIMEOUT) -> bool:
     """Make every collective of this process wait at most ``timeout`` from now on.
 
@@ -388,101 +371,6 @@ def bound_collective_timeout(timeout: dt.timedelta = FAILURE_TIMEOUT) -> bool:
             except (AttributeError, RuntimeError):  # a backend without a settable timeout
                 continue
     return True
-
-
-@functools.cache
-def register_exit_fallback() -> None:
-    """Once per process: end a group still open at exit (a failed run, no ``end_training``)."""
-    atexit.register(_destroy_process_group_at_exit)
-
-
-def _destroy_process_group_at_exit() -> None:
-    """The fallback: release the groups' holders, collect dead wrappers and engines, then end the
-    groups (the order avoids an abort: the groups are freed, their threads joined, before
-    the interpreter shuts down)."""
-    release_group_holders()
-    # Always collect, also after a clean end: a group ended earlier may still be referenced from
-    # a cycle (a background save's futures, say); freed later, during interpreter shutdown, its
-    # gloo threads abort the process ("terminate called without an active exception": skipping
-    # this collection did that in 1 of ~3 runs of the async FSDP kill tests). 0.1-0.3 s per exit.
-    gc.collect()
-    if dist.is_initialized():
-        destroy_default_group()
-    release_ended_groups()
-    if _ENDED_GROUPS:  # a wrapper outlives the interpreter: never free its group (see below)
-        time.sleep(0.05)  # GIL released: a worker finishing a collective's cleanup gets it now
-        for group in _ENDED_GROUPS:
-            ctypes.pythonapi.Py_IncRef(ctypes.py_object(group))
-
-
-# Every DDP wrapper built here, and the groups ended while one of them was alive. A wrapper's
-# C++ Reducer holds its group; released last by the Reducer, the group's destructor joins the
-# gloo worker threads with the GIL held (pybind frees a Reducer without releasing it). A worker
-# still freeing a finished collective launched during backward needs the GIL for that (torch
-# stashes a Python context in the work's thread-local state), so the process hangs at exit.
-# Kept here, the Reducer's release is not the last one; ours is, through the Python group
-# object, whose release lets go of the GIL while the threads are joined.
-_LIVE_WRAPPERS: weakref.WeakSet[DistributedDataParallel] = weakref.WeakSet()
-_ENDED_GROUPS: list[Any] = []
-
-
-# What must let go of the process groups before this package ends them (`release_with_groups`).
-_GROUP_HOLDERS: list[Callable[[], None]] = []
-_MESHES: weakref.WeakSet[Any] = weakref.WeakSet()  # meshes whose groups `_release_meshes` drops
-
-
-def release_with_groups(release: Callable[[], None]) -> None:
-    """Have ``release`` run each time this package ends the process groups, before it does.
-
-    For what holds a group beyond Python's collector (DeepSpeed's engines, in reference cycles
-    through autograd's C++ nodes): a group still held when it ends is not freed, and its gloo
-    threads live on into interpreter shutdown, where one that frees a just-finished
-    collective's tensors aborts the process. Registering the same function again is a no-op.
-    """
-    if release not in _GROUP_HOLDERS:
-        _GROUP_HOLDERS.append(release)
-
-
-def release_mesh_with_groups(mesh: Any) -> Any:
-    """``mesh`` (a DeviceMesh), made to let go of its process groups when this package ends them.
-
-    A mesh keeps its groups in a registry of its own and is itself kept by DTensor's sharding
-    caches, so without this its groups outlive ``destroy_process_group`` (`release_with_groups`
-    says what that costs). Returns ``mesh``.
-    """
-    _MESHES.add(mesh)
-    release_with_groups(_release_meshes)
-    return mesh
-
-
-def _release_meshes() -> None:
-    for mesh in list(_MESHES):
-        registry = getattr(mesh, "_pg_registry", None)  # torch's name -> ProcessGroup map
-        if isinstance(registry, dict):
-            registry.clear()
-    _MESHES.clear()
-
-
-def release_group_holders() -> None:
-    """Run every `release_with_groups` function (the groups are about to end)."""
-    for release in _GROUP_HOLDERS:
-        release()
-
-
-def destroy_default_group() -> None:
-    """``destroy_process_group()``, keeping the ended groups while a DDP wrapper lives."""
-    release_ended_groups()
-    groups = list(getattr(dist.distributed_c10d._world, "pg_map", {}))  # noqa: SLF001 - as above
-    dist.destroy_process_group()
-    if len(_LIVE_WRAPPERS):
-        _ENDED_GROUPS.extend(groups)
-    # else: ``groups`` holds the last references; they go (GIL released) when this returns
-
-
-def release_ended_groups() -> None:
-    """Free the ended groups once no DDP wrapper built here is alive."""
-    if _ENDED_GROUPS and not len(_LIVE_WRAPPERS):
-        _ENDED_GROUPS.clear()
 
 
 def on_backend_device(tensor: torch.Tensor, device: torch.device) -> torch.Tensor:

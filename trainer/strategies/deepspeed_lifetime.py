@@ -28,7 +28,7 @@ import sys
 import weakref
 from typing import Any
 
-from trainer.strategies.ddp import release_with_groups
+from trainer.strategies.group_lifetime import release_with_groups
 
 __all__ = ["release_engines", "track_engine"]
 

@@ -29,9 +29,10 @@ from trainer.checkpoint.sharded import (
 from trainer.errors import ConfigurationError
 from trainer.precision import Precision
 from trainer.runtime.state import DistributedType
-from trainer.strategies.ddp import DDPStrategy, release_mesh_with_groups
+from trainer.strategies.ddp import DDPStrategy
 from trainer.strategies.environment import ClusterEnvironment
 from trainer.strategies.fsdp_config import parse_fsdp_config
+from trainer.strategies.group_lifetime import release_mesh_with_groups
 
 if TYPE_CHECKING:
     from torch.distributed import ProcessGroup

@@ -25,7 +25,7 @@ import torch
 import torch.distributed as dist
 
 from trainer.errors import ConfigurationError, StrategyError
-from trainer.strategies.ddp import release_mesh_with_groups, release_with_groups
+from trainer.strategies.group_lifetime import release_mesh_with_groups, release_with_groups
 from trainer.strategies.model_parallel import DATA_PARALLEL, TENSOR_PARALLEL
 
 __all__ = [

@@ -34,9 +34,10 @@ import torch.distributed as dist
 from trainer.errors import ConfigurationError, StrategyError, describe
 from trainer.precision import Precision
 from trainer.runtime.state import DistributedType
-from trainer.strategies.ddp import REDUCE_OPS, on_backend_device, release_mesh_with_groups
+from trainer.strategies.ddp import REDUCE_OPS, on_backend_device
 from trainer.strategies.environment import ClusterEnvironment
 from trainer.strategies.fsdp import FSDPStrategy
+from trainer.strategies.group_lifetime import release_mesh_with_groups
 from trainer.strategies.strategy import ReduceOp
 
 __all__ = ["MeshLayout", "ModelParallelStrategy", "ParallelMeshes"]
