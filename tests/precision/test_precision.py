@@ -69,6 +69,73 @@ def test_trainer_dtypes_per_mode(tmp_path, precision, param, inputs, loss):
     assert (probe.param, probe.input, probe.loss) == (param, inputs, loss)
 
 
+class _StepDtypes(LinearModule):
+    """Records torch's default dtype, and the dtype of a tensor the step creates, in each step."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.seen: dict[str, tuple[torch.dtype, torch.dtype]] = {}
+
+    def training_step(self, batch, batch_idx):
+        x, y = batch
+        hidden = self.net(x) + torch.zeros(1)  # the step's own tensor meets the output's dtype
+        self.seen["training_step"] = (torch.get_default_dtype(), hidden.dtype)
+        return torch.nn.functional.mse_loss(hidden, y)
+
+    def validation_step(self, batch, batch_idx):
+        self.seen["validation_step"] = (torch.get_default_dtype(), torch.tensor(0.5).dtype)
+
+    def on_train_epoch_end(self):
+        self.seen["on_train_epoch_end"] = (torch.get_default_dtype(), torch.tensor(0.5).dtype)
+
+
+@pytest.mark.parametrize(
+    ("precision", "dtype"),
+    [
+        ("bf16-true", torch.bfloat16),
+        ("16-true", torch.float16),
+        ("64-true", torch.float64),
+        ("32-true", torch.float32),
+        ("bf16-mixed", torch.float32),
+    ],
+)
+def test_tensors_created_in_a_step_take_a_true_precisions_dtype(tmp_path, precision, dtype):
+    # Lightning's forward_context: under a true precision torch's default dtype is the mode's
+    # inside the steps (a tensor built there meets the parameters' dtype), and only there.
+    module = _StepDtypes()
+    fit = quiet_trainer(tmp_path, max_epochs=1, precision=precision, limit_val_batches=1)
+    fit.fit(module, make_loader(8), make_loader(4))
+    assert module.seen["training_step"] == (dtype, dtype)
+    assert module.seen["validation_step"] == (dtype, dtype)
+    assert module.seen["on_train_epoch_end"] == (torch.float32, torch.float32)
+    assert torch.get_default_dtype() is torch.float32
+
+
+class _LogsHalfValues(LinearModule):
+    def training_step(self, batch, batch_idx):
+        loss = super().training_step(batch, batch_idx)
+        self.log("ones_bf16", torch.tensor(1.0, dtype=torch.bfloat16), on_epoch=True, batch_size=1)
+        self.log("ones_fp16", torch.tensor(1.0, dtype=torch.float16), on_epoch=True, batch_size=1)
+        self.log("count", torch.tensor(batch_idx), on_epoch=True, reduce_fx="sum")
+        return loss
+
+
+@pytest.mark.parametrize("precision", ["32-true", "bf16-true", "64-true"])
+def test_half_and_integer_values_are_averaged_in_float32_or_wider(tmp_path, precision):
+    # A sum kept in bfloat16 stops growing at 256 (the next integer it holds is 258), so a
+    # bf16 value averaged over 600 batches read 256 / 600 = 0.43 instead of 1.0 (float16: 2048).
+    fit = quiet_trainer(tmp_path, max_epochs=1, precision=precision)
+    fit.fit(_LogsHalfValues(), make_loader(600, batch_size=1))
+    metrics = fit.callback_metrics
+    wide = torch.float64 if precision == "64-true" else torch.float32
+    for name in ("ones_bf16_epoch", "ones_fp16_epoch", "count_epoch"):
+        assert metrics[name].dtype is wide, (name, metrics[name].dtype)
+    assert metrics["ones_bf16_epoch"].item() == 1.0
+    assert metrics["ones_fp16_epoch"].item() == 1.0
+    assert metrics["count_epoch"].item() == sum(range(600))
+    assert metrics["ones_bf16_step"].dtype is wide and metrics["count_step"].item() == 599
+
+
 def test_bf16_mixed_runs_the_forward_in_bf16(tmp_path):
     seen = {}
 

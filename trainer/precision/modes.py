@@ -1,12 +1,14 @@
 """The precision modes other than 32-true and fp8: 64-true, the true-half modes, the mixed modes.
 
 Each class is one mode. Mixed modes run the forward pass under ``torch.autocast``; "16-mixed"
-scales the loss with ``torch.amp.GradScaler`` and reports skipped steps.
+scales the loss with ``torch.amp.GradScaler`` and reports skipped steps. True modes ("64-true",
+"16-true", "bf16-true") run it with torch's default dtype set to theirs.
 """
 
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -14,15 +16,30 @@ import torch
 from trainer.errors import ConfigurationError
 from trainer.precision.precision import Precision
 
-__all__ = ["DoublePrecision", "HalfPrecision", "MixedPrecision"]
+__all__ = ["DoublePrecision", "HalfPrecision", "MixedPrecision", "default_dtype"]
+
+
+@contextlib.contextmanager
+def default_dtype(dtype: torch.dtype) -> Iterator[None]:
+    """``torch.set_default_dtype(dtype)`` inside the block; the previous default after it."""
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)
+    try:
+        yield
+    finally:
+        torch.set_default_dtype(previous)
 
 
 class DoublePrecision(Precision):
-    """``"64-true"``: parameters, inputs and math in ``float64``."""
+    """``"64-true"``: parameters, inputs and math in ``float64``; tensors created in a step too."""
 
     name = "64-true"
     param_dtype = torch.float64
     compute_dtype = torch.float64
+
+    def autocast(self) -> contextlib.AbstractContextManager[Any]:
+        """torch's default dtype is float64 inside the region (as Lightning's ``forward_context``)."""
+        return default_dtype(torch.float64)
 
 
 class HalfPrecision(Precision):
@@ -40,6 +57,12 @@ class HalfPrecision(Precision):
         self.param_dtype = torch.float16 if precision == "16-true" else torch.bfloat16
         self.compute_dtype = self.param_dtype
         self.mixed_precision = "fp16" if precision == "16-true" else "bf16"
+
+    def autocast(self) -> contextlib.AbstractContextManager[Any]:
+        """torch's default dtype is the half dtype inside the region, so a tensor the step
+        creates (``torch.zeros(n)``, ``torch.tensor(0.5)``) meets the parameters in their dtype,
+        as under Lightning's ``forward_context``."""
+        return default_dtype(self.param_dtype)
 
 
 class MixedPrecision(Precision):

@@ -44,7 +44,7 @@ from trainer.trainer.metric_entry import (
 if TYPE_CHECKING:
     from trainer.strategies import Strategy
 
-__all__ = ["MetricStore", "stage_stores", "to_float"]
+__all__ = ["MetricStore", "logging_dtype", "stage_stores", "to_float"]
 
 
 class MetricStore:
@@ -132,11 +132,15 @@ class MetricStore:
                     f"tensor of shape {tuple(value.shape)}. Log value.mean() or one element."
                 )
             value = value.detach()
+            if value.dtype is not torch.float32 and value.dtype is not torch.float64:
+                value = value.to(logging_dtype())  # a bf16 mean over an epoch would drift
         elif not isinstance(value, int | float) or isinstance(value, bool):
             raise ConfigurationError(
                 f"self.log({name!r}, value) in {self.hook_name}: expected a number, a scalar "
                 f"Tensor or a torchmetrics Metric, received {describe(value)}."
             )
+        else:
+            value = torch.tensor(float(value), dtype=logging_dtype())
         if entry.on_step:
             entry.step_value = value
         if entry.on_epoch:
@@ -186,7 +190,13 @@ class MetricStore:
         entry.last_call = call
         return entry
 
-    def _accumulate(self, entry: MetricEntry, value: Any, batch_size: int | None) -> None:
+    def _accumulate(self, entry: MetricEntry, value: torch.Tensor, batch_size: int | None) -> None:
+        if (
+            entry.total is None
+            and value.dtype is torch.float32
+            and logging_dtype() is torch.float64
+        ):
+            value = value.double()  # Lightning's sum starts in the logging dtype: the wider wins
         fx = entry.reduce_fx
         if fx == "mean":
             weight = batch_size if batch_size is not None else self._infer_batch_size()
@@ -199,7 +209,7 @@ class MetricStore:
             entry.total = value
         else:
             pick = torch.maximum if fx == "max" else torch.minimum
-            entry.total = pick(torch.as_tensor(entry.total), torch.as_tensor(value))
+            entry.total = pick(entry.total, value)
 
     def _infer_batch_size(self) -> int:
         batch = self.current_batch
@@ -249,12 +259,10 @@ class MetricStore:
             return value.detach() if isinstance(value, torch.Tensor) else value
         if entry.total is None:
             return None
-        total = torch.as_tensor(
-            entry.total, dtype=torch.float64 if not isinstance(entry.total, torch.Tensor) else None
-        )
+        total = entry.total
         if entry.sync_dist and self.reducer is not None:
             op = {"mean": "sum", "sum": "sum", "max": "max", "min": "min"}[entry.reduce_fx]
-            total = self.reducer(total.float(), op)
+            total = self.reducer(total, op)
             weight = self.reducer(torch.as_tensor(float(entry.weight), device=total.device), "sum")
         else:
             weight = entry.weight
@@ -344,6 +352,14 @@ class MetricStore:
             if entry.step_value is not None:
                 self.kept_steps[name] = entry.step_value
             entry.total, entry.weight, entry.step_value = None, 0, None
+
+
+def logging_dtype() -> torch.dtype:
+    """The dtype logged values are kept in, as in Lightning: float64 while torch's default dtype
+    is float64 (inside the steps of a ``"64-true"`` run), float32 otherwise. Half-precision and
+    integer values are converted to it, and epoch values accumulate in it (or in float64 when a
+    value is float64)."""
+    return torch.float64 if torch.get_default_dtype() is torch.float64 else torch.float32
 
 
 def to_float(value: Any) -> float:
