@@ -656,3 +656,28 @@ def test_max_time_validates_after_the_batch_it_stops(tmp_path):
     fit.fit(Slow(), make_loader(n=400, batch_size=4), make_loader(n=8))  # 100 batches
     assert 0 < fit.global_step < 100
     assert at.at == [(0, fit.global_step)]
+
+
+@pytest.mark.parametrize("stateful", [False, True])
+def test_persistent_workers_end_with_the_stage(tmp_path, stateful):
+    # As Lightning: a loader's persistent workers end when fit / validate returns. Left to the
+    # collector, they were told to stop only after their queues were gone, so each waited out
+    # its 5 s timeout before being killed, stalling the thread that collected them (a checkpoint
+    # writer's, in the suite: 30-60 s per test).
+    import multiprocessing
+
+    if stateful:
+        pytest.importorskip("torchdata")
+        from torchdata.stateful_dataloader import StatefulDataLoader as Loader
+    else:
+        from torch.utils.data import DataLoader as Loader
+    dataset = make_loader(16).dataset
+    train = Loader(dataset, batch_size=4, num_workers=2, persistent_workers=True)
+    val = Loader(dataset, batch_size=4, num_workers=1, persistent_workers=True)
+    before = set(multiprocessing.active_children())
+    fit = quiet_trainer(tmp_path, max_epochs=2, seed=0)
+    fit.fit(LinearModule(), train, val)
+    assert set(multiprocessing.active_children()) == before  # every worker joined already
+    assert train._iterator is None and val._iterator is None
+    assert fit.validate(LinearModule(), val, verbose=False)  # the next stage starts new ones
+    assert set(multiprocessing.active_children()) == before

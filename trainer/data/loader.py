@@ -133,6 +133,20 @@ class DataLoaderShard:
         length = len(self.base_dataloader) - self.skip_batches
         return length if self.limit is None else min(length, self.limit)
 
+    def end_workers(self) -> None:
+        """End the worker processes kept between passes (``persistent_workers=True``); the next
+        pass starts new ones. As Lightning when a stage ends: left to Python's collector, a
+        loader's workers are told to stop after their queues are gone, and each waits out its
+        5 s timeout before it is killed, stalling whatever thread collected it."""
+        for loader in (self.base_dataloader, self._fetch_loader):
+            iterator = getattr(loader, "_iterator", None)
+            if iterator is None:
+                continue
+            shutdown = getattr(iterator, "_shutdown_workers", None)
+            if shutdown is not None:  # torch's and torchdata's multiprocessing iterators
+                shutdown()
+            loader._iterator = None  # noqa: SLF001 - torch's DataLoader keeps it there
+
     def set_epoch(self, epoch: int) -> None:
         """Tell the sampler (and the dataset, when it can) which epoch starts, for reshuffling.
 

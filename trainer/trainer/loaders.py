@@ -16,11 +16,13 @@ handed in; a reload replaces an entry of that dict. One DataLoader is prepared b
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
 from torch.utils.data import BatchSampler, DataLoader, IterableDataset, SequentialSampler
 
 from trainer._warnings import warn_user
+from trainer.data.loader import DataLoaderShard
 from trainer.data.rebuild import rebuild_loader
 from trainer.errors import ConfigurationError
 from trainer.runtime.seed import get_rng_states, set_rng_states
@@ -80,6 +82,15 @@ def is_reload_due(every_n_epochs: int, epoch: int, last_epoch: float) -> bool:
     return bool(every_n_epochs) and epoch - last_epoch >= every_n_epochs
 
 
+def end_workers(loaders: Iterable[Any]) -> None:
+    """End the persistent workers of every prepared loader in ``loaders`` (a loader, a list of
+    them, or None each), as Lightning does when a stage ends (`DataLoaderShard.end_workers`)."""
+    for entry in loaders:
+        for loader in entry if isinstance(entry, list | tuple) else [entry]:
+            if isinstance(loader, DataLoaderShard):
+                loader.end_workers()
+
+
 def reload_stage(trainer: Trainer, name: str, run: Run) -> None:
     """Ask the DataModule / module for the ``name`` loaders again (not loaders given to the call).
 
@@ -97,6 +108,7 @@ def reload_stage(trainer: Trainer, name: str, run: Run) -> None:
     rng = get_rng_states()  # preparing draws a seed; the old loader's is kept instead
     new = run.loaders[name] = load_stage(trainer, name, None, required=name == "train")
     set_rng_states(rng)
+    end_workers([old])
     if name == "train" and old is not None and new is not None:
         new.load_state_dict({"seed": old.state_dict()["seed"]})
 
@@ -121,6 +133,7 @@ def reset_train_loader(trainer: Trainer, loaders: dict[str, Any], given_stages: 
     rng = get_rng_states()  # preparing draws a seed; the old loader's is kept instead
     new = loaders["train"] = load_stage(trainer, "train", None, required=True)
     set_rng_states(rng)
+    end_workers([old])
     if old is not None:
         new.load_state_dict(old.state_dict())
 

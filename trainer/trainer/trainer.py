@@ -32,7 +32,7 @@ from trainer.trainer.checkpoint_state import dump_checkpoint, restore_from
 from trainer.trainer.evaluation_loop import STAGE_OF, run_eval_epoch
 from trainer.trainer.fit_loop import FitLoop, run_sanity_check
 from trainer.trainer.hook_table import HookTable
-from trainer.trainer.loaders import load_stage, reset_train_loader
+from trainer.trainer.loaders import end_workers, load_stage, reset_train_loader
 from trainer.trainer.logger_rows import log_hyperparams
 from trainer.trainer.metrics import stage_stores
 from trainer.trainer.module import DataModule, TrainModule
@@ -461,6 +461,7 @@ class Trainer(TrainerProperties):
         # alive when the process group ends can abort the process.
         self._wrapped_model = self.module
         self._run = self._fit_loop = None
+        end_workers(self._loaders.values())
         self.accelerator.free_memory()
         self.strategy.teardown()
         # Every rank ends here together (a clean end, or the agreed stop of a preemption signal):
