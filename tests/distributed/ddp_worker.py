@@ -33,6 +33,11 @@ class Net(trainer.TrainModule):
         x, y = batch
         loss = torch.nn.functional.mse_loss(self.net(x), y)
         self.log("loss", loss, sync_dist=True, on_epoch=True)
+        if batch_idx == 0 and self.current_epoch == 0:  # Lightning's self.all_gather
+            mine = torch.tensor([self.global_rank + 1.0], requires_grad=True)
+            gathered = self.all_gather({"mine": mine}, sync_grads=True)["mine"]
+            gathered.sum().backward()  # every rank's sum holds `mine` once: its grad is 2
+            self.gather_facts = [list(gathered.shape), gathered.flatten().tolist(), mine.grad.tolist()]  # fmt: skip
         return loss
 
     def validation_step(self, batch, batch_idx):
@@ -103,6 +108,7 @@ def main(out: str) -> None:
     facts["num_training_batches"] = fit.num_training_batches
     facts["rank_value"] = float(fit.callback_metrics["rank_value"])
     facts["val_loss"] = float(fit.callback_metrics["val/loss"])
+    facts["module_all_gather"] = module.gather_facts
     if rank == 0:
         save_file(weights(module), os.path.join(out, "ddp.safetensors"))
 

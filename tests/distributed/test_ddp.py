@@ -84,6 +84,8 @@ def test_collectives_and_synced_metrics(ddp_run):
         assert f["padded_shape"] == [2, 2]
         assert f["rank_value"] == 0.5  # self.log(..., sync_dist=True) averaged over ranks
         assert f["torchmetrics_sum"] == 3.0
+        # TrainModule.all_gather: (world_size, *shape), gradients through it with sync_grads
+        assert f["module_all_gather"] == [[2, 1], [1.0, 2.0], [2.0]]
     assert facts[0]["val_loss"] == facts[1]["val_loss"]
     assert facts[0]["split"] == ["a", "b"] and facts[1]["split"] == ["c", "c"]
 

@@ -7,8 +7,9 @@ calls it lives in ``trainer/trainer/trainer.py``.
 
 from __future__ import annotations
 
+import contextlib
 import inspect
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -18,6 +19,7 @@ from trainer.trainer.module_hooks import ModuleHooks
 
 if TYPE_CHECKING:
     from trainer.accelerator.optimizer import AcceleratedOptimizer
+    from trainer.loggers.logger import Logger
     from trainer.trainer.metrics import MetricStore
     from trainer.trainer.trainer import Trainer
 
@@ -172,6 +174,24 @@ class TrainModule(_HyperparameterMixin, ModuleHooks, torch.nn.Module):
         return self._trainer.world_size if self._trainer is not None else 1
 
     @property
+    def dtype(self) -> torch.dtype:
+        """The dtype of the module's floating-point parameters (bfloat16 under ``"bf16-true"``);
+        torch's default dtype when it has none."""
+        param = next((p for p in self.parameters() if p.is_floating_point()), None)
+        return param.dtype if param is not None else torch.get_default_dtype()
+
+    @property
+    def logger(self) -> Logger | None:
+        """The Trainer's first logger (``self.logger.experiment`` is the backend's own object),
+        or None."""
+        return self._trainer.logger if self._trainer is not None else None
+
+    @property
+    def loggers(self) -> list[Logger]:
+        """The Trainer's loggers ([] outside a Trainer)."""
+        return self._trainer.loggers if self._trainer is not None else []
+
+    @property
     def device_mesh(self) -> Any:
         """The strategy's device mesh (model-parallel strategies), else None."""
         return (
@@ -313,10 +333,107 @@ class TrainModule(_HyperparameterMixin, ModuleHooks, torch.nn.Module):
         """Backpropagate ``loss`` (scaled, synced and hooked like the automatic path)."""
         self.trainer.manual_backward(loss, **kwargs)
 
+    def toggle_optimizer(self, optimizer: Any) -> None:
+        """Freeze the parameters that only other optimizers update, so that this one's backward
+        computes no gradient for them (manual optimization with several optimizers, e.g. a GAN);
+        `untoggle_optimizer` puts their ``requires_grad`` back."""
+        own = {id(p) for group in optimizer.param_groups for p in group["params"]}
+        toggled = self.__dict__.setdefault("_toggled", {})
+        for other in self.trainer.optimizers:
+            for group in other.param_groups:
+                for param in group["params"]:
+                    if id(param) not in own and param not in toggled:
+                        toggled[param] = param.requires_grad
+                        param.requires_grad = False
+
+    def untoggle_optimizer(self, optimizer: Any) -> None:
+        """Give back the ``requires_grad`` that `toggle_optimizer` took."""
+        for param, requires_grad in self.__dict__.pop("_toggled", {}).items():
+            param.requires_grad = requires_grad
+
+    @contextlib.contextmanager
+    def toggled_optimizer(self, optimizer: Any) -> Iterator[None]:
+        """`toggle_optimizer` for the block, `untoggle_optimizer` after it."""
+        self.toggle_optimizer(optimizer)
+        try:
+            yield
+        finally:
+            self.untoggle_optimizer(optimizer)
+
+    def clip_gradients(
+        self,
+        optimizer: Any,
+        gradient_clip_val: float | None = None,
+        gradient_clip_algorithm: str | None = None,
+    ) -> None:
+        """Clip the gradients of ``optimizer``'s parameters (manual optimization), after undoing
+        loss scaling: by their total norm (``"norm"``, the default) or element-wise
+        (``"value"``). No value (or 0) clips nothing."""
+        if not gradient_clip_val:
+            return
+        algorithm = gradient_clip_algorithm or "norm"
+        if algorithm not in ("norm", "value"):
+            raise ConfigurationError(
+                f"clip_gradients(gradient_clip_algorithm={algorithm!r}): expected 'norm' or 'value'."
+            )
+        params = [p for group in optimizer.param_groups for p in group["params"]]
+        accelerator = self.trainer.accelerator
+        accelerator.unscale_gradients(optimizer)
+        if algorithm == "norm":
+            accelerator.clip_grad_norm_(params, gradient_clip_val)
+        else:
+            accelerator.clip_grad_value_(params, gradient_clip_val)
+
+    def all_gather(self, data: Any, group: Any = None, sync_grads: bool = False) -> Any:
+        """Every process's tensors in ``data`` (a tensor, or dicts / lists / tuples of them),
+        stacked on a new first dimension of size ``world_size``; on one process, ``data`` as it
+        is (as Lightning). ``sync_grads=True`` lets gradients flow back through the gather."""
+        if self.world_size == 1 and group is None:
+            return data
+        import torch.distributed as dist
+
+        def gather(tensor: torch.Tensor) -> torch.Tensor:
+            if sync_grads:
+                from torch.distributed.nn.functional import all_gather
+
+                return torch.stack(all_gather(tensor, group=group or dist.group.WORLD))
+            if group is None:
+                return self.trainer.strategy.all_gather(tensor)
+            pieces = [torch.empty_like(tensor) for _ in range(dist.get_world_size(group))]
+            dist.all_gather(pieces, tensor.contiguous(), group=group)
+            return torch.stack(pieces)
+
+        return _map_tensors(data, gather)
+
+    def freeze(self) -> None:
+        """Every parameter stops requiring gradients, and the module goes to eval mode."""
+        for param in self.parameters():
+            param.requires_grad = False
+        self.eval()
+
+    def unfreeze(self) -> None:
+        """Every parameter requires gradients again, and the module goes to train mode."""
+        for param in self.parameters():
+            param.requires_grad = True
+        self.train()
+
     def print(self, *args: Any, **kwargs: Any) -> None:
         """``print`` on global rank zero only."""
         if self.global_rank == 0:
             print(*args, **kwargs)
+
+
+def _map_tensors(data: Any, function: Callable[[torch.Tensor], Any]) -> Any:
+    """``data`` with ``function`` applied to each tensor (dicts, lists and tuples walked)."""
+    if isinstance(data, torch.Tensor):
+        return function(data)
+    if isinstance(data, Mapping):
+        return {k: _map_tensors(v, function) for k, v in data.items()}
+    if isinstance(data, tuple) and hasattr(data, "_fields"):  # namedtuple
+        return type(data)(*(_map_tensors(v, function) for v in data))
+    if isinstance(data, list | tuple):
+        return type(data)(_map_tensors(v, function) for v in data)
+    return data
 
 
 class DataModule(_HyperparameterMixin):

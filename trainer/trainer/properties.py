@@ -29,7 +29,8 @@ if TYPE_CHECKING:
     from trainer.precision import Precision
     from trainer.strategies import Strategy
     from trainer.trainer.metrics import MetricStore
-    from trainer.trainer.run import Progress
+    from trainer.trainer.module import TrainModule
+    from trainer.trainer.run import Progress, TrainerState
 
 __all__ = ["TrainerProperties"]
 
@@ -53,6 +54,8 @@ class TrainerProperties:
     _loaders: dict[str, Any]
     _wrapped_model: torch.nn.Module | None
     _router: torch.nn.Module | None
+    module: TrainModule | None
+    state: TrainerState
 
     @property
     def accumulate_grad_batches(self) -> int:
@@ -102,6 +105,34 @@ class TrainerProperties:
     @property
     def is_global_zero(self) -> bool:
         return self.strategy.is_global_zero
+
+    @property
+    def training(self) -> bool:
+        """Whether the training loop runs now (not a validation inside ``fit``)."""
+        return self.state.running == "train"
+
+    @property
+    def validating(self) -> bool:
+        """Whether a validation runs now (``validate()``, or one inside ``fit``)."""
+        return self.state.running == "validate"
+
+    @property
+    def testing(self) -> bool:
+        return self.state.running == "test"
+
+    @property
+    def predicting(self) -> bool:
+        return self.state.running == "predict"
+
+    @property
+    def evaluating(self) -> bool:
+        """Whether a validation, a test or the sanity check runs now."""
+        return self.state.running in ("validate", "test", "sanity_check")
+
+    @property
+    def lightning_module(self) -> TrainModule | None:
+        """Lightning's name for ``trainer.module``, for callbacks ported unchanged."""
+        return self.module
 
     @property
     def logger(self) -> Logger | None:

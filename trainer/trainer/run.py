@@ -39,10 +39,18 @@ class Progress:
 
 @dataclass
 class TrainerState:
-    """What the Trainer is doing: ``stage`` ("fit", "validate", "test", "predict") and status."""
+    """What the Trainer is doing: the call (``stage``: "fit", "validate", "test", "predict";
+    Lightning's ``state.fn``), its status, and what runs inside it (``running``: "train",
+    "sanity_check", "validate", "test", "predict"; Lightning's ``state.stage``)."""
 
     stage: str | None = None
     status: str = "initializing"  # "running", "finished", "interrupted", "failed"
+    running: str | None = None
+
+    @property
+    def fn(self) -> str | None:
+        """Lightning's name for `stage`: the call running."""
+        return self.stage
 
 
 @dataclass

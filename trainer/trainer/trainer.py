@@ -377,7 +377,7 @@ class Trainer(TrainerProperties):
         module.trainer = self
         if datamodule is not None:
             datamodule.trainer = self
-        self.state = TrainerState(stage=stage, status="running")
+        self.state = TrainerState(stage, "running", "train" if stage == "fit" else stage)
         self.should_stop = False
         self._hooks = HookTable(self, module, self.callbacks, self.profiler)
 
@@ -469,6 +469,7 @@ class Trainer(TrainerProperties):
         if (status == "finished" or is_clean_exit) and not self.strategy.should_keep_process_group:
             self.strategy.end_process_group()
         profiling.stop(self, stage)
+        self.state.running = None  # trainer.training & co. are False between calls
 
     def _handle_exception(self, err: BaseException, stage: str) -> None:
         status = "interrupted" if isinstance(err, KeyboardInterrupt) else "failed"
