@@ -149,7 +149,7 @@ def test_manual_gan_with_toggled_optimizers_and_clipping_matches_lightning() -> 
 _FLAGS = ("training", "validating", "testing", "predicting", "evaluating", "sanity_checking")
 _HOOKS = (
     "setup", "on_fit_start", "on_sanity_check_start", "on_validation_start", "on_train_start",
-    "on_train_batch_start", "on_validation_batch_start", "on_train_epoch_end", "on_train_end",
+    "on_train_batch_start", "on_train_batch_end", "on_validation_batch_start", "on_train_epoch_end", "on_train_end",
     "on_fit_end", "teardown", "on_test_start", "on_test_batch_start", "on_predict_start",
     "on_predict_batch_start",
 )  # fmt: skip
@@ -162,6 +162,8 @@ def test_what_is_running_as_lightning_reports_it_in_every_hook() -> None:
 
         def record(where: str, fit: Any, seen: list[tuple[Any, ...]] = seen) -> None:
             flags = tuple(getattr(fit, name) for name in _FLAGS)
+            if where.startswith("on_train_batch") or where == "after fit":
+                flags += (fit.is_last_batch, fit.interrupted)
             seen.append((where, *flags, getattr(fit.state.fn, "value", fit.state.fn)))
 
         def hook(name: str) -> Any:
@@ -172,13 +174,16 @@ def test_what_is_running_as_lightning_reports_it_in_every_hook() -> None:
         module.validation_step = lambda batch, batch_idx: None
         module.test_step = lambda batch, batch_idx: None
         module.predict_step = lambda batch, batch_idx: 1
+        stopping = framework.callbacks.EarlyStopping("never_logged", check_on_train_epoch_end=False, strict=False)  # fmt: skip
         fit = framework.trainer(**quiet(max_epochs=1, limit_train_batches=2, limit_val_batches=1,
-                                        num_sanity_val_steps=1, callbacks=[callback]))  # fmt: skip
+                                        num_sanity_val_steps=1, callbacks=[callback, stopping]))  # fmt: skip
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             fit.fit(module, loader(8, batch_size=4), loader(8, batch_size=4))
             record("after fit", fit)
             assert fit.lightning_module is module
+            assert fit.early_stopping_callback is stopping
+            assert fit.early_stopping_callbacks == [stopping]
             fit.test(module, loader(4, batch_size=4), **framework.eval_options)
             record("after test", fit)
             fit.predict(module, loader(4, batch_size=4))

@@ -146,6 +146,33 @@ class TrainerProperties:
         return os.fspath(directory) if directory is not None else self.default_root_dir
 
     @property
+    def early_stopping_callback(self) -> Callback | None:
+        """The first EarlyStopping among the callbacks, or None."""
+        return next(iter(self.early_stopping_callbacks), None)
+
+    @property
+    def early_stopping_callbacks(self) -> list[Callback]:
+        """Every EarlyStopping among the callbacks, in order."""
+        return [cb for cb in self.callbacks if is_instance_named(cb, "EarlyStopping")]
+
+    @property
+    def interrupted(self) -> bool:
+        """Whether the last call ended by an interruption (Ctrl-C)."""
+        return self.state.status == "interrupted"
+
+    @property
+    def is_last_batch(self) -> bool:
+        """Whether the training batch in progress is its epoch's last (after ``fit``: whether
+        its last batch was)."""
+        train = self._loaders.get("train")  # a later validate / test / predict: none (False)
+        return bool(getattr(train, "end_of_dataloader", False))
+
+    def print(self, *args: Any, **kwargs: Any) -> None:
+        """``print`` on global rank zero only."""
+        if self.is_global_zero:
+            print(*args, **kwargs)
+
+    @property
     def checkpoint_callback(self) -> Callback | None:
         """The first ModelCheckpoint among the callbacks, or None."""
         return next((cb for cb in self.callbacks if is_instance_named(cb, "ModelCheckpoint")), None)
