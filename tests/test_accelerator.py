@@ -318,3 +318,21 @@ def test_seed_everything_reproduces_draws():
     second = (torch.rand(3), __import__("random").random())
     assert torch.equal(first[0], second[0]) and first[1] == second[1]
     trainer.synchronize_rng_states(["torch"])  # one process: a no-op that must not fail
+
+
+def test_save_replaces_a_file_atomically_and_names_a_path_it_cannot_write(tmp_path):
+    # Accelerate's accelerator.save is torch.save on the main process; here a failure half-way
+    # keeps the previous file whole and leaves no temporary file behind.
+    class Unpicklable:
+        def __reduce__(self):
+            raise RuntimeError("cannot pickle this")
+
+    accelerator = Accelerator(cpu=True)
+    path = tmp_path / "state.pt"
+    accelerator.save({"w": torch.ones(3)}, path)
+    with pytest.raises(RuntimeError, match="cannot pickle"):
+        accelerator.save({"w": torch.zeros(3), "bad": Unpicklable()}, path)
+    assert torch.equal(torch.load(path, weights_only=True)["w"], torch.ones(3))
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["state.pt"]
+    with pytest.raises(trainer.CheckpointError, match="missing"):
+        accelerator.save({"w": torch.ones(1)}, tmp_path / "missing" / "state.pt")

@@ -205,3 +205,31 @@ def _main_process_first(side: Side) -> dict[str, list[str]]:
             file.write(f"{accelerator.process_index}\n")
     accelerator.wait_for_everyone()
     return {name: (scratch() / name).read_text(encoding="utf-8").split() for name in blocks}
+
+
+# ---- accelerator.save, and the loader settings read off the Accelerator ----------------------
+@scenario("process/save")
+def _save(side: Side) -> dict[str, Any]:
+    """``accelerator.save`` (pickle and safetensors) writes once, from the main process: every
+    process reads back the main process's tensors."""
+    from safetensors.torch import load_file
+
+    accelerator = side.accelerator()
+    mine = {"w": _ranked(), "step": torch.tensor(7 + _rank())}
+    accelerator.save(mine, scratch() / "state.pt")
+    accelerator.save(mine, scratch() / "state.safetensors", safe_serialization=True)
+    accelerator.wait_for_everyone()
+    return {
+        "pickle": jsonable(torch.load(scratch() / "state.pt", weights_only=True)),
+        "safetensors": jsonable(load_file(scratch() / "state.safetensors")),
+        "files": sorted(path.name for path in scratch().iterdir()),
+    }
+
+
+@scenario("process/loader_settings")
+def _loader_settings(side: Side) -> dict[str, Any]:
+    config = side.loader_config(even_batches=False, non_blocking=True, use_seedable_sampler=True)
+    accelerator = side.accelerator(dataloader_config=config)
+    names = ["split_batches", "dispatch_batches", "even_batches", "use_seedable_sampler"]
+    names += ["non_blocking", "use_stateful_dataloader"]
+    return {name: getattr(accelerator, name) for name in names} | {"scaler": accelerator.scaler}

@@ -202,6 +202,18 @@ class Accelerator(ProcessAPI, CheckpointAPI, TrackerAPI):
     def split_batches(self) -> bool:
         return self.dataloader_config.split_batches
 
+    # Accelerate reads these DataLoaderConfiguration fields off the Accelerator too.
+    dispatch_batches = property(lambda self: self.dataloader_config.dispatch_batches)
+    even_batches = property(lambda self: self.dataloader_config.even_batches)
+    use_seedable_sampler = property(lambda self: self.dataloader_config.use_seedable_sampler)
+    non_blocking = property(lambda self: self.dataloader_config.non_blocking)
+    use_stateful_dataloader = property(lambda self: self.dataloader_config.use_stateful_dataloader)
+
+    @property
+    def scaler(self) -> torch.amp.GradScaler | None:
+        """The gradient scaler of ``"fp16"`` mixed precision, else None."""
+        return getattr(self.precision, "scaler", None)
+
     @property
     def project_dir(self) -> str | os.PathLike[str] | None:
         return self.project_configuration.project_dir

@@ -1,4 +1,4 @@
-"""The Accelerator's checkpoint verbs: ``save_state``, ``load_state``, ``register_for_checkpointing``, ``save_model``.
+"""The Accelerator's checkpoint verbs: ``save_state``, ``load_state``, ``register_for_checkpointing``, ``save``, ``save_model``.
 
 `CheckpointAPI` is a base of `trainer.accelerator.Accelerator`. What goes into the directory
 and how it is written and verified is ``trainer.checkpoint.accelerator_state``; this class only
@@ -18,6 +18,7 @@ from trainer.errors import ConfigurationError
 if TYPE_CHECKING:
     from trainer.checkpoint.accelerator_state import CheckpointObjects
     from trainer.plugins import AsyncCheckpointIO
+    from trainer.runtime.configs import ProjectConfiguration
 
 __all__ = ["CheckpointAPI"]
 
@@ -33,6 +34,8 @@ class CheckpointAPI:
     _dataloaders: list[Any]
     _custom_objects: list[Any]
     is_main_process: bool
+    is_local_main_process: bool
+    project_configuration: ProjectConfiguration
 
     get_state_dict: Callable[..., dict[str, torch.Tensor]]  # the Accelerator's
     wait_for_everyone: Callable[[], None]  # ProcessAPI's
@@ -102,6 +105,29 @@ class CheckpointAPI:
                 f"register_for_checkpointing: these objects have no state_dict/load_state_dict: {invalid}. Give them both methods."
             )
         self._custom_objects.extend(objects)
+
+    def save(self, obj: Any, f: str | os.PathLike[str], safe_serialization: bool = False) -> None:
+        """Accelerate's replacement for ``torch.save``: write ``obj`` to the file ``f`` from the
+        main process only (from each machine's with ``ProjectConfiguration(save_on_each_node=
+        True)``), with ``torch.save``, or as safetensors with ``safe_serialization=True`` (``obj``
+        a dict of tensors). Unlike Accelerate, atomically: a crash leaves the previous file or
+        none, never part of one.
+
+        Raises:
+            CheckpointError: the file could not be written.
+        """
+        from trainer.checkpoint.atomic import atomic_write
+
+        on_each_node = self.project_configuration.save_on_each_node
+        if not (self.is_local_main_process if on_each_node else self.is_main_process):
+            return
+        if safe_serialization:
+            from safetensors.torch import save
+
+            data = save(obj, metadata={"format": "pt"})
+            atomic_write(f, lambda file: file.write(data))
+        else:
+            atomic_write(f, lambda file: torch.save(obj, file))
 
     def save_model(
         self,

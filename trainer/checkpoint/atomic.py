@@ -21,14 +21,16 @@ import socket
 import sys
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any, BinaryIO
 
 from trainer.errors import CheckpointError
 
 __all__ = [
     "MANIFEST",
     "atomic_directory",
+    "atomic_write",
     "atomic_write_text",
     "check_replaceable",
     "discard_directory",
@@ -294,16 +296,29 @@ def check_replaceable(final: Path) -> None:
 
 def atomic_write_text(path: str | os.PathLike[str], text: str) -> None:
     """Replace a small file's content atomically (temporary file, fsync, rename)."""
+    atomic_write(path, lambda file: file.write(text.encode("utf-8")))
+
+
+def atomic_write(path: str | os.PathLike[str], write: Callable[[BinaryIO], Any]) -> None:
+    """Create or replace the file ``path`` with what ``write`` writes to the open (binary) file,
+    atomically: a temporary file beside it, fsynced, renamed over it, the folder fsynced. A
+    crash leaves the old file or the new one, never part of one.
+
+    Raises:
+        CheckpointError: the file could not be written (the temporary file is removed).
+    """
     path = Path(path)
     temporary = path.parent / f".{path.name}{_TMP_MARK}{process_tag()}"
     try:
-        with open(temporary, "w", encoding="utf-8") as file:
-            file.write(text)
+        with open(temporary, "wb") as file:
+            write(file)
             file.flush()
             os.fsync(file.fileno())
         os.replace(temporary, path)
         fsync_directory(path.parent)
-    except OSError as err:
+    except BaseException as err:
         with contextlib.suppress(OSError):
             os.unlink(temporary)
-        raise CheckpointError(f"writing {path} failed: {err}") from err
+        if isinstance(err, OSError):
+            raise CheckpointError(f"writing {path} failed: {err}") from err
+        raise
