@@ -109,6 +109,7 @@ def main(out: str) -> None:
     facts["rank_value"] = float(fit.callback_metrics["rank_value"])
     facts["val_loss"] = float(fit.callback_metrics["val/loss"])
     facts["module_all_gather"] = module.gather_facts
+    facts["machine"] = [fit.num_devices, fit.node_rank, fit.num_nodes]
     if rank == 0:
         save_file(weights(module), os.path.join(out, "ddp.safetensors"))
 

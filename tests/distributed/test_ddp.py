@@ -86,6 +86,7 @@ def test_collectives_and_synced_metrics(ddp_run):
         assert f["torchmetrics_sum"] == 3.0
         # TrainModule.all_gather: (world_size, *shape), gradients through it with sync_grads
         assert f["module_all_gather"] == [[2, 1], [1.0, 2.0], [2.0]]
+        assert f["machine"] == [2, 0, 1]  # num_devices, node_rank, num_nodes (as Lightning)
     assert facts[0]["val_loss"] == facts[1]["val_loss"]
     assert facts[0]["split"] == ["a", "b"] and facts[1]["split"] == ["c", "c"]
 

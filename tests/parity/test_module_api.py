@@ -191,3 +191,29 @@ def test_what_is_running_as_lightning_reports_it_in_every_hook() -> None:
         runs[framework.name] = seen
     assert runs["trainer"] == runs["lightning"]
     assert ("on_validation_batch_start", False, True, False, False, True, False, "fit") in runs[LIGHTNING.name]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "options",
+    [
+        {},
+        {
+            "limit_train_batches": 3,
+            "limit_val_batches": 0.5,
+            "limit_test_batches": 2,
+            "limit_predict_batches": 0.25,
+        },
+        {"overfit_batches": 2},
+        {"overfit_batches": 0.5},
+        {"fast_dev_run": 3},
+        {"limit_val_batches": 0},
+    ],
+)
+def test_resolved_limits_and_machine_facts_as_in_lightning(options: dict[str, Any]) -> None:
+    names = ["limit_train_batches", "limit_val_batches", "limit_test_batches"]
+    names += ["limit_predict_batches", "node_rank", "num_devices", "num_nodes"]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        runs = [framework.trainer(**quiet(**options)) for framework in BOTH]
+    expected, actual = ([getattr(run, name) for name in names] for run in runs)
+    assert actual == expected

@@ -47,6 +47,8 @@ class TrainerProperties:
     num_training_batches: float
     max_epochs: int | None
     max_steps: int
+    num_nodes: int
+    limit_batches: dict[str, int | float | None]
     _accumulate_grad_batches: int
     _stores: dict[str, MetricStore]
     _restored_metrics: dict[str, float]
@@ -105,6 +107,23 @@ class TrainerProperties:
     @property
     def is_global_zero(self) -> bool:
         return self.strategy.is_global_zero
+
+    @property
+    def node_rank(self) -> int:
+        """This machine's index among the job's machines (0 on one machine)."""
+        return getattr(self.strategy, "node_rank", 0)
+
+    @property
+    def num_devices(self) -> int:
+        """Processes (devices) per machine."""
+        return max(1, self.world_size // max(1, self.num_nodes))
+
+    # The limit_*_batches as resolved (fast_dev_run and overfit_batches replace them, as in
+    # Lightning): a count, or a fraction of each loader (1.0: all of it).
+    limit_train_batches = property(lambda self: _limit(self.limit_batches["train"]))
+    limit_val_batches = property(lambda self: _limit(self.limit_batches["validation"]))
+    limit_test_batches = property(lambda self: _limit(self.limit_batches["test"]))
+    limit_predict_batches = property(lambda self: _limit(self.limit_batches["predict"]))
 
     @property
     def training(self) -> bool:
@@ -248,3 +267,7 @@ class TrainerProperties:
         per_epoch = math.ceil(self.num_training_batches / self.accumulate_grad_batches)
         total = per_epoch * self.max_epochs if self.max_epochs not in (None, -1) else math.inf
         return min(total, self.max_steps) if self.max_steps not in (None, -1) else total
+
+
+def _limit(value: int | float | None) -> int | float:
+    return 1.0 if value is None else value
