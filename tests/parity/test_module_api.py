@@ -217,3 +217,22 @@ def test_resolved_limits_and_machine_facts_as_in_lightning(options: dict[str, An
         runs = [framework.trainer(**quiet(**options)) for framework in BOTH]
     expected, actual = ([getattr(run, name) for name in names] for run in runs)
     assert actual == expected
+
+
+def test_ckpt_path_names_the_checkpoint_each_call_restored(tmp_path) -> None:
+    runs = {}
+    for framework in BOTH:
+        module = _attributes_module(framework)
+        module.validation_step = lambda batch, batch_idx, m=module: m.log("val", float(batch_idx))
+        module.test_step = lambda batch, batch_idx: None
+        checkpoint = framework.callbacks.ModelCheckpoint(dirpath=str(tmp_path / framework.name), monitor="val")  # fmt: skip
+        fit = framework.trainer(**quiet(max_epochs=2, enable_checkpointing=True, callbacks=[checkpoint]))  # fmt: skip
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            fit.fit(module, loader(8, batch_size=4), loader(8, batch_size=4))
+            after_fit = fit.ckpt_path
+            fit.test(module, loader(4, batch_size=4), ckpt_path="best", **framework.eval_options)
+            after_best = fit.ckpt_path == checkpoint.best_model_path != ""
+            fit.test(module, loader(4, batch_size=4), **framework.eval_options)
+        runs[framework.name] = (after_fit, after_best, fit.ckpt_path)
+    assert runs["trainer"] == runs["lightning"]

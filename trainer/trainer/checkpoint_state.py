@@ -166,6 +166,7 @@ def restore_from(
     """Restore ``ckpt_path`` (see `resolve_ckpt_path`) for ``stage``: the whole training state
     for "fit", the weights otherwise; what `restore_checkpoint` returns (None: no path)."""
     path = resolve_ckpt_path(trainer, ckpt_path, stage)
+    trainer.ckpt_path = None if path is None else os.fspath(path)
     if path is None:
         return None
     return restore_checkpoint(trainer, load_checkpoint(trainer, path), hooks, full=stage == "fit")

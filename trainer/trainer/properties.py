@@ -38,6 +38,10 @@ __all__ = ["TrainerProperties"]
 class TrainerProperties:
     """Lightning's read-only Trainer attributes, computed from the Trainer's own state."""
 
+    # The checkpoint the last fit / validate / test / predict restored ("last" and "best"
+    # resolved), or None; set by trainer.trainer.checkpoint_state.restore_from.
+    ckpt_path: str | None = None
+
     # set by Trainer.__init__ / Trainer._setup
     accelerator: Accelerator
     progress: Progress
