@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from trainer.accelerator.collectives import map_tensors
 from trainer.errors import ConfigurationError
 from trainer.trainer.module_hooks import ModuleHooks
 
@@ -403,7 +404,7 @@ class TrainModule(_HyperparameterMixin, ModuleHooks, torch.nn.Module):
             dist.all_gather(pieces, tensor.contiguous(), group=group)
             return torch.stack(pieces)
 
-        return _map_tensors(data, gather)
+        return map_tensors(gather, data)
 
     def freeze(self) -> None:
         """Every parameter stops requiring gradients, and the module goes to eval mode."""
@@ -421,19 +422,6 @@ class TrainModule(_HyperparameterMixin, ModuleHooks, torch.nn.Module):
         """``print`` on global rank zero only."""
         if self.global_rank == 0:
             print(*args, **kwargs)
-
-
-def _map_tensors(data: Any, function: Callable[[torch.Tensor], Any]) -> Any:
-    """``data`` with ``function`` applied to each tensor (dicts, lists and tuples walked)."""
-    if isinstance(data, torch.Tensor):
-        return function(data)
-    if isinstance(data, Mapping):
-        return {k: _map_tensors(v, function) for k, v in data.items()}
-    if isinstance(data, tuple) and hasattr(data, "_fields"):  # namedtuple
-        return type(data)(*(_map_tensors(v, function) for v in data))
-    if isinstance(data, list | tuple):
-        return type(data)(_map_tensors(v, function) for v in data)
-    return data
 
 
 class DataModule(_HyperparameterMixin):
