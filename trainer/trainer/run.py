@@ -9,7 +9,7 @@ fields.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -45,7 +45,7 @@ class TrainerState:
 
     stage: str | None = None
     status: str = "initializing"  # "running", "finished", "interrupted", "failed"
-    running: str | None = None
+    running: str | None = field(default=None, repr=False)  # the repr stays (stage, status)
 
     @property
     def fn(self) -> str | None:
