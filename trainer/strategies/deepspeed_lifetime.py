@@ -19,7 +19,7 @@ threads joined, while Python is alive, and an engine built later copies the new 
 the ended one.
 
 What it does not own: building the engine (``deepspeed_engine.py``) and ending the groups
-(``ddp.py``).
+(``group_lifetime.py``).
 """
 
 from __future__ import annotations

@@ -80,7 +80,7 @@ def _destroy_process_group_at_exit() -> None:
     release_ended_groups()
     # An ended group that something still holds (a module-level Trainer's FSDP module or
     # DeepSpeed engine, a user's own reference) would be freed during finalization: keep it.
-    for group in _ended_groups_still_alive():
+    for group in list(_ENDED_ALIVE):
         if not any(group is kept for kept in _ENDED_GROUPS):
             _ENDED_GROUPS.append(group)
     if _ENDED_GROUPS:  # never free these groups (see `_LIVE_WRAPPERS`)
@@ -99,19 +99,13 @@ def _destroy_process_group_at_exit() -> None:
 _LIVE_WRAPPERS: weakref.WeakSet[DistributedDataParallel] = weakref.WeakSet()
 _ENDED_GROUPS: list[Any] = []
 # Every group this package ended, weakly: one still alive at exit is held by something else.
-_ENDED_REFS: list[weakref.ref[Any]] = []
+_ENDED_ALIVE: weakref.WeakSet[Any] = weakref.WeakSet()
 
 
 def track_wrapper(wrapper: DistributedDataParallel) -> DistributedDataParallel:
     """Keep the groups ``wrapper`` runs on from being freed by its Reducer (`_LIVE_WRAPPERS`)."""
     _LIVE_WRAPPERS.add(wrapper)
     return wrapper
-
-
-def _ended_groups_still_alive() -> list[Any]:
-    alive = [group for group in (ref() for ref in _ENDED_REFS) if group is not None]
-    _ENDED_REFS[:] = [weakref.ref(group) for group in alive]
-    return alive
 
 
 # What must let go of the process groups before this package ends them (`release_with_groups`).
@@ -163,8 +157,7 @@ def destroy_default_group() -> None:
     # torch has no public API to list the groups
     groups = list(getattr(dist.distributed_c10d._world, "pg_map", {}))  # noqa: SLF001
     dist.destroy_process_group()
-    _ended_groups_still_alive()  # forget the freed ones
-    _ENDED_REFS.extend(weakref.ref(group) for group in groups)
+    _ENDED_ALIVE.update(groups)
     if len(_LIVE_WRAPPERS):
         _ENDED_GROUPS.extend(groups)
     # else: ``groups`` holds the last references; they go (GIL released) when this returns

@@ -52,16 +52,9 @@ def run_eval_epoch(trainer: Trainer, run: Run, stage: str) -> list[Any]:
             )
         return [{}]
     check_dataloader_idx(module, stage, is_multiple=len(loaders) > 1)
-    state = trainer.state
-    previous, state.running = (
-        state.running,
-        "sanity_check" if trainer.sanity_checking else STAGE_OF[stage],
-    )
-    try:
-        with _grad_context(trainer):
-            return _run_epoch(trainer, run, stage, loaders)
-    finally:
-        state.running = previous
+    running = "sanity_check" if trainer.sanity_checking else STAGE_OF[stage]
+    with trainer.state.running_as(running), _grad_context(trainer):
+        return _run_epoch(trainer, run, stage, loaders)
 
 
 def _run_epoch(trainer: Trainer, run: Run, stage: str, loaders: list[Any]) -> list[Any]:

@@ -119,6 +119,8 @@ class TrainModule(_HyperparameterMixin, ModuleHooks, torch.nn.Module):
         super().__init__(*args, **kwargs)
         self._trainer: Trainer | None = None
         self._metric_store: MetricStore | None = None
+        # requires_grad of the parameters `toggle_optimizer` froze, until `untoggle_optimizer`
+        self._toggled: dict[torch.Tensor, bool] = {}
 
     # ---- read-only context ----------------------------------------------------------------
     @property
@@ -339,18 +341,18 @@ class TrainModule(_HyperparameterMixin, ModuleHooks, torch.nn.Module):
         computes no gradient for them (manual optimization with several optimizers, e.g. a GAN);
         `untoggle_optimizer` puts their ``requires_grad`` back."""
         own = {id(p) for group in optimizer.param_groups for p in group["params"]}
-        toggled = self.__dict__.setdefault("_toggled", {})
         for other in self.trainer.optimizers:
             for group in other.param_groups:
                 for param in group["params"]:
-                    if id(param) not in own and param not in toggled:
-                        toggled[param] = param.requires_grad
+                    if id(param) not in own and param not in self._toggled:
+                        self._toggled[param] = param.requires_grad
                         param.requires_grad = False
 
     def untoggle_optimizer(self, optimizer: Any) -> None:
         """Give back the ``requires_grad`` that `toggle_optimizer` took."""
-        for param, requires_grad in self.__dict__.pop("_toggled", {}).items():
+        for param, requires_grad in self._toggled.items():
             param.requires_grad = requires_grad
+        self._toggled.clear()
 
     @contextlib.contextmanager
     def toggled_optimizer(self, optimizer: Any) -> Iterator[None]:
@@ -378,8 +380,7 @@ class TrainModule(_HyperparameterMixin, ModuleHooks, torch.nn.Module):
                 f"clip_gradients(gradient_clip_algorithm={algorithm!r}): expected 'norm' or 'value'."
             )
         params = [p for group in optimizer.param_groups for p in group["params"]]
-        accelerator = self.trainer.accelerator
-        accelerator.unscale_gradients(optimizer)
+        accelerator = self.trainer.accelerator  # its clip_grad_*_ undo loss scaling first
         if algorithm == "norm":
             accelerator.clip_grad_norm_(params, gradient_clip_val)
         else:

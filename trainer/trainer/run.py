@@ -8,7 +8,8 @@ fields.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import contextlib
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -51,6 +52,15 @@ class TrainerState:
     def fn(self) -> str | None:
         """Lightning's name for `stage`: the call running."""
         return self.stage
+
+    @contextlib.contextmanager
+    def running_as(self, running: str) -> Iterator[None]:
+        """`running` is ``running`` inside the block, what it was before after it."""
+        previous, self.running = self.running, running
+        try:
+            yield
+        finally:
+            self.running = previous
 
 
 @dataclass

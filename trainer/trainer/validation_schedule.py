@@ -39,16 +39,15 @@ def run_sanity_check(trainer: Trainer, run: Run) -> None:
     for loader, full in zip(loaders, full_limits, strict=True):
         loader.limit = None if steps < 0 else min(steps, full if full is not None else steps)
     trainer.sanity_checking = True
-    previous, trainer.state.running = trainer.state.running, "sanity_check"
     full_count = trainer.num_val_batches
     trainer.num_val_batches = sum(safe_len(loader) for loader in loaders)
     try:
-        run.hooks.call("on_sanity_check_start")
-        run_eval_epoch(trainer, run, "validation")
-        run.hooks.call("on_sanity_check_end")
+        with trainer.state.running_as("sanity_check"):
+            run.hooks.call("on_sanity_check_start")
+            run_eval_epoch(trainer, run, "validation")
+            run.hooks.call("on_sanity_check_end")
     finally:
         trainer.sanity_checking = False
-        trainer.state.running = previous
         for loader, full in zip(loaders, full_limits, strict=True):
             loader.limit = full
         trainer.num_val_batches = full_count
