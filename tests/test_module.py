@@ -332,3 +332,33 @@ def test_context_properties(tmp_path):
 def test_module_print_only_prints_on_rank_zero(capsys):
     LinearModule().print("hi")
     assert capsys.readouterr().out == "hi\n"
+
+
+def test_clip_gradients_under_16_mixed_clips_the_true_gradients(tmp_path):
+    # Manual optimization: the loss is scaled (x65536) for backward; clip_gradients undoes the
+    # scaling before clipping, so one SGD step (lr 1) moves the weights by the clip value.
+    # Clipped while still scaled, the step would move them 65536 times less.
+    class Manual(trainer.TrainModule):
+        automatic_optimization = False
+
+        def __init__(self):
+            super().__init__()
+            self.net = torch.nn.Linear(4, 1)
+
+        def training_step(self, batch, batch_idx):
+            opt = self.optimizers()
+            before = torch.cat([p.detach().flatten() for p in self.parameters()])
+            loss = self.net(batch[0]).float().pow(2).mean() * 100.0  # gradient norm >> 0.5
+            opt.zero_grad()
+            self.manual_backward(loss)
+            self.clip_gradients(opt, gradient_clip_val=0.5)
+            opt.step()
+            after = torch.cat([p.detach().flatten() for p in self.parameters()])
+            self.moved = float((after - before).norm())
+
+        def configure_optimizers(self):
+            return torch.optim.SGD(self.parameters(), lr=1.0)
+
+    module = Manual()
+    quiet_trainer(tmp_path, max_steps=1, precision="16-mixed").fit(module, make_loader(8))
+    assert module.moved == pytest.approx(0.5, rel=1e-3)
