@@ -681,3 +681,17 @@ def test_persistent_workers_end_with_the_stage(tmp_path, stateful):
     assert train._iterator is None and val._iterator is None
     assert fit.validate(LinearModule(), val, verbose=False)  # the next stage starts new ones
     assert set(multiprocessing.active_children()) == before
+
+
+def test_interrupted_and_print_as_in_lightning(tmp_path, capsys):
+    class Interrupted(LinearModule):
+        def training_step(self, batch, batch_idx):
+            raise KeyboardInterrupt
+
+    fit = quiet_trainer(tmp_path, max_steps=2)
+    assert fit.interrupted is False
+    with pytest.raises((KeyboardInterrupt, SystemExit)):
+        fit.fit(Interrupted(), make_loader())
+    assert fit.interrupted is True
+    fit.print("from rank zero")  # one process: rank zero prints
+    assert "from rank zero" in capsys.readouterr().out
