@@ -14,6 +14,7 @@ import torch
 import yaml
 from safetensors.torch import load_file
 
+from tests.distributed.fsdp_worker import Net
 from tests.distributed.launch import ROOT, run_job, torchrun
 from trainer.checkpoint import read_checkpoint, verify_checkpoint
 
@@ -76,6 +77,10 @@ def test_sharded_checkpoint_layout_resume_and_consolidation(fsdp_run, tmp_path):
         "out.bias",
     }
     assert merged["inp.weight"].shape == (8, 4)  # full, not a shard
+    # Lightning's way back to a module: the shards merged in this process, equal to consolidate's
+    loaded = Net.load_from_checkpoint(out / "sharded")
+    assert loaded.state_dict().keys() == merged.keys()
+    assert all(torch.equal(loaded.state_dict()[k], merged[k]) for k in merged)
 
 
 def test_each_rank_verifies_its_share_and_a_tampered_shard_is_refused_on_every_rank(fsdp_run):

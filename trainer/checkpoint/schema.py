@@ -270,6 +270,7 @@ _STATE = _record(
         "precision": _optional(_record(optional={"scaler": _GRAD_SCALER})),
         "callbacks": _optional(_mapping_of(_anything)),
         "hyper_parameters": _optional(_mapping_of(_anything)),
+        "datamodule_hyper_parameters": _optional(_mapping_of(_anything)),
         "loops": _optional(_record(optional={"train_loader": _optional(_LOADER)})),
         "rng_states": _list_of(_RNG),
         "loggers": _list_of(_record(required={"class": _STRING})),

@@ -48,22 +48,15 @@ def consolidate(directory: str | os.PathLike[str], output: str | os.PathLike[str
     """
     from trainer.checkpoint.format import load_model_weights, verify_checkpoint
     from trainer.checkpoint.tensor_files import deduplicate, write_safetensors
-    from trainer.errors import CheckpointError
-    from trainer.strategies.deepspeed import ENGINE_DIR, load_engine_weights
-    from trainer.strategies.fsdp import DCP_DIR
+    from trainer.strategies.full_weights import is_sharded, read_full_weights
 
     source = Path(directory)
     manifest = verify_checkpoint(source)
-    if (source / DCP_DIR).is_dir():
-        weights = _dcp_weights(source / DCP_DIR)
-        if not weights:
-            raise CheckpointError(f"{source}: the DCP shards hold no model weights.")
-    elif (source / ENGINE_DIR).is_dir():
-        weights = load_engine_weights(source)
-        if not weights:
-            raise CheckpointError(f"{source}: the DeepSpeed shards hold no model weights.")
-    else:
-        weights = load_model_weights(source, manifest["files"])
+    weights = (
+        read_full_weights(source)
+        if is_sharded(source)
+        else load_model_weights(source, manifest["files"])
+    )
     tensors, aliases = deduplicate({k: v.contiguous() for k, v in weights.items()})
     target = Path(output)
     target.parent.mkdir(parents=True, exist_ok=True)
@@ -71,38 +64,6 @@ def consolidate(directory: str | os.PathLike[str], output: str | os.PathLike[str
 
     write_safetensors(str(target), tensors, {"format": "pt", "aliases": json.dumps(aliases)})
     return target
-
-
-def _dcp_weights(dcp_dir: Path) -> Any:
-    """The ``model`` entry of the DCP shards in ``dcp_dir``, read in this process, running no code.
-
-    ``.metadata`` is read first with the allow-list unpickler (`read_dcp_metadata`), so a
-    payload is refused with its own message before DCP starts; then DCP reads the shards through
-    `safe_storage_reader`, never with torch's own reader (which unpickles ``.metadata``).
-    """
-    import warnings
-
-    from torch.distributed.checkpoint.api import CheckpointException
-    from torch.distributed.checkpoint.state_dict_loader import _load_state_dict_from_keys
-
-    from trainer.checkpoint.sharded import read_dcp_metadata, safe_storage_reader
-    from trainer.errors import CheckpointError
-
-    read_dcp_metadata(dcp_dir / ".metadata")
-    try:
-        with warnings.catch_warnings():  # "no process group: loading in one process" is the point
-            warnings.simplefilter("ignore", UserWarning)
-            loaded = _load_state_dict_from_keys(storage_reader=safe_storage_reader(dcp_dir))
-    except CheckpointException as err:  # DCP wraps each rank's error: give ours back as it is
-        failures = getattr(err, "failures", {}) or {}
-        for rank in sorted(failures):
-            if isinstance(failures[rank][0], CheckpointError):
-                raise failures[rank][0] from None
-        reason = str(err).strip().splitlines()[-1][:300] if str(err).strip() else repr(err)
-        raise CheckpointError(
-            f"{dcp_dir}: torch.distributed.checkpoint could not read the shards: {reason}."
-        ) from err
-    return loaded.get("model")
 
 
 def run(args: argparse.Namespace) -> int:

@@ -98,6 +98,9 @@ def dump_checkpoint(trainer: Trainer, *, weights_only: bool = False) -> dict[str
         progress=dataclasses.asdict(trainer.progress),
         callbacks={callback.state_key: callback.state_dict() for callback in trainer.callbacks},
         datamodule=trainer.datamodule.state_dict() if trainer.datamodule is not None else None,
+        datamodule_hyper_parameters=(
+            dict(trainer.datamodule.hparams) if trainer.datamodule is not None else None
+        ),
         loops={"train_loader": loader_states[0] if loader_states else None},
         loggers=[{"class": type(lg).__name__, **lg.state_dict()} for lg in trainer.loggers],
         callback_metrics={

@@ -8,15 +8,17 @@ calls it lives in ``trainer/trainer/trainer.py``.
 from __future__ import annotations
 
 import contextlib
-import inspect
+import os
 from collections.abc import Callable, Iterator, Mapping
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Self
 
 import torch
 
 from trainer.accelerator.collectives import map_tensors
 from trainer.errors import ConfigurationError
+from trainer.trainer.hyperparameters import AttributeDict, HyperparameterMixin
 from trainer.trainer.module_hooks import ModuleHooks
+from trainer.trainer.module_loading import load_datamodule, load_module, restricted_classmethod
 
 if TYPE_CHECKING:
     from trainer.accelerator.optimizer import AcceleratedOptimizer
@@ -27,71 +29,7 @@ if TYPE_CHECKING:
 __all__ = ["AttributeDict", "DataModule", "TrainModule"]
 
 
-class AttributeDict(dict):
-    """A dict whose keys read as attributes: ``hparams.lr``."""
-
-    def __getattr__(self, key: str) -> Any:
-        try:
-            return self[key]
-        except KeyError as err:
-            raise AttributeError(f"no hyperparameter {key!r}; saved: {sorted(self)}") from err
-
-    def __setattr__(self, key: str, value: Any) -> None:
-        self[key] = value
-
-
-def _collect_init_args(
-    frame: Any, names: tuple[str, ...], ignore: tuple[str, ...], owner: str
-) -> AttributeDict:
-    """The arguments of the ``__init__`` that called ``save_hyperparameters``."""
-    info = inspect.getargvalues(frame)
-    values: dict[str, Any] = {name: info.locals[name] for name in info.args if name != "self"}
-    if info.varargs:
-        values[info.varargs] = info.locals[info.varargs]
-    if info.keywords:
-        values.update(info.locals[info.keywords])
-    if names:
-        missing = [n for n in names if n not in values]
-        if missing:
-            raise ConfigurationError(
-                f"{owner}.save_hyperparameters{names}: {missing} are not arguments of "
-                f"{owner}.__init__ (its arguments: {sorted(values)})."
-            )
-        values = {n: values[n] for n in names}
-    return AttributeDict({k: v for k, v in values.items() if k not in ignore})
-
-
-class _HyperparameterMixin:
-    def save_hyperparameters(self, *names: str, ignore: str | list[str] | None = None) -> None:
-        """Record ``__init__`` arguments (all of them, or those named) as ``self.hparams``.
-
-        They are written to every logger and to checkpoints.
-
-        Examples:
-            >>> class Net(TrainModule):
-            ...     def __init__(self, lr: float = 0.1, hidden: int = 32):
-            ...         super().__init__()
-            ...         self.save_hyperparameters()
-            >>> Net(lr=0.01).hparams.lr
-            0.01
-        """
-        frame = inspect.currentframe()
-        caller = frame.f_back if frame is not None else None
-        if caller is None:
-            return
-        ignored = (ignore,) if isinstance(ignore, str) else tuple(ignore or ())
-        hparams = _collect_init_args(caller, names, ignored, type(self).__name__)
-        object.__setattr__(self, "_hparams", hparams)
-
-    @property
-    def hparams(self) -> AttributeDict:
-        """The saved hyperparameters (empty until ``save_hyperparameters`` is called)."""
-        if "_hparams" not in self.__dict__:
-            object.__setattr__(self, "_hparams", AttributeDict())
-        return self.__dict__["_hparams"]
-
-
-class TrainModule(_HyperparameterMixin, ModuleHooks, torch.nn.Module):
+class TrainModule(HyperparameterMixin, ModuleHooks, torch.nn.Module):
     """A ``torch.nn.Module`` with its training logic.
 
     Required: ``training_step(batch, batch_idx)`` returning the loss (a Tensor, a dict with
@@ -424,8 +362,45 @@ class TrainModule(_HyperparameterMixin, ModuleHooks, torch.nn.Module):
         if self.global_rank == 0:
             print(*args, **kwargs)
 
+    @restricted_classmethod
+    def load_from_checkpoint(
+        cls,
+        checkpoint_path: str | os.PathLike[str],
+        map_location: str | torch.device | None = None,
+        hparams_file: str | os.PathLike[str] | None = None,
+        strict: bool | None = None,
+        **kwargs: Any,
+    ) -> Self:
+        """A new module of this class, built from the checkpoint's hyperparameters, with its
+        weights (Lightning's ``load_from_checkpoint``).
 
-class DataModule(_HyperparameterMixin):
+        The class is called with the hyperparameters ``save_hyperparameters`` recorded (those its
+        ``__init__`` takes), ``kwargs`` overriding them; ``on_load_checkpoint(checkpoint)`` runs;
+        then the weights load (``strict=None`` means True). Call it on the class, not an instance.
+
+        Args:
+            checkpoint_path: a checkpoint directory (verified first; FSDP / DeepSpeed shards are
+                merged), a ``.safetensors`` file, or a Lightning ``.ckpt`` (read without running
+                code).
+            map_location: the device the weights and the module go to (default: the CPU).
+            hparams_file: a YAML file (a logger's ``hparams.yaml``) whose values replace the
+                checkpoint's hyperparameters.
+            strict: whether every weight must match a parameter or buffer, and back.
+            kwargs: ``__init__`` arguments that override the saved ones.
+
+        Raises:
+            CheckpointError: the checkpoint fails verification, or its weights do not fit.
+            ConfigurationError: called on an instance, or ``__init__`` needs an argument that
+                neither the checkpoint nor ``kwargs`` holds.
+
+        Examples:
+            >>> model = Classifier.load_from_checkpoint("checkpoints/epoch=9-step=380")  # doctest: +SKIP
+            >>> model = Classifier.load_from_checkpoint(path, lr=1e-4)  # doctest: +SKIP
+        """
+        return load_module(cls, checkpoint_path, map_location, hparams_file, strict, kwargs)  # type: ignore[return-value]
+
+
+class DataModule(HyperparameterMixin):
     """The data of a run: download once, build datasets per stage, hand out dataloaders.
 
     Override ``setup(stage)`` and the ``*_dataloader`` methods you need; ``state_dict`` /
@@ -449,3 +424,20 @@ class DataModule(_HyperparameterMixin):
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """Restore `state_dict`."""
+
+    @restricted_classmethod
+    def load_from_checkpoint(
+        cls,
+        checkpoint_path: str | os.PathLike[str],
+        hparams_file: str | os.PathLike[str] | None = None,
+        **kwargs: Any,
+    ) -> Self:
+        """A new DataModule of this class, built from the hyperparameters it recorded in the
+        checkpoint (``kwargs`` override them), with its ``state_dict`` loaded back.
+
+        Raises:
+            CheckpointError: the checkpoint fails verification.
+            ConfigurationError: called on an instance, or ``__init__`` needs an argument that
+                neither the checkpoint nor ``kwargs`` holds.
+        """
+        return load_datamodule(cls, checkpoint_path, hparams_file, kwargs)  # type: ignore[return-value]
