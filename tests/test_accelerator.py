@@ -253,6 +253,18 @@ def test_clip_grad_value_and_norm():
     assert max(p.grad.abs().max() for p in model.parameters()) <= 0.1
 
 
+def test_clip_grad_value_leaves_parameters_without_gradients():
+    """After a skipped step no parameter has a gradient; torch's clip_grad_value_ raises on
+    that (an empty list), the Accelerator clips nothing. A single tensor is accepted too."""
+    accelerator = Accelerator(cpu=True)
+    model = accelerator.prepare(torch.nn.Linear(4, 1))
+    accelerator.clip_grad_value_(model.parameters(), 0.1)  # no gradient anywhere
+    assert all(p.grad is None for p in model.parameters())
+    accelerator.backward(model(torch.full((1, 4), 100.0)).sum())
+    accelerator.clip_grad_value_(model.weight, 0.1)
+    assert model.weight.grad.abs().max() <= 0.1 and model.bias.grad.abs().max() == 1.0
+
+
 def test_dynamo_backend_compiles_and_unwrap_returns_the_module():
     accelerator = Accelerator(cpu=True, dynamo_backend="aot_eager")
     model = torch.nn.Linear(4, 1)

@@ -408,9 +408,13 @@ class Accelerator(ProcessAPI, CheckpointAPI, TrackerAPI):
         return self.strategy.clip_grad_norm_(model, parameters, max_norm, norm_type)
 
     def clip_grad_value_(self, parameters: Iterable[torch.Tensor], clip_value: float) -> None:
-        """Clamp each gradient element to ``[-clip_value, clip_value]`` after unscaling."""
+        """Clamp each gradient element to ``[-clip_value, clip_value]`` after unscaling
+        (parameters without a gradient, such as all of them after a skipped step, are left)."""
         self.unscale_gradients()
-        torch.nn.utils.clip_grad_value_(parameters, clip_value)
+        params = [parameters] if isinstance(parameters, torch.Tensor) else list(parameters)
+        with_grads = [p for p in params if p.grad is not None]
+        if with_grads:  # torch raises on a list with no gradient in it
+            torch.nn.utils.clip_grad_value_(with_grads, clip_value)
 
     def get_state_dict(
         self, model: torch.nn.Module, unwrap: bool = True

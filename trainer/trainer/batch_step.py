@@ -79,6 +79,9 @@ class BatchStep:
         self._has_zero_grad_hook = is_automatic and is_overridden(
             module, "optimizer_zero_grad", TrainModule
         )
+        self._has_clip_hook = is_automatic and is_overridden(
+            module, "configure_gradient_clipping", TrainModule
+        )
         self._hooked_step = (
             HookedStep(
                 module,
@@ -115,6 +118,7 @@ class BatchStep:
             and self._hooked_step is None
             and not self._needs_closure
             and not self._has_zero_grad_hook
+            and not self._has_clip_hook
             and not self._has_autocast
             and not is_profiling(trainer.profiler)
             and not any(
@@ -254,7 +258,11 @@ class BatchStep:
         """
         trainer = self.trainer
         optimizer = trainer.optimizers[0]
-        if self._on_before_optimizer_step or trainer.gradient_clip_val is not None:
+        if (
+            self._on_before_optimizer_step
+            or self._has_clip_hook
+            or trainer.gradient_clip_val is not None
+        ):
             self._before_step(is_skipped)
         if not is_skipped:
             if self._needs_closure:
@@ -264,14 +272,21 @@ class BatchStep:
                 optimizer.step()
 
     def _before_step(self, is_skipped: bool) -> None:
-        """``on_before_optimizer_step`` (on unscaled gradients), then clipping."""
+        """``on_before_optimizer_step`` (on unscaled gradients), then clipping: the module's
+        ``configure_gradient_clipping`` (called for a skipped step too, as in Lightning), else
+        the Trainer's ``gradient_clip_val``."""
         trainer = self.trainer
         accelerator = self._accelerator
-        if self._on_before_optimizer_step:
+        if self._on_before_optimizer_step or self._has_clip_hook:
             if not is_skipped:
                 accelerator.unscale_gradients()  # hooks see true gradients
+        if self._on_before_optimizer_step:
             self._hooks.call("on_before_optimizer_step", trainer.optimizers[0])
-        if not is_skipped and trainer.gradient_clip_val is not None:
+        if self._has_clip_hook:
+            trainer.module.configure_gradient_clipping(
+                trainer.optimizers[0], trainer.gradient_clip_val, trainer.gradient_clip_algorithm
+            )
+        elif not is_skipped and trainer.gradient_clip_val is not None:
             parameters = trainer.module.parameters()
             if trainer.gradient_clip_algorithm == "norm":
                 accelerator.clip_grad_norm_(parameters, trainer.gradient_clip_val)

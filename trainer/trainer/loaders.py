@@ -67,10 +67,10 @@ def load_stage(trainer: Trainer, name: str, given: Any, *, required: bool) -> An
         name == "train" or (name == "validation" and trainer.state.stage == "fit")
     )
     prepared, total = [], 0.0
-    for item in items:
+    for dataloader_idx, item in enumerate(items):
         if is_overfitting and isinstance(item, DataLoader):
             item = _in_order(item, name)
-        loader, count = prepare_loader(trainer, name, item)
+        loader, count = prepare_loader(trainer, name, item, dataloader_idx)
         prepared.append(loader)
         total += count
     setattr(trainer, _COUNT_ATTRIBUTE[name], total if math.isinf(total) else int(total))

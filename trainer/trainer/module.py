@@ -16,12 +16,14 @@ import torch
 
 from trainer.accelerator.collectives import map_tensors
 from trainer.errors import ConfigurationError
+from trainer.trainer.data_hooks import DataHooks
 from trainer.trainer.hyperparameters import AttributeDict, HyperparameterMixin
 from trainer.trainer.module_hooks import ModuleHooks
 from trainer.trainer.module_loading import load_datamodule, load_module, restricted_classmethod
 
 if TYPE_CHECKING:
     from trainer.accelerator.optimizer import AcceleratedOptimizer
+    from trainer.callbacks.callback import Callback
     from trainer.loggers.logger import Logger
     from trainer.trainer.metrics import MetricStore
     from trainer.trainer.trainer import Trainer
@@ -29,7 +31,7 @@ if TYPE_CHECKING:
 __all__ = ["AttributeDict", "DataModule", "TrainModule"]
 
 
-class TrainModule(HyperparameterMixin, ModuleHooks, torch.nn.Module):
+class TrainModule(HyperparameterMixin, ModuleHooks, DataHooks, torch.nn.Module):
     """A ``torch.nn.Module`` with its training logic.
 
     Required: ``training_step(batch, batch_idx)`` returning the loss (a Tensor, a dict with
@@ -301,18 +303,50 @@ class TrainModule(HyperparameterMixin, ModuleHooks, torch.nn.Module):
         finally:
             self.untoggle_optimizer(optimizer)
 
+    def configure_callbacks(self) -> Callback | list[Callback]:
+        """Callbacks this module brings: each replaces the Trainer's callbacks of its class (or
+        a parent class), the rest are added (`trainer.trainer.module_callbacks`). Default: none."""
+        return []
+
+    def configure_gradient_clipping(
+        self,
+        optimizer: Any,
+        gradient_clip_val: float | None = None,
+        gradient_clip_algorithm: str | None = None,
+    ) -> None:
+        """Clip before each optimizer step (automatic optimization), on unscaled gradients; gets
+        the Trainer's ``gradient_clip_val`` / ``gradient_clip_algorithm``. Override to clip
+        your way; the default calls ``self.clip_gradients`` with them."""
+        self.clip_gradients(optimizer, gradient_clip_val, gradient_clip_algorithm)
+
     def clip_gradients(
         self,
         optimizer: Any,
         gradient_clip_val: float | None = None,
         gradient_clip_algorithm: str | None = None,
     ) -> None:
-        """Clip the gradients of ``optimizer``'s parameters (manual optimization), after undoing
-        loss scaling: by their total norm (``"norm"``, the default) or element-wise
-        (``"value"``). No value (or 0) clips nothing."""
+        """Clip the gradients of ``optimizer``'s parameters, after undoing loss scaling: by their
+        total norm (``"norm"``) or element-wise (``"value"``). None takes the Trainer's value
+        and algorithm; a value of 0 clips nothing.
+
+        Raises:
+            ConfigurationError: ``gradient_clip_val`` differs from the Trainer's (Lightning: use
+                one of them), or the algorithm is neither "norm" nor "value".
+        """
+        trainer = self._trainer
+        trainer_value = trainer.gradient_clip_val if trainer is not None else None
+        if gradient_clip_val is None:
+            gradient_clip_val = trainer_value
+        elif trainer_value is not None and trainer_value != gradient_clip_val:
+            raise ConfigurationError(
+                f"clip_gradients(gradient_clip_val={gradient_clip_val!r}) while "
+                f"Trainer(gradient_clip_val={trainer_value!r}): use only one of them."
+            )
         if not gradient_clip_val:
             return
-        algorithm = gradient_clip_algorithm or "norm"
+        if gradient_clip_algorithm is None and trainer is not None:
+            gradient_clip_algorithm = trainer.gradient_clip_algorithm
+        algorithm = (gradient_clip_algorithm or "norm").lower()
         if algorithm not in ("norm", "value"):
             raise ConfigurationError(
                 f"clip_gradients(gradient_clip_algorithm={algorithm!r}): expected 'norm' or 'value'."
@@ -400,7 +434,7 @@ class TrainModule(HyperparameterMixin, ModuleHooks, torch.nn.Module):
         return load_module(cls, checkpoint_path, map_location, hparams_file, strict, kwargs)  # type: ignore[return-value]
 
 
-class DataModule(HyperparameterMixin):
+class DataModule(HyperparameterMixin, DataHooks):
     """The data of a run: download once, build datasets per stage, hand out dataloaders.
 
     Override ``setup(stage)`` and the ``*_dataloader`` methods you need; ``state_dict`` /

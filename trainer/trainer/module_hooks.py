@@ -23,11 +23,6 @@ __all__ = [
 # Lightning module hooks this Trainer never calls, and what to do instead. A ported module that
 # overrides one would otherwise train differently without a word.
 LIGHTNING_HOOKS_NOT_CALLED: dict[str, str] = {
-    "configure_gradient_clipping": "use Trainer(gradient_clip_val=...) or manual optimization",
-    "transfer_batch_to_device": "move or convert the batch in the step, or in the dataloader",
-    "on_before_batch_transfer": "convert the batch in the dataloader's collate_fn",
-    "on_after_batch_transfer": "convert the batch at the start of the step",
-    "configure_callbacks": "pass the callbacks to Trainer(callbacks=[...])",
     "configure_sharded_model": "rename it configure_model",
 }
 

@@ -327,14 +327,13 @@ def build_callbacks(
         from trainer.callbacks.model_checkpoint import ModelCheckpoint
 
         given.append(ModelCheckpoint())
-    # Checkpoint callbacks go last, so they see what every other callback did (Lightning's order).
-    checkpoints = [cb for cb in given if is_checkpoint_callback(cb)]
-    ordered = [cb for cb in given if cb not in checkpoints] + checkpoints
-    if enable_model_summary and not any(is_instance_named(cb, "FitSummary") for cb in ordered):
+    if enable_model_summary and not any(is_instance_named(cb, "FitSummary") for cb in given):
         from trainer.callbacks.fit_summary import FitSummary
 
-        ordered.append(FitSummary())  # last: it reports where the final checkpoints went
-    return ordered
+        given.append(FitSummary())  # last: it reports where the final checkpoints went
+    from trainer.trainer.module_callbacks import in_lightning_order
+
+    return in_lightning_order(given)  # checkpoint callbacks last: they see what others did
 
 
 def overrides(module: Any, method: str) -> bool:

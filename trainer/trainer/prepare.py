@@ -27,6 +27,7 @@ from trainer.precision import resolve_precision
 from trainer.runtime.configs import DataLoaderConfiguration
 from trainer.strategies import Strategy, detect_environment, resolve_strategy
 from trainer.trainer import profiling
+from trainer.trainer.data_hooks import batch_transfer
 from trainer.trainer.module import DataModule, TrainModule
 from trainer.trainer.optimizer_config import SchedulerConfig, parse_optimizer_config
 from trainer.trainer.options import (
@@ -170,8 +171,13 @@ def configure_optimizers(
     return prepared_list, schedulers
 
 
-def prepare_loader(trainer: Trainer, name: str, loader: Any) -> tuple[Any, float]:
+def prepare_loader(
+    trainer: Trainer, name: str, loader: Any, dataloader_idx: int = 0
+) -> tuple[Any, float]:
     """``loader`` prepared for the ``name`` stage, and its batch count under ``limit_*_batches``.
+
+    Its batches go through the batch-transfer hooks when the module or DataModule overrides one
+    (`trainer.trainer.data_hooks`); the loader then leaves the move to them.
 
     Raises:
         ConfigurationError: ``loader`` is not a DataLoader.
@@ -184,10 +190,19 @@ def prepare_loader(trainer: Trainer, name: str, loader: Any) -> tuple[Any, float
             f"trainer: {argument}={describe(loader)} is not a torch.utils.data.DataLoader. "
             "Wrap your dataset: DataLoader(dataset, batch_size=32)."
         )
-    # use_distributed_sampler=False: the user's sampler already shards (Lightning's meaning).
-    prepared = trainer.accelerator.prepare_data_loader(
-        loader, shard=trainer.use_distributed_sampler
+    accelerator = trainer.accelerator
+    transfer = batch_transfer(
+        trainer.module, trainer.datamodule, accelerator.device, dataloader_idx
     )
+    # use_distributed_sampler=False: the user's sampler already shards (Lightning's meaning).
+    prepared = accelerator.prepare_data_loader(
+        loader,
+        device_placement=False if transfer is not None else None,
+        shard=trainer.use_distributed_sampler,
+    )
+    if transfer is not None:  # after the precision's input cast, as in Lightning
+        cast = prepared.transform
+        prepared.transform = transfer if cast is None else lambda batch: transfer(cast(batch))
     length = safe_len(prepared)
     warn_on_empty_loader(name, length)
     limit = resolve_limit(

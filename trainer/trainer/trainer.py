@@ -36,6 +36,7 @@ from trainer.trainer.loaders import end_workers, load_stage, reset_train_loader
 from trainer.trainer.logger_rows import log_hyperparams
 from trainer.trainer.metrics import stage_stores
 from trainer.trainer.module import DataModule, TrainModule
+from trainer.trainer.module_callbacks import with_module_callbacks
 from trainer.trainer.module_hooks import warn_on_lightning_hooks
 from trainer.trainer.optimizer_config import SchedulerConfig
 from trainer.trainer.options import (
@@ -220,10 +221,8 @@ class Trainer(TrainerProperties):
         self._callback_metrics: dict[str, torch.Tensor] = {}  # the dict callback_metrics returns
 
     def reset_train_dataloader(self) -> None:
-        """Rebuild the train dataloader from the DataModule/TrainModule and prepare it again.
-
-        For callbacks that change how data is loaded during ``on_fit_start`` (BatchSizeFinder).
-        The new loader keeps the old one's shuffle seed and epoch; the global RNG is untouched.
+        """Rebuild the train dataloader from the DataModule/TrainModule and prepare it again
+        (BatchSizeFinder, at ``on_fit_start``): same shuffle seed and epoch, global RNG untouched.
 
         Raises:
             ConfigurationError: fit received the DataLoader directly, so it cannot be rebuilt.
@@ -372,13 +371,13 @@ class Trainer(TrainerProperties):
             raise ConfigurationError(
                 f"trainer.{stage}(datamodule={describe(datamodule)}): expected a trainer.DataModule."
             )
-        self.module = module
-        self.datamodule = datamodule
+        self.module, self.datamodule = module, datamodule
         module.trainer = self
         if datamodule is not None:
             datamodule.trainer = self
         self.state = TrainerState(stage, "running", "train" if stage == "fit" else stage)
         self.should_stop = False
+        self.callbacks = with_module_callbacks(self.callbacks, module)  # configure_callbacks
         self._hooks = HookTable(self, module, self.callbacks, self.profiler)
 
     def _setup(self, stage: str, loaders: dict[str, Any], ckpt_path: Any = None) -> None:
