@@ -21,6 +21,15 @@ from trainer.trainer.hooks import CALLBACK_HOOKS
 pl = pytest.importorskip("lightning.pytorch")
 
 _STEPS = ("training_step", "validation_step", "test_step", "predict_step")
+# Module-only hooks around evaluation (Lightning's ModelHooks), recorded with the rest.
+_MODE_HOOKS = (
+    "on_validation_model_zero_grad",
+    "on_validation_model_eval",
+    "on_validation_model_train",
+    "on_test_model_eval",
+    "on_test_model_train",
+    "on_predict_model_eval",
+)
 
 
 def _data(n: int, seed: int = 0) -> TensorDataset:
@@ -67,7 +76,7 @@ def _module_class(base: type, calls: list[str], returns_none_at: int | None) -> 
 
         return hook
 
-    for name in CALLBACK_HOOKS:
+    for name in (*CALLBACK_HOOKS, *_MODE_HOOKS):
         if hasattr(base, name):  # the hooks this framework's module class defines
             setattr(Recording, name, record(name))
     return Recording

@@ -22,6 +22,7 @@ import torch
 from trainer.errors import ConfigurationError, describe
 from trainer.runtime.seed import get_rng_states, set_rng_states
 from trainer.trainer.batch_step import BatchStep, trial_step
+from trainer.trainer.mode_hooks import capture_modes, put_modes
 
 if TYPE_CHECKING:
     from trainer.trainer.module import TrainModule
@@ -72,7 +73,7 @@ class TrainingState:
     precision: dict[str, Any]
     rng: dict[str, Any]
     accumulation: tuple[int, bool]
-    was_training: bool
+    modes: dict[str, bool]  # each submodule's train / eval mode
 
     @classmethod
     def capture(cls, trainer: Trainer, module: TrainModule) -> TrainingState:
@@ -85,7 +86,7 @@ class TrainingState:
             precision=_to_cpu(trainer.precision_plugin.state_dict()),
             rng=get_rng_states(),
             accumulation=(gradient_state.step, gradient_state.sync_gradients),
-            was_training=module.training,
+            modes=capture_modes(module),
         )
 
     def restore(self) -> None:
@@ -98,7 +99,7 @@ class TrainingState:
         set_rng_states(self.rng)
         gradient_state = self.trainer.accelerator.gradient_state
         gradient_state.step, gradient_state.sync_gradients = self.accumulation
-        module.train(self.was_training)
+        put_modes(module, self.modes)
 
 
 def train_loader(trainer: Trainer) -> Any:
@@ -146,7 +147,6 @@ def run_training_steps(
     if num_steps < 1:
         return 0
     trial = _Trial(trial_step(trainer), num_steps, before_step, after_step)
-    trainer.module.train()
     if before_step is not None:
         before_step(0)
     while not trial.is_done:

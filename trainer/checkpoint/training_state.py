@@ -119,16 +119,21 @@ def rng_state_for_rank(rng_states: Sequence[Any] | None, rank: int) -> Any | Non
 
 
 def load_model_state(
-    strategy: Strategy, module: torch.nn.Module, state: dict[str, Any], source: str | Path
+    strategy: Strategy,
+    module: torch.nn.Module,
+    state: dict[str, Any],
+    source: str | Path,
+    strict: bool = True,
 ) -> None:
-    """Load a checkpoint's weights into ``module`` through the strategy.
+    """Load a checkpoint's weights into ``module`` through the strategy (``strict=False``:
+    missing and unexpected keys are allowed, as ``load_state_dict`` allows them).
 
     Raises:
         CheckpointError: the weights do not fit the module (missing, unexpected or
             differently shaped tensors), naming ``source`` and the module's class.
     """
     try:
-        strategy.load_module_state_dict(module, state)
+        strategy.load_module_state_dict(module, state, strict=strict)
     except RuntimeError as err:
         raise CheckpointError(
             f"{source}: the checkpoint's weights do not fit {type(module).__name__}: {err}"

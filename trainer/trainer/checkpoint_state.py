@@ -191,7 +191,9 @@ def restore_checkpoint(
     """
     module = trainer.module
     hooks.call("on_load_checkpoint", checkpoint)
-    load_model_state(trainer.strategy, module, checkpoint["state_dict"], "ckpt_path")
+    load_model_state(
+        trainer.strategy, module, checkpoint["state_dict"], "ckpt_path", module.strict_loading
+    )
     if not full or "progress" not in checkpoint:
         return None
     load_states(

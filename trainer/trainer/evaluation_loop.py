@@ -22,6 +22,7 @@ import torch
 from trainer.errors import ConfigurationError
 from trainer.trainer.dataloader_idx import check_dataloader_idx
 from trainer.trainer.logger_rows import eval_epoch_step, send_to_loggers
+from trainer.trainer.mode_hooks import restore_modes, switch_to_eval
 from trainer.trainer.options import overrides
 
 if TYPE_CHECKING:
@@ -67,7 +68,7 @@ def _run_epoch(trainer: Trainer, run: Run, stage: str, loaders: list[Any]) -> li
         store.hook = (step_name, False, True)
         module.metric_store = store
     is_logging = store is not None and not trainer.sanity_checking
-    run.model.eval()
+    modes = switch_to_eval(module, stage)  # on_<stage>_model_eval
     predictions: list[list[Any]] = [[] for _ in loaders]
     call(f"on_{stage}_start")
     call(f"on_{stage}_epoch_start")
@@ -102,6 +103,7 @@ def _run_epoch(trainer: Trainer, run: Run, stage: str, loaders: list[Any]) -> li
     if is_logging:
         send_to_loggers(trainer, store.epoch_items(for_logger=True), eval_epoch_step(trainer))
     call(f"on_{stage}_end")
+    restore_modes(module, stage, modes)  # each submodule's, or on_<stage>_model_train
     module.metric_store = run.stores["train"]
     if stage == "predict":
         return predictions

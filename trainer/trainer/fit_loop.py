@@ -41,6 +41,7 @@ from trainer.trainer.evaluation_loop import run_eval_epoch
 from trainer.trainer.loaders import is_reload_due, reload_stage
 from trainer.trainer.logger_rows import send_to_loggers
 from trainer.trainer.manual_step import bind_manual_steps
+from trainer.trainer.mode_hooks import warn_on_eval_modules
 from trainer.trainer.optimizer_config import step_schedulers
 from trainer.trainer.options import warn_on_empty_epoch
 from trainer.trainer.preemption import PreemptionSignal, is_preempted, save_and_exit
@@ -112,6 +113,7 @@ class FitLoop(BatchStep):
             if is_manual
             else None
         )
+        warn_on_eval_modules(trainer.module)
         try:
             self._run.hooks.call("on_train_start")
             while not self._is_done():
@@ -177,7 +179,6 @@ class FitLoop(BatchStep):
         if self.pending_rng_state is not None:  # resuming: continue the saved random streams
             set_rng_states(self.pending_rng_state)
             self.pending_rng_state = None
-        run.model.train()
         run.hooks.call("on_train_epoch_start")
         self._has_step_plateau = self._has_schedulers("step", is_plateau=True)
         val_every = val_check_batches(trainer, run)  # 0: after the epoch's last batch only
@@ -352,8 +353,7 @@ class FitLoop(BatchStep):
             reload_stage(trainer, "validation", self._run)
             self._reloaded_at["validation"] = epoch
             self._run.stores["validation"].batch_counts.clear()  # Lightning counts rows anew
-        model = self._run.model
-        was_training = model.training
+        if not (self._is_automatic and not self.is_stepping):  # not inside a window
+            trainer.module.on_validation_model_zero_grad()
         trainer.progress.last_val_step = trainer.global_step
-        run_eval_epoch(trainer, self._run, "validation")
-        model.train(was_training)
+        run_eval_epoch(trainer, self._run, "validation")  # modes restored there

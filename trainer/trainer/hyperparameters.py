@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import inspect
 from typing import Any
 
@@ -65,6 +66,7 @@ class HyperparameterMixin:
         ignored = (ignore,) if isinstance(ignore, str) else tuple(ignore or ())
         hparams = _collect_init_args(caller, names, ignored, type(self).__name__)
         object.__setattr__(self, "_hparams", hparams)
+        object.__setattr__(self, "_hparams_initial", copy.deepcopy(hparams))
 
     @property
     def hparams(self) -> AttributeDict:
@@ -72,3 +74,9 @@ class HyperparameterMixin:
         if "_hparams" not in self.__dict__:
             object.__setattr__(self, "_hparams", AttributeDict())
         return self.__dict__["_hparams"]
+
+    @property
+    def hparams_initial(self) -> AttributeDict:
+        """A copy of the hyperparameters as ``save_hyperparameters`` recorded them (later
+        changes to ``self.hparams`` are not in it); empty before it is called."""
+        return copy.deepcopy(self.__dict__.get("_hparams_initial", AttributeDict()))

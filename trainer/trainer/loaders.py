@@ -66,14 +66,18 @@ def load_stage(trainer: Trainer, name: str, given: Any, *, required: bool) -> An
     is_overfitting = trainer.overfit_batches > 0 and (
         name == "train" or (name == "validation" and trainer.state.stage == "fit")
     )
-    prepared, total = [], 0.0
+    prepared, counts = [], []
     for dataloader_idx, item in enumerate(items):
         if is_overfitting and isinstance(item, DataLoader):
             item = _in_order(item, name)
         loader, count = prepare_loader(trainer, name, item, dataloader_idx)
         prepared.append(loader)
-        total += count
+        counts.append(count)
+    total = sum(counts)
     setattr(trainer, _COUNT_ATTRIBUTE[name], total if math.isinf(total) else int(total))
+    if name == "validation" and trainer.state.stage == "fit":  # Lightning keeps the fit's
+        steps = trainer.num_sanity_val_steps
+        trainer.num_sanity_val_batches = [c if steps == -1 else min(steps, c) for c in counts]
     return prepared[0] if name == "train" else prepared
 
 

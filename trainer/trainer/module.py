@@ -18,6 +18,7 @@ from trainer.accelerator.collectives import map_tensors
 from trainer.errors import ConfigurationError
 from trainer.trainer.data_hooks import DataHooks
 from trainer.trainer.hyperparameters import AttributeDict, HyperparameterMixin
+from trainer.trainer.mode_hooks import ModeHooks
 from trainer.trainer.module_hooks import ModuleHooks
 from trainer.trainer.module_loading import load_datamodule, load_module, restricted_classmethod
 
@@ -31,7 +32,7 @@ if TYPE_CHECKING:
 __all__ = ["AttributeDict", "DataModule", "TrainModule"]
 
 
-class TrainModule(HyperparameterMixin, ModuleHooks, DataHooks, torch.nn.Module):
+class TrainModule(HyperparameterMixin, ModuleHooks, ModeHooks, DataHooks, torch.nn.Module):
     """A ``torch.nn.Module`` with its training logic.
 
     Required: ``training_step(batch, batch_idx)`` returning the loss (a Tensor, a dict with
@@ -54,6 +55,10 @@ class TrainModule(HyperparameterMixin, ModuleHooks, DataHooks, torch.nn.Module):
     """
 
     automatic_optimization: bool = True
+    # Lightning's `strict_loading`: whether checkpoint weights must match this module's exactly
+    # (resuming with ckpt_path, load_from_checkpoint with strict=None). Set False for a module
+    # whose checkpoints leave out frozen weights.
+    strict_loading: bool = True
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)

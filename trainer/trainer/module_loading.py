@@ -188,7 +188,7 @@ def load_module(
             stacklevel=3,
         )
         return module
-    strict = True if strict is None else strict
+    strict = module.strict_loading if strict is None else strict
     try:
         result = module.load_state_dict(weights, strict=strict)
     except RuntimeError as err:

@@ -7,6 +7,7 @@ create; none changes anything, except the ``accumulate_grad_batches`` setter.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 from typing import TYPE_CHECKING, Any
@@ -255,6 +256,69 @@ class TrainerProperties:
         return self._loaders.get("train")
 
     @property
+    def val_dataloaders(self) -> Any:
+        """The prepared validation dataloader(s) of the current call: one, a list, or None."""
+        return _one_or_list(self._loaders.get("validation"))
+
+    @property
+    def test_dataloaders(self) -> Any:
+        """The prepared test dataloader(s) of the current call: one, a list, or None."""
+        return _one_or_list(self._loaders.get("test"))
+
+    @property
+    def predict_dataloaders(self) -> Any:
+        """The prepared predict dataloader(s) of the current call: one, a list, or None."""
+        return _one_or_list(self._loaders.get("predict"))
+
+    @property
+    def num_sanity_val_batches(self) -> list[int | float]:
+        """Per validation dataloader of the last ``fit``, the batches its sanity check reads
+        ([] before a fit with validation data)."""
+        return self.__dict__.get("_num_sanity_val_batches", [])
+
+    @num_sanity_val_batches.setter
+    def num_sanity_val_batches(self, counts: list[int | float]) -> None:
+        """Set by `trainer.trainer.loaders.load_stage` when a fit prepares its validation data."""
+        self.__dict__["_num_sanity_val_batches"] = counts
+
+    @property
+    def enable_validation(self) -> bool:
+        """Whether ``fit`` validates: a validation dataloader, ``validation_step`` and
+        ``limit_val_batches`` above 0."""
+        module = self.module
+        return (
+            bool(self._loaders.get("validation"))
+            and module is not None
+            and callable(getattr(module, "validation_step", None))
+            and self.limit_val_batches > 0
+        )
+
+    @property
+    def distributed_sampler_kwargs(self) -> dict[str, int] | None:
+        """``num_replicas`` and ``rank`` the samplers shard with; None on one device."""
+        strategy = self.strategy
+        return None if strategy.world_size == 1 else strategy.distributed_sampler_kwargs
+
+    @property
+    def scaler(self) -> Any:
+        """The gradient scaler of ``"16-mixed"`` (a ``torch.amp.GradScaler``), else None."""
+        return getattr(self.precision_plugin, "scaler", None)
+
+    def init_module(
+        self, empty_init: bool | None = None
+    ) -> contextlib.AbstractContextManager[None]:
+        """Build a module inside: its tensors are made on the Trainer's device in the precision's
+        dtype; ``empty_init=True`` also skips weight initialization (load weights next).
+
+        Examples:
+            >>> with trainer.init_module():
+            ...     model = GPT(config)  # bf16 on the GPU under precision="bf16-true"
+        """
+        from trainer.trainer.init_module import init_module_context
+
+        return init_module_context(self, empty_init)  # type: ignore[arg-type]
+
+    @property
     def model(self) -> torch.nn.Module | None:
         """The prepared model: ``trainer.model("training_step", batch, batch_idx)`` runs a step
         through the engine's wrapper (DDP, FSDP), as the loop does."""
@@ -275,3 +339,9 @@ class TrainerProperties:
 
 def _limit(value: int | float | None) -> int | float:
     return 1.0 if value is None else value
+
+
+def _one_or_list(loaders: list[Any] | None) -> Any:
+    if not loaders:
+        return None
+    return loaders[0] if len(loaders) == 1 else list(loaders)

@@ -1,0 +1,169 @@
+"""Parity by difference: more of what ported code reads on the Trainer and the module, on
+lightning.pytorch 2.6 and trainer.
+
+``trainer.val_dataloaders`` / ``test_dataloaders`` / ``predict_dataloaders``,
+``num_sanity_val_batches``, ``enable_validation``, ``distributed_sampler_kwargs`` and ``scaler``
+read in the hooks of fit, test and predict; ``trainer.init_module()`` under each true precision
+and with ``empty_init``; ``hparams_initial``; ``strict_loading`` when resuming a checkpoint that
+lacks a layer. Lightning's run is the expected value.
+"""
+
+from __future__ import annotations
+
+import warnings
+from typing import Any
+
+import pytest
+import torch
+
+from tests.parity.frameworks import BOTH, Framework, loader, quiet, regression
+
+pytest.importorskip("lightning.pytorch")
+
+
+def _loaders_seen(value: Any) -> Any:
+    if value is None:
+        return None
+    if isinstance(value, list):
+        return ["list", len(value)]
+    return "one"
+
+
+def _reading(framework: Framework, seen: list[Any]) -> Any:
+    class Reading(framework.Callback):  # type: ignore[misc, name-defined]
+        def _read(self, trainer: Any, hook: str) -> None:
+            seen.append(
+                (
+                    hook,
+                    _loaders_seen(trainer.val_dataloaders),
+                    _loaders_seen(trainer.test_dataloaders),
+                    _loaders_seen(trainer.predict_dataloaders),
+                    trainer.num_sanity_val_batches,
+                    trainer.enable_validation,
+                    trainer.distributed_sampler_kwargs,
+                    trainer.scaler,
+                )
+            )
+
+        def on_train_start(self, trainer: Any, module: Any) -> None:
+            self._read(trainer, "on_train_start")
+
+        def on_test_start(self, trainer: Any, module: Any) -> None:
+            self._read(trainer, "on_test_start")
+
+        def on_predict_start(self, trainer: Any, module: Any) -> None:
+            self._read(trainer, "on_predict_start")
+
+    return Reading()
+
+
+def _two_loader_regression(framework: Framework) -> Any:
+    class TwoLoaders(regression(framework.Module)):  # type: ignore[misc]
+        def validation_step(self, batch: Any, batch_idx: int, dataloader_idx: int = 0) -> None:
+            self.log("val_loss", self.loss(batch))
+
+        def test_step(self, batch: Any, batch_idx: int) -> None:
+            self.log("test_loss", self.loss(batch))
+
+        def predict_step(self, batch: Any, batch_idx: int, dataloader_idx: int = 0) -> Any:
+            return self.net(batch[0])
+
+    return TwoLoaders()
+
+
+def test_trainer_attributes_as_in_lightning() -> None:
+    seen: dict[str, list[Any]] = {}
+    for framework in BOTH:
+        calls: list[Any] = []
+        module = _two_loader_regression(framework)
+        run = framework.trainer(
+            **quiet(max_epochs=1, num_sanity_val_steps=3, callbacks=[_reading(framework, calls)])
+        )
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            run.fit(module, loader(8), [loader(4, seed=1), loader(10, seed=2)])
+            run.test(module, loader(4, seed=3), **framework.eval_options)
+            run.predict(module, [loader(4, seed=4), loader(2, seed=5)])
+        seen[framework.name] = calls
+    assert seen["trainer"] == seen["lightning"]
+    assert seen["trainer"][0][4] == [2, 3]  # min(num_sanity_val_steps, batches) per loader
+
+
+@pytest.mark.parametrize("precision", ["32-true", "bf16-true", "64-true"])
+def test_init_module_as_in_lightning(precision: str) -> None:
+    seen = {}
+    for framework in BOTH:
+        run = framework.trainer(**quiet(precision=precision))
+        with run.init_module():
+            layer = torch.nn.Linear(3, 2)
+        torch.manual_seed(0)
+        with run.init_module(empty_init=True):
+            skipped = torch.nn.Linear(3, 2)
+        after_empty = torch.rand(1).item()  # the init functions drew nothing
+        seen[framework.name] = (
+            layer.weight.dtype,
+            layer.weight.device.type,
+            skipped.weight.dtype,
+            after_empty,
+        )
+    assert seen["trainer"] == seen["lightning"]
+    torch.manual_seed(0)
+    assert seen["trainer"][3] == torch.rand(1).item()
+
+
+def test_hparams_initial_as_in_lightning() -> None:
+    seen = {}
+    for framework in BOTH:
+
+        class Tuned(framework.Module):  # type: ignore[misc, name-defined]
+            def __init__(self, lr: float = 0.1, layers: tuple[int, ...] = (4, 2)) -> None:
+                super().__init__()
+                self.save_hyperparameters()
+
+        module = Tuned(lr=0.5)
+        module.hparams.lr = 0.01  # tuned afterwards: hparams_initial keeps what was saved
+        initial = module.hparams_initial
+        initial["layers"] = (1,)  # a copy each time
+        seen[framework.name] = (dict(module.hparams), dict(module.hparams_initial))
+    assert seen["trainer"] == seen["lightning"]
+    assert seen["trainer"][1] == {"lr": 0.5, "layers": (4, 2)}
+
+
+def _headed(framework: Framework, *, with_head: bool, strict: bool) -> Any:
+    class Headed(regression(framework.Module)):  # type: ignore[misc]
+        def __init__(self) -> None:
+            super().__init__()
+            self.strict_loading = strict
+            if with_head:
+                self.head = torch.nn.Linear(1, 1)  # frozen: not in the optimizer
+
+        def configure_optimizers(self) -> torch.optim.Optimizer:
+            return torch.optim.SGD(self.net.parameters(), lr=0.05)
+
+    return Headed()
+
+
+@pytest.mark.parametrize("strict", [True, False])
+def test_strict_loading_as_in_lightning(tmp_path, strict: bool) -> None:
+    seen = {}
+    for framework in BOTH:
+        root = tmp_path / framework.name
+        first = framework.trainer(
+            **quiet(max_epochs=1, enable_checkpointing=True, default_root_dir=str(root))
+        )
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            first.fit(_headed(framework, with_head=False, strict=True), loader(8))
+        path = first.checkpoint_callback.best_model_path
+        module = _headed(framework, with_head=True, strict=strict)
+        second = framework.trainer(**quiet(max_epochs=2))
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                second.fit(module, loader(8), ckpt_path=path)
+            outcome: Any = [p.detach().flatten().tolist() for p in module.parameters()]
+        except Exception:
+            outcome = "raised"
+        seen[framework.name] = outcome
+    assert seen["trainer"] == seen["lightning"]
+    assert (seen["trainer"] == "raised") is strict
