@@ -1,12 +1,13 @@
-"""Parity by difference: ``configure_callbacks`` and ``configure_gradient_clipping`` on
-lightning.pytorch 2.6 and trainer.
+"""Parity by difference: ``configure_callbacks``, ``configure_gradient_clipping`` and a
+``backward`` override on lightning.pytorch 2.6 and trainer.
 
 ``configure_callbacks``: a module's callbacks replace the Trainer's of the same class and join
 the others, checkpoint callbacks last and the finders first; the early stop that follows, and
 the list, are compared. ``configure_gradient_clipping``: an override that clips its own way (by
 value, a threshold of its own), one that defers to the default with the Trainer's value, a
 skipped step (``training_step`` returning None), and a value that contradicts the Trainer's.
-Lightning's run is the expected value.
+``backward``: an override that doubles the gradients, under automatic optimization with
+accumulation and through ``manual_backward`` with keywords. Lightning's run is the expected value.
 """
 
 from __future__ import annotations
@@ -146,3 +147,41 @@ def test_configure_gradient_clipping_as_in_lightning(how: str, trainer_value: An
         assert seen["trainer"][1] == "raised"
     else:
         assert len(seen["trainer"][0]) == 4  # every step, the skipped one included
+
+
+def _custom_backward(framework: Framework, calls: list[Any], *, manual: bool) -> Any:
+    class Doubled(regression(framework.Module)):  # type: ignore[misc]
+        def __init__(self) -> None:
+            super().__init__()
+            self.automatic_optimization = not manual
+
+        def backward(self, loss: torch.Tensor, *args: Any, **kwargs: Any) -> None:
+            calls.append(("backward", round(float(loss), 5), sorted(kwargs)))
+            (loss * 2).backward(*args, **kwargs)  # a custom backward: twice the gradients
+
+        def training_step(self, batch: Any, batch_idx: int) -> Any:
+            loss = self.loss(batch)
+            if not manual:
+                return loss
+            optimizer = self.optimizers()
+            optimizer.zero_grad()
+            self.manual_backward(loss, retain_graph=True)
+            optimizer.step()
+            return None
+
+    return Doubled()
+
+
+@pytest.mark.parametrize("manual", [False, True], ids=["automatic", "manual"])
+def test_a_backward_override_runs_as_in_lightning(manual: bool) -> None:
+    seen = {}
+    for framework in BOTH:
+        calls: list[Any] = []
+        module = _custom_backward(framework, calls, manual=manual)
+        run = framework.trainer(**quiet(max_epochs=1, accumulate_grad_batches=1 if manual else 2))
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            run.fit(module, loader(16, batch_size=4))
+        seen[framework.name] = (calls, [p.detach().flatten().tolist() for p in module.parameters()])
+    assert seen["trainer"] == seen["lightning"]
+    assert len(seen["trainer"][0]) == 4  # one per batch, with the kwargs manual_backward gave

@@ -346,7 +346,11 @@ class Accelerator(ProcessAPI, CheckpointAPI, TrackerAPI):
 
     # ---- training -----------------------------------------------------------------------
     def backward(self, loss: torch.Tensor, **kwargs: Any) -> None:
-        """Backpropagate ``loss`` divided by the accumulation steps, scaled where needed."""
+        """Backpropagate ``loss`` divided by the accumulation steps, scaled where needed.
+
+        ``kwargs`` go to ``loss.backward``; ``backward_fn=f`` runs ``f(loss, **kwargs)`` on the
+        scaled loss instead (the Trainer passes a TrainModule's ``backward`` override).
+        """
         num_steps = self.gradient_state.num_steps
         if num_steps > 1:
             loss = loss / num_steps
@@ -354,7 +358,11 @@ class Accelerator(ProcessAPI, CheckpointAPI, TrackerAPI):
         precision = strategy.precision
         # Every batch: where neither the strategy nor its precision plugin changes the base
         # backward, do what they would (loss.backward) without their two calls.
-        if type(strategy).backward is _BACKWARD and type(precision).backward is _PLAIN_BACKWARD:
+        if (
+            type(strategy).backward is _BACKWARD
+            and type(precision).backward is _PLAIN_BACKWARD
+            and "backward_fn" not in kwargs
+        ):
             loss.backward(**kwargs)
         else:
             strategy.backward(loss, self._models[0] if self._models else None, **kwargs)

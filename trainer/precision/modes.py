@@ -8,7 +8,7 @@ scales the loss with ``torch.amp.GradScaler`` and reports skipped steps. True mo
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
@@ -106,10 +106,15 @@ class MixedPrecision(Precision):
     def autocast(self) -> contextlib.AbstractContextManager[Any]:
         return torch.autocast(self.device_type, dtype=self.compute_dtype, **self.autocast_kwargs)
 
-    def backward(self, loss: torch.Tensor, **kwargs: Any) -> None:
+    def backward(
+        self,
+        loss: torch.Tensor,
+        backward_fn: Callable[..., None] | None = None,
+        **kwargs: Any,
+    ) -> None:
         if self.scaler is not None:
             loss = self.scaler.scale(loss)
-        loss.backward(**kwargs)
+        (backward_fn or torch.Tensor.backward)(loss, **kwargs)
 
     def unscale_gradients(self, optimizer: torch.optim.Optimizer) -> None:
         if self.scaler is not None:

@@ -8,6 +8,7 @@ strategies; a strategy asks it for dtypes and calls its verbs.
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -48,9 +49,16 @@ class Precision:
         """The region where the forward pass runs (autocast for mixed modes)."""
         return _NO_AUTOCAST
 
-    def backward(self, loss: torch.Tensor, **kwargs: Any) -> None:
-        """Backpropagate ``loss`` (scaled first where the mode scales)."""
-        loss.backward(**kwargs)
+    def backward(
+        self,
+        loss: torch.Tensor,
+        backward_fn: Callable[..., None] | None = None,
+        **kwargs: Any,
+    ) -> None:
+        """Backpropagate ``loss`` (scaled first where the mode scales) with
+        ``backward_fn(loss, **kwargs)``: ``loss.backward`` unless given (the Trainer passes a
+        TrainModule's ``backward`` override)."""
+        (backward_fn or torch.Tensor.backward)(loss, **kwargs)
 
     def unscale_gradients(self, optimizer: torch.optim.Optimizer) -> None:
         """Bring gradients back to their true scale before clipping (no-op without scaling)."""

@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from trainer._warnings import warn_user
 from trainer.errors import ConfigurationError
 from trainer.precision import Precision
 from trainer.profilers import PassThroughProfiler
@@ -35,6 +36,7 @@ from trainer.trainer.closure import check_closure_precision, needs_closure, step
 from trainer.trainer.hook_table import HookTable, is_overridden
 from trainer.trainer.loss import anomaly_backward, check_finite, loss_of
 from trainer.trainer.module import TrainModule
+from trainer.trainer.options import is_instance_named
 from trainer.trainer.profiling import is_profiling
 from trainer.trainer.step_hooks import HookedStep
 
@@ -82,6 +84,7 @@ class BatchStep:
         self._has_clip_hook = is_automatic and is_overridden(
             module, "configure_gradient_clipping", TrainModule
         )
+        self._module_backward = module_backward(trainer)
         self._hooked_step = (
             HookedStep(
                 module,
@@ -119,6 +122,7 @@ class BatchStep:
             and not self._needs_closure
             and not self._has_zero_grad_hook
             and not self._has_clip_hook
+            and self._module_backward is None
             and not self._has_autocast
             and not is_profiling(trainer.profiler)
             and not any(
@@ -206,6 +210,8 @@ class BatchStep:
         # Empty hook lists are skipped without a call: this runs every batch.
         if self._on_before_backward:
             self._hooks.call("on_before_backward", loss)
+        if self._module_backward is not None:  # the precision calls it on the scaled loss
+            kwargs["backward_fn"] = self._module_backward
         if self.trainer.detect_anomaly:
             anomaly_backward(self.trainer, loss, **kwargs)
         else:
@@ -303,6 +309,21 @@ class BatchStep:
         _, loss = self._run_batch(*self._closure_batch)
         self._before_step(is_skipped=loss is None)
         return None if loss is None else loss.detach()
+
+
+def module_backward(trainer: Trainer) -> Callable[..., None] | None:
+    """The module's ``backward`` override (Lightning's hook), or None: not overridden, or under
+    DeepSpeed, whose engine runs the backward itself (a warning, as Lightning gives)."""
+    module = trainer.module
+    if not is_overridden(module, "backward", TrainModule):
+        return None
+    if is_instance_named(trainer.strategy, "DeepSpeedStrategy"):
+        warn_user(
+            f"{type(module).__name__}.backward is not called under DeepSpeed: its engine runs "
+            "the backward pass (as in Lightning)."
+        )
+        return None
+    return module.backward
 
 
 def trial_step(trainer: Trainer) -> BatchStep:

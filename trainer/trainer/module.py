@@ -308,6 +308,12 @@ class TrainModule(HyperparameterMixin, ModuleHooks, ModeHooks, DataHooks, torch.
         finally:
             self.untoggle_optimizer(optimizer)
 
+    def backward(self, loss: torch.Tensor, *args: Any, **kwargs: Any) -> None:
+        """Lightning's hook: run the backward pass of ``loss`` (already divided for gradient
+        accumulation and scaled under ``16-mixed``). Override for a custom one; not called under
+        DeepSpeed, whose engine runs it."""
+        loss.backward(*args, **kwargs)
+
     def configure_callbacks(self) -> Callback | list[Callback]:
         """Callbacks this module brings: each replaces the Trainer's callbacks of its class (or
         a parent class), the rest are added (`trainer.trainer.module_callbacks`). Default: none."""
