@@ -5,7 +5,7 @@ CPU), started from this process and timed from the moment it starts the launcher
 
 - ``raw``: ``python -m torch.distributed.run --standalone --nproc_per_node 2`` of a plain
   script (``init_process_group``, ``DistributedDataParallel``, a ``DistributedSampler`` loop,
-  ``destroy_process_group``);
+  the wrapper dropped, then ``destroy_process_group``);
 - ``torchrun+trainer``: the same torchrun of a script that runs
   ``Trainer(strategy="ddp").fit(...)``;
 - ``trainer launch``: ``trainer launch --num_processes 2`` of that Trainer script
@@ -64,6 +64,9 @@ for index, (inputs, targets) in enumerate(
         marks["first_step"] = time.time()
     if index == 7:
         break
+# The DDP wrapper goes before its group ends: its reducer, freed after the group at
+# interpreter exit, aborts the process now and then (issue #13: it failed this benchmark).
+del model, optimizer
 dist.barrier()
 dist.destroy_process_group()
 marks["fit_end"] = time.time()

@@ -7,6 +7,7 @@ random draws its framework made.
 
 from __future__ import annotations
 
+import os
 import random
 from typing import Any
 
@@ -313,6 +314,60 @@ RESUME_CASES: dict[str, dict[str, Any]] = {
 }
 for _name, _case in RESUME_CASES.items():
     scenario(f"resume/{_name}")(_resume_case(**_case))
+
+
+@scenario("resume/state_pre_hooks")
+def _state_pre_hooks(side: Side) -> dict[str, Any]:
+    """diffusers' pattern: the save hook writes model 0 its own way into ``output_dir`` (main
+    process) and pops its weights; the load hook reads it back from ``input_dir`` and pops the
+    model; ``save_state`` / ``load_state`` handle the rest. A removed hook is not called."""
+    from safetensors.torch import load_file, save_file
+
+    facts: dict[str, Any] = {"calls": []}
+    accelerator = side.accelerator()
+
+    def save_hook(models: list[Any], weights: list[Any], output_dir: str) -> None:
+        facts["calls"].append(("save", len(models), len(weights), os.path.isdir(output_dir)))
+        if accelerator.is_main_process:
+            os.makedirs(os.path.join(output_dir, "custom"), exist_ok=True)
+            state = {k: v.contiguous() for k, v in weights.pop(0).items()}
+            save_file(state, os.path.join(output_dir, "custom", "net.safetensors"))
+        else:
+            weights.pop(0)
+
+    def load_hook(models: list[Any], input_dir: str) -> None:
+        facts["calls"].append(("load", len(models), "custom" in os.listdir(input_dir)))
+        net = models.pop(0)
+        accelerator.unwrap_model(net).load_state_dict(
+            load_file(os.path.join(input_dir, "custom", "net.safetensors"))
+        )
+
+    def never(*args: Any) -> None:
+        facts["calls"].append("removed hook called")
+
+    directory = str(scratch() / "hooked")
+    net = model()
+    opt = torch.optim.SGD(net.parameters(), lr=0.1)
+    net, opt, data = accelerator.prepare(net, opt, loader(8, 2))
+    removed = [accelerator.register_save_state_pre_hook(never)]
+    accelerator.register_save_state_pre_hook(save_hook)
+    removed.append(accelerator.register_load_state_pre_hook(never))
+    accelerator.register_load_state_pre_hook(load_hook)
+    for handle in removed:
+        handle.remove()
+    for batch in data:
+        accelerator.backward(loss_of(net, batch))
+        opt.step()
+        opt.zero_grad()
+    saved = parameters(accelerator.unwrap_model(net))
+    accelerator.save_state(directory)
+    accelerator.wait_for_everyone()
+    with torch.no_grad():
+        for parameter in accelerator.unwrap_model(net).parameters():
+            parameter.zero_()
+    accelerator.load_state(directory)
+    facts["restored"] = parameters(accelerator.unwrap_model(net)) == saved
+    return facts
 
 
 # ---- Accelerate's training_check: N processes end where one process with the global batch does

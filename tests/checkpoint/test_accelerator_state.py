@@ -177,3 +177,94 @@ def test_init_empty_weights_builds_a_10b_parameter_model_without_memory():
     with trainer.init_on_device("cpu"):
         small = torch.nn.Linear(2, 2)
     assert small.weight.device.type == "cpu"
+
+
+def _hooks(calls: list[str]):
+    """diffusers' pair: the first model saved as a file of its own in extra/, read back."""
+    from safetensors.torch import save_file
+
+    def save_hook(models, weights, output_dir):
+        calls.append("save")
+        os.makedirs(os.path.join(output_dir, "net"))
+        save_file(weights.pop(0), os.path.join(output_dir, "net", "weights.safetensors"))
+
+    def load_hook(models, input_dir):
+        calls.append("load")
+        models.pop(0).load_state_dict(
+            load_file(os.path.join(input_dir, "net", "weights.safetensors"))
+        )
+
+    return save_hook, load_hook
+
+
+def test_state_pre_hooks_files_join_the_checkpoint_listed_and_hashed(tmp_path):
+    accelerator = Accelerator(cpu=True)
+    model, optimizer, loader, scheduler = _setup(accelerator)
+    calls: list[str] = []
+    save_hook, load_hook = _hooks(calls)
+    accelerator.register_save_state_pre_hook(save_hook)
+    accelerator.register_load_state_pre_hook(load_hook)
+    _train(accelerator, model, optimizer, loader, scheduler, 2)
+    expected = {k: v.clone() for k, v in model.state_dict().items()}
+    folder = accelerator.save_state(tmp_path / "ck")
+    manifest = trainer.checkpoint.verify_checkpoint(folder)
+    assert "extra/net/weights.safetensors" in manifest["files"]
+    assert load_file(os.path.join(folder, "model.safetensors")) == {}  # the hook saved it
+    assert [p.name for p in tmp_path.iterdir()] == ["ck"]  # no temporary folder left
+    with torch.no_grad():
+        for parameter in model.parameters():
+            parameter.zero_()
+    accelerator.load_state(folder)
+    assert calls == ["save", "load"]
+    assert all(torch.equal(model.state_dict()[k], v) for k, v in expected.items())
+
+
+def test_a_tampered_extra_file_is_refused_before_the_load_hook_reads_it(tmp_path):
+    accelerator = Accelerator(cpu=True)
+    _setup(accelerator)
+    calls: list[str] = []
+    save_hook, load_hook = _hooks(calls)
+    accelerator.register_save_state_pre_hook(save_hook)
+    accelerator.register_load_state_pre_hook(load_hook)
+    folder = accelerator.save_state(tmp_path / "ck")
+    extra = os.path.join(folder, "extra", "net", "weights.safetensors")
+    data = bytearray(open(extra, "rb").read())
+    data[-1] ^= 0xFF
+    open(extra, "wb").write(bytes(data))
+    with pytest.raises(trainer.CheckpointError, match="extra/net/weights.safetensors"):
+        accelerator.load_state(folder)
+    assert calls == ["save"]  # the load hook never saw the altered file
+
+
+def test_a_failing_save_hook_leaves_no_checkpoint_and_no_temporary_folder(tmp_path):
+    accelerator = Accelerator(cpu=True)
+    _setup(accelerator)
+
+    def failing(models, weights, output_dir):
+        open(os.path.join(output_dir, "half-written"), "w").write("x")
+        raise RuntimeError("disk on fire")
+
+    handle = accelerator.register_save_state_pre_hook(failing)
+    with pytest.raises(RuntimeError, match="disk on fire"):
+        accelerator.save_state(tmp_path / "ck")
+    assert list(tmp_path.iterdir()) == []
+    handle.remove()
+    folder = accelerator.save_state(tmp_path / "ck")  # the hook is gone: a plain checkpoint
+    assert not os.path.exists(os.path.join(folder, "extra"))
+
+
+def test_state_pre_hooks_with_background_saves(tmp_path):
+    from trainer.plugins import AsyncCheckpointIO
+
+    accelerator = Accelerator(cpu=True)
+    _setup(accelerator)
+    calls: list[str] = []
+    save_hook, load_hook = _hooks(calls)
+    accelerator.register_save_state_pre_hook(save_hook)
+    accelerator.register_load_state_pre_hook(load_hook)
+    io = AsyncCheckpointIO()
+    folder = accelerator.save_state(tmp_path / "ck", checkpoint_io=io)
+    io.wait()
+    assert "extra/net/weights.safetensors" in trainer.checkpoint.verify_checkpoint(folder)["files"]
+    accelerator.load_state(folder)
+    assert calls == ["save", "load"]

@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import contextlib
 import os
-from collections.abc import Iterable
+from collections import OrderedDict
+from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -166,6 +167,9 @@ class Accelerator(ProcessAPI, CheckpointAPI, TrackerAPI):
         self._schedulers: list[AcceleratedScheduler] = []
         self._dataloaders: list[DataLoaderShard] = []
         self._custom_objects: list[Any] = []
+        # by handle id (RemovableHandle keeps a weak reference: an OrderedDict, not a dict)
+        self._save_state_pre_hooks: dict[int, Callable[..., None]] = OrderedDict()
+        self._load_state_pre_hooks: dict[int, Callable[..., None]] = OrderedDict()
         # Parameters that preparing a model replaced (FSDP2, TP): optimizers follow them.
         self._replaced_parameters: dict[int, tuple[torch.nn.Parameter, torch.nn.Parameter]] = {}
 

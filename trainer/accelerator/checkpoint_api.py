@@ -1,4 +1,5 @@
-"""The Accelerator's checkpoint verbs: ``save_state``, ``load_state``, ``register_for_checkpointing``, ``save``, ``save_model``.
+"""The Accelerator's checkpoint verbs: ``save_state``, ``load_state`` (and their pre hooks),
+``register_for_checkpointing``, ``save``, ``save_model``.
 
 `CheckpointAPI` is a base of `trainer.accelerator.Accelerator`. What goes into the directory
 and how it is written and verified is ``trainer.checkpoint.accelerator_state``; this class only
@@ -12,6 +13,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import torch
+from torch.utils.hooks import RemovableHandle
 
 from trainer.errors import ConfigurationError
 
@@ -33,6 +35,8 @@ class CheckpointAPI:
     _schedulers: list[Any]
     _dataloaders: list[Any]
     _custom_objects: list[Any]
+    _save_state_pre_hooks: dict[int, Callable[..., None]]
+    _load_state_pre_hooks: dict[int, Callable[..., None]]
     is_main_process: bool
     is_local_main_process: bool
     project_configuration: ProjectConfiguration
@@ -91,7 +95,36 @@ class CheckpointAPI:
             schedulers=self._schedulers,
             dataloaders=self._dataloaders,
             custom_objects=self._custom_objects,
+            save_hooks=list(self._save_state_pre_hooks.values()),
+            load_hooks=list(self._load_state_pre_hooks.values()),
         )
+
+    def register_save_state_pre_hook(self, hook: Callable[..., None]) -> RemovableHandle:
+        """Call ``hook(models, weights, output_dir)`` in ``save_state`` before it writes.
+
+        ``models`` are the prepared models, ``weights`` their state dicts (a list the hook may
+        shorten: a weight it pops is not written, as in Accelerate, for a model it saves its own
+        way), and ``output_dir`` the checkpoint's ``extra/`` folder: files written there become
+        part of the checkpoint, listed and hashed in its manifest, appearing atomically with the
+        rest (write them on the main process). This package never reads them; the load hook does.
+        Returns a handle whose ``remove()`` unregisters the hook.
+        """
+        handle = RemovableHandle(self._save_state_pre_hooks)
+        self._save_state_pre_hooks[handle.id] = hook
+        return handle
+
+    def register_load_state_pre_hook(self, hook: Callable[..., None]) -> RemovableHandle:
+        """Call ``hook(models, input_dir)`` in ``load_state`` once the checkpoint is verified,
+        before the states are loaded.
+
+        ``input_dir`` is the checkpoint's ``extra/`` folder (what the save hook wrote; for a
+        folder written by Hugging Face Accelerate, the folder itself); a model the hook pops from
+        ``models`` is not loaded by ``load_state``. Returns a handle whose ``remove()``
+        unregisters the hook.
+        """
+        handle = RemovableHandle(self._load_state_pre_hooks)
+        self._load_state_pre_hooks[handle.id] = hook
+        return handle
 
     def register_for_checkpointing(self, *objects: Any) -> None:
         """Include ``objects`` (each with ``state_dict`` / ``load_state_dict``) in ``save_state``."""

@@ -13,7 +13,8 @@ from __future__ import annotations
 
 import os
 import re
-from collections.abc import Sequence
+import shutil
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -21,8 +22,10 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from trainer.checkpoint.accelerate_folder import is_accelerate_folder, read_accelerate_folder
-from trainer.checkpoint.atomic import discard_directory
+from trainer.checkpoint.atomic import discard_directory, process_tag
 from trainer.checkpoint.format import (
+    EXTRA_DIR,
+    EXTRA_FILES_KEY,
     MODEL_FILE,
     MODEL_INDEX,
     write_model_files,
@@ -63,6 +66,8 @@ class CheckpointObjects:
         schedulers: the prepared schedulers.
         dataloaders: the prepared dataloaders.
         custom_objects: the objects given to ``register_for_checkpointing``.
+        save_hooks: ``register_save_state_pre_hook``'s hooks, in order.
+        load_hooks: ``register_load_state_pre_hook``'s hooks, in order.
     """
 
     models: Sequence[torch.nn.Module]
@@ -70,6 +75,8 @@ class CheckpointObjects:
     schedulers: Sequence[Any]
     dataloaders: Sequence[Any]
     custom_objects: Sequence[Any]
+    save_hooks: Sequence[Callable[..., None]] = ()
+    load_hooks: Sequence[Callable[..., None]] = ()
 
 
 def _training_objects(accelerator: Accelerator, objects: CheckpointObjects) -> TrainingObjects:
@@ -136,14 +143,21 @@ def save_accelerator_state(
     # The first model and the optimizers keep the strategy's layout (DCP shards under FSDP's
     # SHARDED state dicts, written by every rank); further models are gathered in full.
     core = capture_training_state(strategy, _training_objects(accelerator, objects))
+    first = core.pop("state_dict", {})
+    others = [strategy.module_state_dict(model, full=True) for model in models[1:]]
+    weights = [first, *others] if models else []  # a save hook may pop entries
+    extra = _run_save_hooks(objects, weights, output) if objects.save_hooks else None
     checkpoint: dict[str, Any] = {
         **core,
-        "other_models": [strategy.module_state_dict(model, full=True) for model in models[1:]],
-        "num_models": len(models),  # the first state dict may be held by an engine (DeepSpeed)
+        "state_dict": weights[0] if weights else {},
+        "other_models": weights[1:],
+        "num_models": len(weights),  # the first state dict may be held by an engine (DeepSpeed)
         "custom_objects": [obj.state_dict() for obj in objects.custom_objects],
         "iteration": config.iteration,
         "global_step": config.iteration,
     }
+    if extra is not None:
+        checkpoint[EXTRA_FILES_KEY] = os.fspath(extra)
     pending = None  # every process calls it; the strategy (or the background writer) writes
     if checkpoint_io is None:
         strategy.save_checkpoint(output, checkpoint)
@@ -158,6 +172,24 @@ def save_accelerator_state(
             else:  # only once the new one is complete
                 pending.then(lambda: _prune(output.parent, limit))
     return output
+
+
+def _run_save_hooks(objects: CheckpointObjects, weights: list[Any], output: Path) -> Path | None:
+    """Run the save hooks with a fresh folder beside ``output`` as their ``output_dir``; return
+    it when they wrote something there (it becomes the checkpoint's ``extra/``), else None.
+    They may pop entries of ``weights`` (models they save themselves)."""
+    folder = output.parent / f".{output.name}.tmp-{process_tag()}"  # a stale one is cleaned up
+    folder.mkdir(parents=True)
+    try:
+        for hook in objects.save_hooks:
+            hook(list(objects.models), weights, os.fspath(folder))
+    except BaseException:
+        shutil.rmtree(folder, ignore_errors=True)
+        raise
+    if any(folder.iterdir()):
+        return folder
+    folder.rmdir()
+    return None
 
 
 def _prune(directory: Path, total_limit: int) -> None:
@@ -193,21 +225,25 @@ def load_accelerator_state(
         source = existing[-1][1]
     else:
         source = Path(input_dir)
-    if is_accelerate_folder(source):  # written by Hugging Face Accelerate's save_state
+    is_accelerate = is_accelerate_folder(source)
+    if is_accelerate:  # written by Hugging Face Accelerate's save_state
         checkpoint = read_accelerate_folder(source, accelerator.process_index)
-    else:
+    else:  # verified (extra/ included) before a hook reads anything
         first = accelerator.unwrap_model(objects.models[0]) if objects.models else None
         checkpoint = accelerator.strategy.load_checkpoint(source, first)
+    models = list(objects.models)
+    for hook in objects.load_hooks:  # a model a hook pops is loaded by the hook, not here
+        hook(models, os.fspath(source if is_accelerate else source / EXTRA_DIR))
     states = [checkpoint["state_dict"], *checkpoint.get("other_models", [])]
     saved_models = checkpoint.get("num_models", len(states) if states[0] else 0)
     fix = "Prepare the same objects in the same order before loading."
     where = f"load_state({source})"
-    if saved_models != len(objects.models):
+    if saved_models != len(models):
         raise CheckpointError(
-            f"{where}: the checkpoint has {saved_models} models but {len(objects.models)} are "
-            f"prepared or registered now. {fix}"
+            f"{where}: the checkpoint has {saved_models} models but {len(models)} are "
+            f"prepared or registered now (after the load hooks). {fix}"
         )
-    for model, state in zip(objects.models, states, strict=False):
+    for model, state in zip(models, states, strict=False):
         load_model_state(accelerator.strategy, accelerator.unwrap_model(model), state, where)
     load_states(
         "optimizer_states", objects.optimizers, checkpoint.get("optimizer_states", []), where, fix

@@ -38,6 +38,7 @@ from trainer.checkpoint.atomic import MANIFEST, atomic_directory, is_temporary
 from trainer.checkpoint.codec import decode, encode
 from trainer.checkpoint.manifest import (
     ENGINE_DIRS,
+    EXTRA_DIR,
     FORMAT_NAME,
     FORMAT_VERSION,
     MODEL_FILE,
@@ -69,6 +70,8 @@ from trainer.errors import CheckpointError
 
 __all__ = [
     "ENGINE_DIRS",
+    "EXTRA_DIR",
+    "EXTRA_FILES_KEY",
     "FORMAT_NAME",
     "FORMAT_VERSION",
     "find_latest_checkpoint",
@@ -82,6 +85,9 @@ __all__ = [
     "write_checkpoint",
     "write_model_files",
 ]
+
+# The checkpoint-dict key naming a folder of extra files to move in (`write_checkpoint_files`).
+EXTRA_FILES_KEY = "__extra_files__"
 
 _SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGT]?i?B)?\s*$", re.IGNORECASE)
 _UNITS = {
@@ -178,7 +184,9 @@ def write_checkpoint_files(
 
     Files already in ``directory`` (a sharded engine's DCP shards) are listed in the manifest too:
     with the record ``known_records`` gives for them (hashed by the ranks that wrote them,
-    `trainer.checkpoint.rank_hashing`), else hashed here.
+    `trainer.checkpoint.rank_hashing`), else hashed here. ``checkpoint[EXTRA_FILES_KEY]``, when
+    present, names a folder on the same file system (what the Accelerator's save hooks wrote):
+    it is moved in as ``extra/`` and listed the same way.
     """
     known = {
         name: record
@@ -186,6 +194,9 @@ def write_checkpoint_files(
         if (directory / name).is_file()
     }
     rest = dict(checkpoint)
+    extra_files = rest.pop(EXTRA_FILES_KEY, None)
+    if extra_files is not None:  # a save hook's folder, written beside: it joins the checkpoint
+        os.rename(extra_files, directory / EXTRA_DIR)
     model_state = rest.pop("state_dict", None)
     optimizer_states = rest.pop("optimizer_states", None)
     optimizer_tensors: dict[str, torch.Tensor] = {}

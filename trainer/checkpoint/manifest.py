@@ -31,6 +31,7 @@ from trainer.errors import CheckpointError
 
 __all__ = [
     "ENGINE_DIRS",
+    "EXTRA_DIR",
     "FORMAT_NAME",
     "FORMAT_VERSION",
     "MODEL_FILE",
@@ -65,6 +66,9 @@ _TOP_LEVEL_FILES = frozenset({MODEL_FILE, MODEL_INDEX, OPTIMIZER_FILE, STATE_FIL
 # `trainer.checkpoint.sharded.save_staged_checkpoint`: DCP shards (``sharded.DCP_DIR``) and
 # DeepSpeed's (``trainer.strategies.deepspeed.ENGINE_DIR``). A new engine adds its folder here.
 ENGINE_DIRS = ("dcp", "deepspeed")
+# Files an Accelerator's save_state pre hooks wrote (``register_save_state_pre_hook``): listed
+# and hashed like every file, never read by this package (the load hook reads them).
+EXTRA_DIR = "extra"
 
 
 def is_format_file(name: str) -> bool:
@@ -73,7 +77,8 @@ def is_format_file(name: str) -> bool:
     At the top level: ``model.safetensors``, ``model-0000i-of-0000N.safetensors``,
     ``model.safetensors.index.json``, ``optimizer.safetensors``, ``state.json`` and
     ``state.safetensors``. Below it: any file inside one of `ENGINE_DIRS` (a sharded engine's
-    shards, which only that engine's no-code reader opens). Nothing else.
+    shards, which only that engine's no-code reader opens) or inside `EXTRA_DIR` (a save hook's
+    files, which only the user's load hook opens). Nothing else.
 
     Example:
         >>> is_format_file("model-00001-of-00003.safetensors"), is_format_file("optimizer.bin")
@@ -83,7 +88,7 @@ def is_format_file(name: str) -> bool:
     if any(part in ("", ".", "..") or "\\" in part for part in parts):
         return False  # only plain names: "dcp/../optimizer.bin" is not inside dcp/
     if len(parts) > 1:
-        return parts[0] in ENGINE_DIRS
+        return parts[0] in ENGINE_DIRS or parts[0] == EXTRA_DIR
     return name in _TOP_LEVEL_FILES or _SHARD_RE.fullmatch(name) is not None
 
 
