@@ -26,10 +26,11 @@ if TYPE_CHECKING:
     from trainer.callbacks.progress import RichProgressBar
     from trainer.callbacks.progress_bar import ProgressBar
     from trainer.callbacks.spike import LossSpikeError, SpikeDetection
+    from trainer.callbacks.step_averaging import EMAWeightAveraging, WeightAveraging
     from trainer.callbacks.throughput import ThroughputMonitor
     from trainer.callbacks.timer import Timer
     from trainer.callbacks.tqdm_progress import TQDMProgressBar
-    from trainer.callbacks.weight_averaging import StochasticWeightAveraging, WeightAveraging
+    from trainer.callbacks.weight_averaging import StochasticWeightAveraging
 
 __all__ = [
     "BackboneFinetuning",
@@ -38,6 +39,7 @@ __all__ = [
     "BatchSizeFinder",
     "Callback",
     "DeviceStatsMonitor",
+    "EMAWeightAveraging",
     "EarlyStopping",
     "FitSummary",
     "GradientAccumulationScheduler",
@@ -81,7 +83,8 @@ _LAZY = {
     "BatchSizeFinder": "trainer.callbacks.batch_size_finder",
     "LearningRateFinder": "trainer.callbacks.lr_finder",
     "StochasticWeightAveraging": "trainer.callbacks.weight_averaging",
-    "WeightAveraging": "trainer.callbacks.weight_averaging",
+    "WeightAveraging": "trainer.callbacks.step_averaging",
+    "EMAWeightAveraging": "trainer.callbacks.step_averaging",
 }
 
 

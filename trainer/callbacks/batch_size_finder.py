@@ -18,8 +18,9 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from trainer.accelerator.memory import is_out_of_memory
+from trainer.callbacks.arguments import bad_argument, is_int
 from trainer.callbacks.callback import Callback
-from trainer.callbacks.finder_steps import TrainingState, bad_argument, is_int, run_training_steps
+from trainer.callbacks.finder_steps import TrainingState, run_training_steps
 from trainer.errors import ConfigurationError
 
 if TYPE_CHECKING:

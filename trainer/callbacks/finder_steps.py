@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from trainer.errors import ConfigurationError, describe
+from trainer.errors import ConfigurationError
 from trainer.runtime.seed import get_rng_states, set_rng_states
 from trainer.trainer.batch_step import BatchStep, trial_step
 from trainer.trainer.mode_hooks import capture_modes, put_modes
@@ -30,25 +30,9 @@ if TYPE_CHECKING:
 
 __all__ = [
     "TrainingState",
-    "bad_argument",
-    "is_int",
-    "is_number",
     "run_training_steps",
     "train_loader",
 ]
-
-
-def is_number(value: Any) -> bool:
-    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
-
-
-def is_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-def bad_argument(owner: str, name: str, value: Any, expected: str) -> ConfigurationError:
-    """The error for a bad constructor argument: names it, shows the value, says what fits."""
-    return ConfigurationError(f"{owner}({name}={describe(value)}): expected {expected}.")
 
 
 def _to_cpu(value: Any) -> Any:

@@ -18,15 +18,9 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from trainer._imports import require
+from trainer.callbacks.arguments import bad_argument, is_int, is_number
 from trainer.callbacks.callback import Callback
-from trainer.callbacks.finder_steps import (
-    TrainingState,
-    bad_argument,
-    is_int,
-    is_number,
-    run_training_steps,
-    train_loader,
-)
+from trainer.callbacks.finder_steps import TrainingState, run_training_steps, train_loader
 from trainer.errors import ConfigurationError
 
 if TYPE_CHECKING:

@@ -1,4 +1,5 @@
-"""StochasticWeightAveraging and WeightAveraging (EMA): an average of the weights kept during fit.
+"""StochasticWeightAveraging: an average of the weights of the last epochs, with the SWA learning
+rate (WeightAveraging and EMAWeightAveraging, averaged after steps, are in ``step_averaging.py``).
 
 This module owns when the average is updated, where it lives, when it is swapped into the module
 (validation, end of fit) and how it travels in checkpoints. The arithmetic is torch's own:
@@ -12,15 +13,15 @@ The average itself (the ``AveragedModel`` and swapping it in and out) is a `Modu
 
 from __future__ import annotations
 
-import math
 from typing import TYPE_CHECKING, Any
 
 import torch
-from torch.optim.swa_utils import SWALR, get_ema_multi_avg_fn, update_bn
+from torch.optim.swa_utils import SWALR, update_bn
 
+from trainer.callbacks.arguments import bad_argument, check_device, is_int, is_number
 from trainer.callbacks.callback import Callback
 from trainer.callbacks.module_average import AvgFn, ModuleAverage
-from trainer.errors import ConfigurationError, describe
+from trainer.errors import ConfigurationError
 from trainer.trainer.optimizer_config import (
     SchedulerConfig,
 )  # TODO(trainer.py): public export wanted
@@ -29,16 +30,7 @@ if TYPE_CHECKING:
     from trainer.trainer.module import TrainModule
     from trainer.trainer.trainer import Trainer
 
-__all__ = ["StochasticWeightAveraging", "WeightAveraging"]
-
-
-def _check_device(name: str, device: Any) -> torch.device | None:
-    if device is None:
-        return None
-    try:
-        return torch.device(device)
-    except (RuntimeError, TypeError) as err:
-        raise _bad(name, "device", device, "a torch.device, 'cpu', 'cuda:0' or None") from err
+__all__ = ["StochasticWeightAveraging"]
 
 
 class StochasticWeightAveraging(Callback):
@@ -86,30 +78,34 @@ class StochasticWeightAveraging(Callback):
     ) -> None:
         owner = "StochasticWeightAveraging"
         lrs = swa_lrs if isinstance(swa_lrs, list) else [swa_lrs]
-        if not lrs or not all(_is_number(lr) and lr > 0 for lr in lrs):
-            raise _bad(owner, "swa_lrs", swa_lrs, "a float > 0, or a list with one per group")
+        if not lrs or not all(is_number(lr) and lr > 0 for lr in lrs):
+            raise bad_argument(
+                owner, "swa_lrs", swa_lrs, "a float > 0, or a list with one per group"
+            )
         if not (
-            (_is_int(swa_epoch_start) and swa_epoch_start >= 1)
+            (is_int(swa_epoch_start) and swa_epoch_start >= 1)
             or (isinstance(swa_epoch_start, float) and 0.0 < swa_epoch_start < 1.0)
         ):
-            raise _bad(
+            raise bad_argument(
                 owner,
                 "swa_epoch_start",
                 swa_epoch_start,
                 "an int >= 1 (the epoch, counting from 1) or a float in (0, 1) (of max_epochs)",
             )
-        if not _is_int(annealing_epochs) or annealing_epochs < 0:
-            raise _bad(owner, "annealing_epochs", annealing_epochs, "an int >= 0")
+        if not is_int(annealing_epochs) or annealing_epochs < 0:
+            raise bad_argument(owner, "annealing_epochs", annealing_epochs, "an int >= 0")
         if annealing_strategy not in ("cos", "linear"):
-            raise _bad(owner, "annealing_strategy", annealing_strategy, "'cos' or 'linear'")
+            raise bad_argument(owner, "annealing_strategy", annealing_strategy, "'cos' or 'linear'")
         if avg_fn is not None and not callable(avg_fn):
-            raise _bad(owner, "avg_fn", avg_fn, "a function (averaged, current, n) -> Tensor")
+            raise bad_argument(
+                owner, "avg_fn", avg_fn, "a function (averaged, current, n) -> Tensor"
+            )
         self.swa_lrs = swa_lrs
         self.swa_epoch_start = swa_epoch_start
         self.annealing_epochs = annealing_epochs
         self.annealing_strategy = annealing_strategy
         self.avg_fn = avg_fn
-        self.device = _check_device("StochasticWeightAveraging", device)
+        self.device = check_device("StochasticWeightAveraging", device)
         self._average: ModuleAverage | None = None
         self._scheduler: SWALR | None = None
         self._scheduler_state: dict[str, Any] | None = None
@@ -159,7 +155,7 @@ class StochasticWeightAveraging(Callback):
             )
         groups = len(trainer.optimizers[0].param_groups)
         if isinstance(self.swa_lrs, list) and len(self.swa_lrs) != groups:
-            raise _bad(
+            raise bad_argument(
                 type(self).__name__, "swa_lrs", self.swa_lrs, f"one lr for each of {groups} groups"
             )
 
@@ -229,166 +225,3 @@ class StochasticWeightAveraging(Callback):
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         self._pending = dict(state_dict) if state_dict else None
-
-
-class WeightAveraging(Callback):
-    """An exponential moving average (EMA) of the weights, updated after optimizer steps.
-
-    After optimizer steps 1, 1 + n, 1 + 2n, ... (``n = update_every_n_steps``) the average
-    becomes ``decay * average + (1 - decay) * weights`` (the first update copies the weights),
-    computed by ``torch.optim.swa_utils.AveragedModel`` with ``get_ema_multi_avg_fn(decay)``, or
-    with ``avg_fn`` when given. Validation during fit runs on the average when
-    ``eval_with_average`` (swapped in at ``on_validation_start``, back at
-    ``on_validation_end``), and when training ends the module holds the average.
-
-    Checkpoints (Lightning's layout): the model weights of a checkpoint are the average, ready
-    for inference; the training weights are saved in this callback's state (``"current"``),
-    with ``n_averaged`` and the step of the last update. Resuming with this callback puts the
-    training weights back into the module and continues the same average.
-
-    Args:
-        decay: EMA decay in [0, 1]; ignored when ``avg_fn`` is given.
-        avg_fn: ``(averaged, current, num_averaged) -> Tensor`` replacing the EMA.
-        update_every_n_steps: update after every n-th optimizer step.
-        use_buffers: average the buffers too (e.g. BatchNorm statistics); False keeps them equal
-            to the module's.
-        device: where the average lives; None: the module's device.
-        eval_with_average: validate on the averaged weights during fit.
-
-    Raises:
-        ConfigurationError: an argument is out of range (the message names it).
-
-    Examples:
-        >>> ema = WeightAveraging(decay=0.99)
-        >>> Trainer(max_epochs=2, callbacks=[ema]).fit(module, train_loader)  # 10 steps
-        >>> # module now holds 0.99 * average + 0.01 * weights, folded in after each step.
-    """
-
-    def __init__(
-        self,
-        decay: float = 0.999,
-        avg_fn: AvgFn | None = None,
-        update_every_n_steps: int = 1,
-        use_buffers: bool = True,
-        device: torch.device | str | None = None,
-        eval_with_average: bool = True,
-    ) -> None:
-        if not _is_number(decay) or not 0.0 <= decay <= 1.0:
-            raise _bad("WeightAveraging", "decay", decay, "a float in [0, 1], e.g. 0.999")
-        if avg_fn is not None and not callable(avg_fn):
-            raise _bad(
-                "WeightAveraging", "avg_fn", avg_fn, "a function (avg, current, n) -> Tensor"
-            )
-        if not _is_int(update_every_n_steps) or update_every_n_steps < 1:
-            raise _bad(
-                "WeightAveraging", "update_every_n_steps", update_every_n_steps, "an int >= 1"
-            )
-        self.decay = float(decay)
-        self.avg_fn = avg_fn
-        self.update_every_n_steps = update_every_n_steps
-        self.use_buffers = use_buffers
-        self.device = _check_device("WeightAveraging", device)
-        self.eval_with_average = eval_with_average
-        self._average: ModuleAverage | None = None
-        self._latest_update_step = 0
-        self._restored: dict[str, Any] | None = None  # from a checkpoint, applied at on_fit_start
-        self._restored_average: dict[str, torch.Tensor] | None = None
-
-    @property
-    def n_averaged(self) -> int:
-        """How many weight snapshots the average has folded in."""
-        return 0 if self._average is None else self._average.n_averaged
-
-    def averaged_tensors(self) -> dict[str, torch.Tensor]:
-        """The averaged parameters (and buffers with ``use_buffers``) by the module's names."""
-        return {} if self._average is None else self._average.tensors(averaged=True)
-
-    def on_fit_start(self, trainer: Trainer, module: TrainModule) -> None:
-        self._average = ModuleAverage(
-            module,
-            device=self.device,
-            use_buffers=self.use_buffers,
-            avg_fn=self.avg_fn,
-            multi_avg_fn=get_ema_multi_avg_fn(self.decay) if self.avg_fn is None else None,
-        )
-        self._latest_update_step = 0
-        restored, self._restored = self._restored, None
-        average, self._restored_average = self._restored_average, None
-        if restored:
-            self._latest_update_step = restored.get("latest_update_step", 0)
-            if average is not None:
-                self._average.load_averaged(average, restored.get("n_averaged", 0))
-
-    def on_train_batch_end(
-        self, trainer: Trainer, module: TrainModule, outputs: Any, batch: Any, batch_idx: int
-    ) -> None:
-        step = trainer.global_step
-        if step > self._latest_update_step and (step - 1) % self.update_every_n_steps == 0:
-            self._average.update()  # type: ignore[union-attr]  # built at on_fit_start
-            self._latest_update_step = step
-
-    def on_validation_start(self, trainer: Trainer, module: TrainModule) -> None:
-        self._hold_average(trainer, True)
-
-    def on_validation_end(self, trainer: Trainer, module: TrainModule) -> None:
-        self._hold_average(trainer, False)
-
-    def _hold_average(self, trainer: Trainer, should_hold: bool) -> None:
-        average = self._average
-        is_fit = trainer.state.stage == "fit"
-        if self.eval_with_average and is_fit and average is not None:
-            if average.is_swapped != should_hold:
-                average.swap()
-
-    def on_exception(self, trainer: Trainer, module: TrainModule, exception: BaseException) -> None:
-        if trainer.state.stage == "fit" and self._average is not None and self._average.is_swapped:
-            self._average.swap()  # failed during validation: leave the training weights in place
-
-    def on_train_end(self, trainer: Trainer, module: TrainModule) -> None:
-        if self._average is not None and not self._average.is_swapped:
-            self._average.swap()  # the module holds the average; the mirror keeps the weights
-
-    def state_dict(self) -> dict[str, Any]:
-        return {"n_averaged": self.n_averaged, "latest_update_step": self._latest_update_step}
-
-    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        self._restored = dict(state_dict)
-
-    def on_save_checkpoint(
-        self, trainer: Trainer, module: TrainModule, checkpoint: dict[str, Any]
-    ) -> None:
-        if self._average is None:
-            return
-        weights = checkpoint["state_dict"]
-        averaged = self._average.tensors(averaged=True)
-        current = self._average.tensors(averaged=False)
-        names = [name for name in averaged if name in weights]
-        for name in names:
-            weights[name] = averaged[name]
-        state = (checkpoint.get("callbacks") or {}).get(self.state_key)
-        if state is not None:  # a full checkpoint (weights-only ones carry just the average)
-            state["current"] = {name: current[name] for name in names}
-
-    def on_load_checkpoint(
-        self, trainer: Trainer, module: TrainModule, checkpoint: dict[str, Any]
-    ) -> None:
-        state = (checkpoint.get("callbacks") or {}).get(self.state_key) or {}
-        current = state.get("current")
-        if trainer.state.stage != "fit" or not current:
-            return  # validate/test/predict use the average the checkpoint's weights hold
-        weights = checkpoint["state_dict"]
-        self._restored_average = {name: weights[name] for name in current if name in weights}
-        checkpoint["state_dict"] = {**weights, **current}  # resume from the training weights
-
-
-def _is_number(value: Any) -> bool:
-    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
-
-
-def _is_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-def _bad(owner: str, name: str, value: Any, expected: str) -> ConfigurationError:
-    """The error for a bad constructor argument: names it, shows the value, says what fits."""
-    return ConfigurationError(f"{owner}({name}={describe(value)}): expected {expected}.")
