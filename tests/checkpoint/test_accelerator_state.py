@@ -13,6 +13,7 @@ from safetensors.torch import load_file
 import trainer
 from tests.conftest import make_loader
 from trainer import Accelerator, ProjectConfiguration, init_empty_weights, load_checkpoint_in_model
+from trainer.checkpoint.manifest import allowing_extra_files
 
 
 class Counter:
@@ -207,8 +208,11 @@ def test_state_pre_hooks_files_join_the_checkpoint_listed_and_hashed(tmp_path):
     _train(accelerator, model, optimizer, loader, scheduler, 2)
     expected = {k: v.clone() for k, v in model.state_dict().items()}
     folder = accelerator.save_state(tmp_path / "ck")
-    manifest = trainer.checkpoint.verify_checkpoint(folder)
+    with allowing_extra_files():  # an Accelerator checkpoint's save-hook files
+        manifest = trainer.checkpoint.verify_checkpoint(folder)
     assert "extra/net/weights.safetensors" in manifest["files"]
+    with pytest.raises(trainer.CheckpointError, match="extra/net/weights.safetensors"):
+        trainer.checkpoint.verify_checkpoint(folder)  # as a Trainer checkpoint: not its format
     assert load_file(os.path.join(folder, "model.safetensors")) == {}  # the hook saved it
     assert [p.name for p in tmp_path.iterdir()] == ["ck"]  # no temporary folder left
     with torch.no_grad():
@@ -265,6 +269,9 @@ def test_state_pre_hooks_with_background_saves(tmp_path):
     io = AsyncCheckpointIO()
     folder = accelerator.save_state(tmp_path / "ck", checkpoint_io=io)
     io.wait()
-    assert "extra/net/weights.safetensors" in trainer.checkpoint.verify_checkpoint(folder)["files"]
+    with allowing_extra_files():
+        assert (
+            "extra/net/weights.safetensors" in trainer.checkpoint.verify_checkpoint(folder)["files"]
+        )
     accelerator.load_state(folder)
     assert calls == ["save", "load"]

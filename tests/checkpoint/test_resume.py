@@ -271,7 +271,13 @@ def test_on_exception_checkpoint(tmp_path):
             return super().training_step(batch, batch_idx)
 
     with pytest.raises(RuntimeError, match="boom"):
-        _fit(tmp_path, Boom(), max_epochs=1, callbacks=[OnExceptionCheckpoint(tmp_path / "exc")])
+        _fit(
+            tmp_path,
+            Boom(),
+            max_epochs=1,
+            enable_checkpointing=True,  # a Checkpoint callback needs it, as in Lightning
+            callbacks=[OnExceptionCheckpoint(tmp_path / "exc")],
+        )
     from trainer.checkpoint import read_checkpoint
 
     assert read_checkpoint(tmp_path / "exc" / "on_exception")["global_step"] == 4

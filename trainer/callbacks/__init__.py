@@ -8,7 +8,7 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-from trainer.callbacks.callback import Callback
+from trainer.callbacks.callback import Callback, Checkpoint
 
 if TYPE_CHECKING:
     from trainer.callbacks.batch_size_finder import BatchSizeFinder
@@ -21,7 +21,7 @@ if TYPE_CHECKING:
     from trainer.callbacks.lr_finder import LearningRateFinder
     from trainer.callbacks.lr_monitor import LearningRateMonitor
     from trainer.callbacks.model_checkpoint import ModelCheckpoint, OnExceptionCheckpoint
-    from trainer.callbacks.model_summary import ModelSummary
+    from trainer.callbacks.model_summary import ModelSummary, RichModelSummary
     from trainer.callbacks.prediction_writer import BasePredictionWriter
     from trainer.callbacks.progress import RichProgressBar
     from trainer.callbacks.progress_bar import ProgressBar
@@ -38,6 +38,7 @@ __all__ = [
     "BasePredictionWriter",
     "BatchSizeFinder",
     "Callback",
+    "Checkpoint",
     "DeviceStatsMonitor",
     "EMAWeightAveraging",
     "EarlyStopping",
@@ -51,6 +52,7 @@ __all__ = [
     "ModelSummary",
     "OnExceptionCheckpoint",
     "ProgressBar",
+    "RichModelSummary",
     "RichProgressBar",
     "SpikeDetection",
     "StochasticWeightAveraging",
@@ -64,6 +66,7 @@ _LAZY = {
     "ModelCheckpoint": "trainer.callbacks.model_checkpoint",
     "OnExceptionCheckpoint": "trainer.callbacks.model_checkpoint",
     "ModelSummary": "trainer.callbacks.model_summary",
+    "RichModelSummary": "trainer.callbacks.model_summary",
     "RichProgressBar": "trainer.callbacks.progress",
     "ProgressBar": "trainer.callbacks.progress_bar",
     "TQDMProgressBar": "trainer.callbacks.tqdm_progress",

@@ -15,7 +15,7 @@ if TYPE_CHECKING:
     from trainer.trainer.module import TrainModule
     from trainer.trainer.trainer import Trainer
 
-__all__ = ["Callback"]
+__all__ = ["Callback", "Checkpoint"]
 
 
 class Callback:
@@ -161,3 +161,13 @@ class Callback:
     def on_exception(
         self, trainer: Trainer, module: TrainModule, exception: BaseException
     ) -> None: ...
+
+
+class Checkpoint(Callback):
+    """The base of checkpoint-writing callbacks (Lightning's ``Checkpoint``).
+
+    The Trainer places every Checkpoint after the other callbacks, so it sees what they did in
+    the same hook, and lists it in ``trainer.checkpoint_callbacks``: subclass it for a callback
+    of your own that writes checkpoints. `trainer.callbacks.ModelCheckpoint` and
+    `trainer.callbacks.OnExceptionCheckpoint` are Checkpoints.
+    """

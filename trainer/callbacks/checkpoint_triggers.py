@@ -16,7 +16,7 @@ import os
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from trainer.callbacks.callback import Callback
+from trainer.callbacks.callback import Checkpoint
 from trainer.callbacks.checkpoint_naming import monitor_candidates
 from trainer.errors import ConfigurationError, describe
 
@@ -94,7 +94,7 @@ def resolve_triggers(
     return triggers
 
 
-class CheckpointSchedule(Callback):
+class CheckpointSchedule(Checkpoint):
     """The hooks that decide when ModelCheckpoint saves (Lightning 2.6's timing).
 
     ``_save(trainer, with_top_k=...)`` is ModelCheckpoint's: it ranks and writes. The rules:

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import torch
 
-from trainer.callbacks.callback import Callback
+from trainer.callbacks.callback import Checkpoint
 from trainer.callbacks.checkpoint_folder import (
     adopt_path,
     checked_state,
@@ -468,7 +468,7 @@ class ModelCheckpoint(CheckpointSchedule):
         return os.path.basename(path)
 
 
-class OnExceptionCheckpoint(Callback):
+class OnExceptionCheckpoint(Checkpoint):
     """Save a checkpoint when fit raises, to ``dirpath/filename``.
 
     Examples:

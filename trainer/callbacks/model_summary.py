@@ -209,3 +209,7 @@ def _check_depth(max_depth: object, where: str) -> None:
             f"{where}(max_depth=...) expected an int >= -1 (-1 lists every level, 0 "
             f"none), received {describe(max_depth)}. Pass e.g. max_depth=1."
         )
+
+
+class RichModelSummary(ModelSummary):
+    """Lightning's ``RichModelSummary``: `ModelSummary`, whose table is already drawn with rich."""

@@ -30,6 +30,7 @@ from trainer.checkpoint.format import (
     MODEL_INDEX,
     write_model_files,
 )
+from trainer.checkpoint.manifest import allowing_extra_files
 from trainer.checkpoint.training_state import (
     TrainingObjects,
     capture_training_state,
@@ -230,7 +231,8 @@ def load_accelerator_state(
         checkpoint = read_accelerate_folder(source, accelerator.process_index)
     else:  # verified (extra/ included) before a hook reads anything
         first = accelerator.unwrap_model(objects.models[0]) if objects.models else None
-        checkpoint = accelerator.strategy.load_checkpoint(source, first)
+        with allowing_extra_files():  # a save hook's files (extra/) are expected here
+            checkpoint = accelerator.strategy.load_checkpoint(source, first)
     models = list(objects.models)
     for hook in objects.load_hooks:  # a model a hook pops is loaded by the hook, not here
         hook(models, os.fspath(source if is_accelerate else source / EXTRA_DIR))

@@ -46,6 +46,7 @@ from trainer.checkpoint.manifest import (
     OPTIMIZER_FILE,
     STATE_FILE,
     STATE_TENSORS,
+    allowing_extra_files,
     check_hashes,
     check_listing,
     is_format_file,
@@ -197,6 +198,15 @@ def write_checkpoint_files(
     extra_files = rest.pop(EXTRA_FILES_KEY, None)
     if extra_files is not None:  # a save hook's folder, written beside: it joins the checkpoint
         os.rename(extra_files, directory / EXTRA_DIR)
+        with allowing_extra_files():
+            write_checkpoint_files(
+                directory,
+                rest,
+                world_size=world_size,
+                max_shard_size=max_shard_size,
+                known_records=known_records,
+            )
+        return
     model_state = rest.pop("state_dict", None)
     optimizer_states = rest.pop("optimizer_states", None)
     optimizer_tensors: dict[str, torch.Tensor] = {}

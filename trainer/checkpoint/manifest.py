@@ -14,11 +14,13 @@ either way; both are read).
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import datetime as dt
 import json
 import os
 import re
-from collections.abc import Collection, Iterable
+from collections.abc import Collection, Iterable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -39,6 +41,7 @@ __all__ = [
     "OPTIMIZER_FILE",
     "STATE_FILE",
     "STATE_TENSORS",
+    "allowing_extra_files",
     "check_hashes",
     "check_listing",
     "is_format_file",
@@ -67,8 +70,22 @@ _TOP_LEVEL_FILES = frozenset({MODEL_FILE, MODEL_INDEX, OPTIMIZER_FILE, STATE_FIL
 # DeepSpeed's (``trainer.strategies.deepspeed.ENGINE_DIR``). A new engine adds its folder here.
 ENGINE_DIRS = ("dcp", "deepspeed")
 # Files an Accelerator's save_state pre hooks wrote (``register_save_state_pre_hook``): listed
-# and hashed like every file, never read by this package (the load hook reads them).
+# and hashed like every file, never read by this package (the load hook reads them). Accepted
+# only inside `allowing_extra_files` (the Accelerator's load_state, `trainer checkpoint verify`,
+# the write that moves them in): a Trainer checkpoint holding them is refused, as any file the
+# format does not define.
 EXTRA_DIR = "extra"
+_EXTRA_ALLOWED: contextvars.ContextVar[bool] = contextvars.ContextVar("extra", default=False)
+
+
+@contextlib.contextmanager
+def allowing_extra_files() -> Iterator[None]:
+    """Inside, files under `EXTRA_DIR` are files of the format (this thread only)."""
+    token = _EXTRA_ALLOWED.set(True)
+    try:
+        yield
+    finally:
+        _EXTRA_ALLOWED.reset(token)
 
 
 def is_format_file(name: str) -> bool:
@@ -77,8 +94,8 @@ def is_format_file(name: str) -> bool:
     At the top level: ``model.safetensors``, ``model-0000i-of-0000N.safetensors``,
     ``model.safetensors.index.json``, ``optimizer.safetensors``, ``state.json`` and
     ``state.safetensors``. Below it: any file inside one of `ENGINE_DIRS` (a sharded engine's
-    shards, which only that engine's no-code reader opens) or inside `EXTRA_DIR` (a save hook's
-    files, which only the user's load hook opens). Nothing else.
+    shards, which only that engine's no-code reader opens) and, inside `allowing_extra_files`,
+    inside `EXTRA_DIR` (a save hook's files, which only the user's load hook opens). Nothing else.
 
     Example:
         >>> is_format_file("model-00001-of-00003.safetensors"), is_format_file("optimizer.bin")
@@ -88,7 +105,7 @@ def is_format_file(name: str) -> bool:
     if any(part in ("", ".", "..") or "\\" in part for part in parts):
         return False  # only plain names: "dcp/../optimizer.bin" is not inside dcp/
     if len(parts) > 1:
-        return parts[0] in ENGINE_DIRS or parts[0] == EXTRA_DIR
+        return parts[0] in ENGINE_DIRS or (parts[0] == EXTRA_DIR and _EXTRA_ALLOWED.get())
     return name in _TOP_LEVEL_FILES or _SHARD_RE.fullmatch(name) is not None
 
 

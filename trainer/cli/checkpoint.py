@@ -69,8 +69,10 @@ def consolidate(directory: str | os.PathLike[str], output: str | os.PathLike[str
 def run(args: argparse.Namespace) -> int:
     if args.action == "verify":
         from trainer.checkpoint.format import verify_checkpoint
+        from trainer.checkpoint.manifest import allowing_extra_files
 
-        manifest = verify_checkpoint(args.directory)
+        with allowing_extra_files():  # an Accelerator checkpoint's save-hook files are valid
+            manifest = verify_checkpoint(args.directory)
         print(
             f"{args.directory}: valid ({len(manifest['files'])} files, global_step {manifest.get('global_step')})"
         )

@@ -17,10 +17,11 @@ import torch
 from trainer.accelerator.collectives import map_tensors
 from trainer.errors import ConfigurationError
 from trainer.trainer.data_hooks import DataHooks
+from trainer.trainer.datamodule import DataModule  # its own file; this path stays
 from trainer.trainer.hyperparameters import AttributeDict, HyperparameterMixin
 from trainer.trainer.mode_hooks import ModeHooks
 from trainer.trainer.module_hooks import ModuleHooks
-from trainer.trainer.module_loading import load_datamodule, load_module, restricted_classmethod
+from trainer.trainer.module_loading import load_module, restricted_classmethod
 
 if TYPE_CHECKING:
     from trainer.accelerator.optimizer import AcceleratedOptimizer
@@ -443,46 +444,3 @@ class TrainModule(HyperparameterMixin, ModuleHooks, ModeHooks, DataHooks, torch.
             >>> model = Classifier.load_from_checkpoint(path, lr=1e-4)  # doctest: +SKIP
         """
         return load_module(cls, checkpoint_path, map_location, hparams_file, strict, kwargs)  # type: ignore[return-value]
-
-
-class DataModule(HyperparameterMixin, DataHooks):
-    """The data of a run: download once, build datasets per stage, hand out dataloaders.
-
-    Override ``setup(stage)`` and the ``*_dataloader`` methods you need; ``state_dict`` /
-    ``load_state_dict`` carry state through checkpoints.
-    """
-
-    def __init__(self) -> None:
-        self.trainer: Trainer | None = None
-
-    def prepare_data(self) -> None:
-        """Download or preprocess once per machine (called on local rank zero only)."""
-
-    def setup(self, stage: str) -> None:
-        """Build datasets for ``stage`` ("fit", "validate", "test" or "predict")."""
-
-    def teardown(self, stage: str) -> None:
-        """Release what ``setup`` built."""
-
-    def state_dict(self) -> dict[str, Any]:
-        return {}
-
-    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        """Restore `state_dict`."""
-
-    @restricted_classmethod
-    def load_from_checkpoint(
-        cls,
-        checkpoint_path: str | os.PathLike[str],
-        hparams_file: str | os.PathLike[str] | None = None,
-        **kwargs: Any,
-    ) -> Self:
-        """A new DataModule of this class, built from the hyperparameters it recorded in the
-        checkpoint (``kwargs`` override them), with its ``state_dict`` loaded back.
-
-        Raises:
-            CheckpointError: the checkpoint fails verification.
-            ConfigurationError: called on an instance, or ``__init__`` needs an argument that
-                neither the checkpoint nor ``kwargs`` holds.
-        """
-        return load_datamodule(cls, checkpoint_path, hparams_file, kwargs)  # type: ignore[return-value]

@@ -1,5 +1,6 @@
-"""``TrainModule.configure_callbacks``: callbacks a module brings with it, merged into the
-Trainer's at the start of every call (fit / validate / test / predict) as Lightning 2.6 does.
+"""The Trainer's callback list: built from the constructor's arguments (`build_callbacks`),
+and merged at the start of every call (fit / validate / test / predict) with what
+``TrainModule.configure_callbacks`` returns (`with_module_callbacks`), as Lightning 2.6 does.
 
 A returned callback replaces the Trainer's callbacks of its class or of a class it derives from
 (a module's ``EarlyStopping`` replaces the one given to the Trainer); the others are added. Then
@@ -11,16 +12,16 @@ FitSummary after them (it reports where the checkpoints went).
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from trainer.callbacks.callback import Callback
 from trainer.errors import ConfigurationError, describe
-from trainer.trainer.options import is_checkpoint_callback, is_instance_named
+from trainer.trainer.options import is_checkpoint_callback, is_instance_named, is_progress_bar
 
 if TYPE_CHECKING:
     from trainer.trainer.module import TrainModule
 
-__all__ = ["in_lightning_order", "with_module_callbacks"]
+__all__ = ["build_callbacks", "in_lightning_order", "with_module_callbacks"]
 
 _FINDERS = ("BatchSizeFinder", "LearningRateFinder")
 
@@ -60,3 +61,56 @@ def with_module_callbacks(callbacks: list[Callback], module: TrainModule) -> lis
     }
     kept = [c for c in callbacks if type(c) not in replaced]
     return in_lightning_order(kept + given)
+
+
+def build_callbacks(
+    callbacks: Any,
+    enable_progress_bar: bool,
+    enable_model_summary: bool,
+    enable_checkpointing: bool,
+    checkpointing_given: bool = True,
+) -> list[Callback]:
+    """The Trainer's callbacks: the given ones, the defaults added, in Lightning's order.
+
+    ``enable_checkpointing``: add a ModelCheckpoint when no checkpoint callback is given (False
+    under ``fast_dev_run`` too); ``checkpointing_given``: the argument as the user gave it.
+
+    Raises:
+        ConfigurationError: an item is not a Callback, or a checkpoint callback is given with
+            ``enable_checkpointing=False`` (Lightning refuses it too).
+    """
+    given = (
+        []
+        if callbacks is None
+        else [callbacks]
+        if isinstance(callbacks, Callback)
+        else list(callbacks)
+    )
+    for item in given:
+        if not isinstance(item, Callback):
+            raise ConfigurationError(
+                f"Trainer(callbacks=...): {describe(item)} is not a trainer.callbacks.Callback."
+            )
+    if enable_model_summary and not any(is_instance_named(cb, "ModelSummary") for cb in given):
+        from trainer.callbacks.model_summary import ModelSummary
+
+        given.insert(0, ModelSummary())
+    if enable_progress_bar and not any(is_progress_bar(cb) for cb in given):
+        from trainer.callbacks.progress import RichProgressBar
+
+        given.append(RichProgressBar())
+    checkpoints = [type(cb).__name__ for cb in given if is_checkpoint_callback(cb)]
+    if checkpoints and not checkpointing_given:
+        raise ConfigurationError(
+            f"Trainer(enable_checkpointing=False, callbacks=[..., {checkpoints[0]}, ...]): the "
+            "callbacks write checkpoints. Remove them, or drop enable_checkpointing=False."
+        )
+    if enable_checkpointing and not checkpoints:  # Lightning: none when any Checkpoint is given
+        from trainer.callbacks.model_checkpoint import ModelCheckpoint
+
+        given.append(ModelCheckpoint())
+    if enable_model_summary and not any(is_instance_named(cb, "FitSummary") for cb in given):
+        from trainer.callbacks.fit_summary import FitSummary
+
+        given.append(FitSummary())  # last: it reports where the final checkpoints went
+    return in_lightning_order(given)  # checkpoint callbacks last: they see what others did

@@ -14,7 +14,6 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from trainer._warnings import warn_user
-from trainer.callbacks.callback import Callback
 from trainer.errors import ConfigurationError, describe
 from trainer.loggers.logger import Logger
 
@@ -297,45 +296,6 @@ def build_loggers(logger: Any, root: str) -> list[Logger]:
     return loggers
 
 
-def build_callbacks(
-    callbacks: Any,
-    enable_progress_bar: bool,
-    enable_model_summary: bool,
-    enable_checkpointing: bool,
-) -> list[Callback]:
-    given = (
-        []
-        if callbacks is None
-        else [callbacks]
-        if isinstance(callbacks, Callback)
-        else list(callbacks)
-    )
-    for item in given:
-        if not isinstance(item, Callback):
-            raise ConfigurationError(
-                f"Trainer(callbacks=...): {describe(item)} is not a trainer.callbacks.Callback."
-            )
-    if enable_model_summary and not any(is_instance_named(cb, "ModelSummary") for cb in given):
-        from trainer.callbacks.model_summary import ModelSummary
-
-        given.insert(0, ModelSummary())
-    if enable_progress_bar and not any(is_progress_bar(cb) for cb in given):
-        from trainer.callbacks.progress import RichProgressBar
-
-        given.append(RichProgressBar())
-    if enable_checkpointing and not any(is_instance_named(cb, "ModelCheckpoint") for cb in given):
-        from trainer.callbacks.model_checkpoint import ModelCheckpoint
-
-        given.append(ModelCheckpoint())
-    if enable_model_summary and not any(is_instance_named(cb, "FitSummary") for cb in given):
-        from trainer.callbacks.fit_summary import FitSummary
-
-        given.append(FitSummary())  # last: it reports where the final checkpoints went
-    from trainer.trainer.module_callbacks import in_lightning_order
-
-    return in_lightning_order(given)  # checkpoint callbacks last: they see what others did
-
-
 def overrides(module: Any, method: str) -> bool:
     return callable(getattr(module, method, None))
 
@@ -374,6 +334,28 @@ def warn_on_empty_epoch(epoch: int) -> None:
         "(a next epoch would yield none either). Check that the dataset's __iter__ yields "
         "samples, e.g. that each worker or process gets a share of the data."
     )
+
+
+def check_call_arguments(module: Any, datamodule: Any, stage: str) -> None:
+    """The module and DataModule given to ``trainer.<stage>(...)``.
+
+    Raises:
+        ConfigurationError: ``module`` is not a TrainModule (for ``fit``, or lacks its required
+            methods), or ``datamodule`` is neither None nor a DataModule.
+    """
+    from trainer.trainer.module import DataModule, TrainModule
+
+    if not isinstance(module, TrainModule):
+        raise ConfigurationError(
+            f"trainer.{stage}(module={describe(module)}): expected a trainer.TrainModule "
+            "subclass instance. Subclass TrainModule and implement training_step."
+        )
+    if stage == "fit":
+        check_module_for_fit(module)
+    if datamodule is not None and not isinstance(datamodule, DataModule):
+        raise ConfigurationError(
+            f"trainer.{stage}(datamodule={describe(datamodule)}): expected a trainer.DataModule."
+        )
 
 
 def check_module_for_fit(module: TrainModule) -> None:

@@ -21,7 +21,7 @@ import torch
 from torch.utils.data import DataLoader
 
 from trainer.callbacks.callback import Callback
-from trainer.errors import ConfigurationError, describe
+from trainer.errors import ConfigurationError
 from trainer.loggers.logger import Logger
 from trainer.plugins.async_checkpoint import PendingSave, find_checkpoint_io
 from trainer.precision import Precision
@@ -36,20 +36,19 @@ from trainer.trainer.loaders import end_workers, load_stage, reset_train_loader
 from trainer.trainer.logger_rows import log_hyperparams
 from trainer.trainer.metrics import stage_stores
 from trainer.trainer.module import DataModule, TrainModule
-from trainer.trainer.module_callbacks import with_module_callbacks
+from trainer.trainer.module_callbacks import build_callbacks, with_module_callbacks
 from trainer.trainer.module_hooks import warn_on_lightning_hooks
 from trainer.trainer.optimizer_config import SchedulerConfig
 from trainer.trainer.options import (
     apply_benchmark,
-    build_callbacks,
     build_loggers,
     check_barebones_profiler,
     check_bool,
+    check_call_arguments,
     check_clip,
     check_fast_dev_run,
     check_max_steps,
     check_min_limits,
-    check_module_for_fit,
     check_overfit_batches,
     check_positive_int,
     check_sanity_steps,
@@ -193,7 +192,11 @@ class Trainer(TrainerProperties):
         self.loggers = [] if dev_batches else build_loggers(logger, self.default_root_dir)
         self.enable_checkpointing = enable_checkpointing and not dev_batches
         self.callbacks = build_callbacks(
-            callbacks, enable_progress_bar, enable_model_summary, self.enable_checkpointing
+            callbacks,
+            enable_progress_bar,
+            enable_model_summary,
+            self.enable_checkpointing,
+            enable_checkpointing,  # as given: a checkpoint callback with False is refused
         )
         self.progress = Progress()
         self.state = TrainerState()
@@ -360,17 +363,7 @@ class Trainer(TrainerProperties):
 
     # ---- setup and teardown -----------------------------------------------------------------
     def _attach(self, module: TrainModule, datamodule: DataModule | None, stage: str) -> None:
-        if not isinstance(module, TrainModule):
-            raise ConfigurationError(
-                f"trainer.{stage}(module={describe(module)}): expected a trainer.TrainModule "
-                "subclass instance. Subclass TrainModule and implement training_step."
-            )
-        if stage == "fit":
-            check_module_for_fit(module)
-        if datamodule is not None and not isinstance(datamodule, DataModule):
-            raise ConfigurationError(
-                f"trainer.{stage}(datamodule={describe(datamodule)}): expected a trainer.DataModule."
-            )
+        check_call_arguments(module, datamodule, stage)
         self.module, self.datamodule = module, datamodule
         module.trainer = self
         if datamodule is not None:
