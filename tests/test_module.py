@@ -362,3 +362,33 @@ def test_clip_gradients_under_16_mixed_clips_the_true_gradients(tmp_path):
     module = Manual()
     quiet_trainer(tmp_path, max_steps=1, precision="16-mixed").fit(module, make_loader(8))
     assert module.moved == pytest.approx(0.5, rel=1e-3)
+
+
+def test_datamodule_from_datasets_wraps_each_dataset_as_lightning_does():
+    from torch.utils.data import RandomSampler, SequentialSampler, TensorDataset
+
+    class Sized(trainer.DataModule):
+        def __init__(self, batch_size: int = 1, tag: str = ""):
+            super().__init__()
+            self.batch_size, self.tag = batch_size, tag
+
+    data = TensorDataset(torch.arange(12.0))
+    module = Sized.from_datasets(
+        data, {"a": data, "b": data}, test_dataset=[data], batch_size=4, tag="t"
+    )
+    assert (module.batch_size, module.tag) == (4, "t")  # given to __init__, which takes them
+    train = module.train_dataloader()
+    assert isinstance(train.sampler, RandomSampler) and train.batch_size == 4
+    val = module.val_dataloader()
+    assert sorted(val) == ["a", "b"] and isinstance(val["a"].sampler, SequentialSampler)
+    assert isinstance(module.test_dataloader(), list) and not hasattr(module, "predict_dataloader")
+    fit = trainer.Trainer(
+        max_epochs=1,
+        logger=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        enable_checkpointing=False,
+    )
+    plain = trainer.DataModule.from_datasets(TensorDataset(torch.randn(8, 4), torch.randn(8, 1)))
+    fit.fit(LinearModule(), datamodule=plain)
+    assert fit.global_step == 8  # batch_size 1 by default

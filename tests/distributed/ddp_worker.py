@@ -10,7 +10,9 @@ from __future__ import annotations
 import json
 import os
 import sys
+import time
 import traceback
+from pathlib import Path
 
 import torch
 import torchmetrics
@@ -87,6 +89,35 @@ def gathered_samples(loader: DataLoader, config: DataLoaderConfiguration) -> lis
         values = batch[0] if isinstance(batch, list | tuple) else batch
         seen.append(accelerator.gather_for_metrics(values))
     return [int(v) for v in torch.cat(seen).tolist()] if seen else []
+
+
+def prepare_data_seen(out: str, rank: int) -> dict[str, object]:
+    """A DataModule whose slow prepare_data writes the file its setup reads (the download
+    pattern), and a module's prepare_data: who ran them, and what setup found."""
+    folder = Path(out) / "prepared"
+
+    class Downloading(trainer.DataModule):
+        def prepare_data(self) -> None:
+            time.sleep(1.0)  # a download: rank 1 must not read before it ends
+            folder.mkdir(exist_ok=True)
+            (folder / "data.txt").write_text("64", encoding="utf-8")
+            (folder / f"datamodule-by-{self.trainer.global_rank}").touch()
+
+        def setup(self, stage: str) -> None:
+            self.size = int((folder / "data.txt").read_text(encoding="utf-8"))
+
+        def val_dataloader(self) -> DataLoader:
+            return DataLoader(regression(self.size), batch_size=8)
+
+    class Preparing(Net):
+        prepare_data_per_node = False
+
+        def prepare_data(self) -> None:
+            (folder / f"module-by-{self.global_rank}").touch()
+
+    datamodule = Downloading()
+    quiet().validate(Preparing(), datamodule=datamodule)
+    return {"size": datamodule.size, "ran": sorted(p.name for p in folder.glob("*-by-*"))}
 
 
 def main(out: str) -> None:
@@ -181,6 +212,9 @@ def main(out: str) -> None:
         facts["divergent_error"] = str(err)
 
     facts["ddp_kwargs_static_graph"] = DDPStrategy(static_graph=True).ddp_kwargs["static_graph"]
+
+    # 6. prepare_data: once per machine, and no rank reaches setup before it is done.
+    facts["prepare_data"] = prepare_data_seen(out, rank)
     with open(os.path.join(out, f"rank{rank}.json"), "w", encoding="utf-8") as file:
         json.dump(facts, file)
 

@@ -179,3 +179,12 @@ def test_process_group_ends_inside_teardown_and_later_stages_join_again(tmp_path
         assert facts["open_after_end_training"] is False
         assert facts["gloo_threads_at_end"] == []
     assert (tmp_path / "after_fit" / "manifest.json").is_file()
+
+
+def test_prepare_data_runs_once_per_machine_and_every_rank_waits_for_it(ddp_run):
+    """The DataModule's slow prepare_data writes the file its setup reads: rank 1 reads it
+    complete (it waited); the module's prepare_data_per_node=False runs on global rank 0 only."""
+    _, facts = ddp_run
+    for f in facts:
+        assert f["prepare_data"]["size"] == 64
+        assert f["prepare_data"]["ran"] == ["datamodule-by-0", "module-by-0"]

@@ -167,3 +167,56 @@ def test_strict_loading_as_in_lightning(tmp_path, strict: bool) -> None:
         seen[framework.name] = outcome
     assert seen["trainer"] == seen["lightning"]
     assert (seen["trainer"] == "raised") is strict
+
+
+def _stage_name(stage: Any) -> str:
+    """Lightning passes its TrainerFn (a str enum), trainer a str: the same value."""
+    return next(name for name in ("fit", "validate", "test", "predict") if stage == name)
+
+
+def _preparing(framework: Framework, calls: list[str]) -> tuple[Any, Any]:
+    import lightning.pytorch as pl
+
+    import trainer
+
+    base = pl.LightningDataModule if framework.name == "lightning" else trainer.DataModule
+
+    class Data(base):  # type: ignore[misc, valid-type]
+        def prepare_data(self) -> None:
+            calls.append("datamodule.prepare_data")
+
+        def setup(self, stage: str) -> None:
+            calls.append(f"datamodule.setup:{_stage_name(stage)}")
+
+        def train_dataloader(self) -> Any:
+            return loader(8)
+
+        def test_dataloader(self) -> Any:
+            return loader(4)
+
+    class Preparing(regression(framework.Module)):  # type: ignore[misc]
+        def prepare_data(self) -> None:
+            calls.append("module.prepare_data")
+
+        def setup(self, stage: str) -> None:
+            calls.append(f"module.setup:{_stage_name(stage)}")
+
+        def test_step(self, batch: Any, batch_idx: int) -> None:
+            pass
+
+    return Preparing(), Data()
+
+
+def test_prepare_data_as_in_lightning() -> None:
+    seen = {}
+    for framework in BOTH:
+        calls: list[str] = []
+        module, data = _preparing(framework, calls)
+        run = framework.trainer(**quiet(max_epochs=1))
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            run.fit(module, datamodule=data)
+            run.test(module, datamodule=data, **framework.eval_options)
+        seen[framework.name] = calls
+    assert seen["trainer"] == seen["lightning"]
+    assert seen["trainer"][:2] == ["datamodule.prepare_data", "module.prepare_data"]

@@ -249,7 +249,8 @@ def _elastic_launch(
             rdzv_configs={"rank": node_rank, "is_host": node_rank == 0}, max_restarts=0,
             monitor_interval=0.1, start_method=start_method,
         )  # fmt: skip
-        return elastic_launch(config, function)(*args)
+        returned = elastic_launch(config, function)(*args)
+        return dict(sorted(returned.items()))  # by rank (torch fills it as processes end)
     finally:
         for key, value in previous.items():
             if value is None:

@@ -30,11 +30,14 @@ class DataModule(HyperparameterMixin, DataHooks):
     ``load_state_dict`` carry state through checkpoints.
     """
 
+    prepare_data_per_node: bool = True  # False: prepare_data on global rank zero only
+
     def __init__(self) -> None:
         self.trainer: Trainer | None = None
 
     def prepare_data(self) -> None:
-        """Download or preprocess once per machine (called on local rank zero only)."""
+        """Download or preprocess once per machine (local rank zero; global rank zero only with
+        ``prepare_data_per_node = False``) before ``setup``; every process waits for it."""
 
     def setup(self, stage: str) -> None:
         """Build datasets for ``stage`` ("fit", "validate", "test" or "predict")."""

@@ -6,11 +6,13 @@
   Lightning). With ``overfit_batches`` the train (and, in ``fit``, validation) loaders read in
   order. Sets ``trainer.num_*_batches`` (the sum over an evaluation stage's loaders).
 - `reload_stage` / `is_reload_due`: ``reload_dataloaders_every_n_epochs``.
+- `prepare_data`: the DataModule's and the module's ``prepare_data``, once per machine, with a
+  barrier after it.
 - `reset_train_loader`: ``Trainer.reset_train_dataloader`` (BatchSizeFinder).
 
 The call's loaders (a dict, ``Run.loaders``) and the stages whose loaders the call received are
 handed in; a reload replaces an entry of that dict. One DataLoader is prepared by
-`trainer.trainer.prepare.prepare_loader`; nothing here calls a hook.
+`trainer.trainer.prepare.prepare_loader`; the only hooks called here are ``prepare_data``.
 """
 
 from __future__ import annotations
@@ -34,7 +36,7 @@ if TYPE_CHECKING:
     from trainer.trainer.run import Run
     from trainer.trainer.trainer import Trainer
 
-__all__ = ["is_reload_due", "load_stage", "reload_stage", "reset_train_loader"]
+__all__ = ["is_reload_due", "load_stage", "prepare_data", "reload_stage", "reset_train_loader"]
 
 _COUNT_ATTRIBUTE = {
     "train": "num_training_batches",
@@ -79,6 +81,23 @@ def load_stage(trainer: Trainer, name: str, given: Any, *, required: bool) -> An
         steps = trainer.num_sanity_val_steps
         trainer.num_sanity_val_batches = [c if steps == -1 else min(steps, c) for c in counts]
     return prepared[0] if name == "train" else prepared
+
+
+def prepare_data(trainer: Trainer) -> None:
+    """Lightning's ``prepare_data``: the DataModule's, then the module's (each when defined), on
+    local rank zero of each machine (on global rank zero only with ``prepare_data_per_node =
+    False``). Every process waits until it is done, so no ``setup`` reads half-written data."""
+    from trainer.trainer.datamodule import DataModule
+    from trainer.trainer.module import TrainModule
+
+    for owner, base in ((trainer.datamodule, DataModule), (trainer.module, TrainModule)):
+        if owner is None or getattr(type(owner), "prepare_data", None) is base.prepare_data:
+            continue
+        is_per_node = getattr(owner, "prepare_data_per_node", True)
+        if trainer.local_rank == 0 and (is_per_node or trainer.node_rank == 0):
+            owner.prepare_data()
+        if trainer.world_size > 1:
+            trainer.strategy.barrier()
 
 
 def is_reload_due(every_n_epochs: int, epoch: int, last_epoch: float) -> bool:

@@ -56,6 +56,7 @@ class TrainModule(HyperparameterMixin, ModuleHooks, ModeHooks, DataHooks, torch.
     """
 
     automatic_optimization: bool = True
+    prepare_data_per_node: bool = True  # False: prepare_data on global rank zero only
     # Lightning's `strict_loading`: whether checkpoint weights must match this module's exactly
     # (resuming with ckpt_path, load_from_checkpoint with strict=None). Set False for a module
     # whose checkpoints leave out frozen weights.
@@ -150,6 +151,10 @@ class TrainModule(HyperparameterMixin, ModuleHooks, ModeHooks, DataHooks, torch.
         )
 
     # ---- user hooks with defaults ----------------------------------------------------------
+    def prepare_data(self) -> None:
+        """Download or preprocess once per machine (local rank zero; global rank zero only with
+        ``prepare_data_per_node = False``) before ``setup``; every process waits for it."""
+
     def configure_model(self) -> None:
         """Build large layers here (called once, after the strategy is set up)."""
 

@@ -32,7 +32,7 @@ from trainer.trainer.checkpoint_state import dump_checkpoint, restore_from
 from trainer.trainer.evaluation_loop import STAGE_OF, run_eval_epoch
 from trainer.trainer.fit_loop import FitLoop, run_sanity_check
 from trainer.trainer.hook_table import HookTable
-from trainer.trainer.loaders import end_workers, load_stage, reset_train_loader
+from trainer.trainer.loaders import end_workers, load_stage, prepare_data, reset_train_loader
 from trainer.trainer.logger_rows import log_hyperparams
 from trainer.trainer.metrics import stage_stores
 from trainer.trainer.module import DataModule, TrainModule
@@ -385,9 +385,8 @@ class Trainer(TrainerProperties):
         self._previous_deterministic = torch.are_deterministic_algorithms_enabled()
         if self.deterministic:
             torch.use_deterministic_algorithms(True, warn_only=True)
+        prepare_data(self)  # once per machine, then a barrier (Lightning's)
         if self.datamodule is not None:
-            if self.local_rank == 0:  # once per machine (downloads land on each machine's disk)
-                self.datamodule.prepare_data()
             self.datamodule.setup(stage)
         for store in self._stores.values():  # metrics of an earlier run are not this run's
             store.reset()
