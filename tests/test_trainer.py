@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import datetime as dt
 import math
+import os
 import time
 
 import pytest
@@ -695,3 +696,25 @@ def test_interrupted_and_print_as_in_lightning(tmp_path, capsys):
     assert fit.interrupted is True
     fit.print("from rank zero")  # one process: rank zero prints
     assert "from rank zero" in capsys.readouterr().out
+
+
+def test_received_sigterm_and_device_ids(tmp_path):
+    import signal
+
+    seen: list[bool] = []
+
+    class Terminated(LinearModule):
+        def training_step(self, batch, batch_idx):
+            if batch_idx == 2:
+                os.kill(os.getpid(), signal.SIGTERM)  # a scheduler's preemption notice
+            return super().training_step(batch, batch_idx)
+
+    watch = trainer.callbacks.LambdaCallback(
+        on_train_batch_end=lambda t, m, *args: seen.append(t.received_sigterm)
+    )
+    fit = quiet_trainer(tmp_path, max_epochs=1, callbacks=[watch])
+    assert fit.device_ids == [0] and not fit.received_sigterm
+    with pytest.raises(SystemExit) as stopped:  # saved a checkpoint, then exits cleanly
+        fit.fit(Terminated(), make_loader(n=64))
+    assert stopped.value.code == 0
+    assert seen == [False, False, True]

@@ -61,6 +61,7 @@ class TrainerProperties:
     _loaders: dict[str, Any]
     _wrapped_model: torch.nn.Module | None
     _router: torch.nn.Module | None
+    _fit_loop: Any  # trainer.trainer.fit_loop.FitLoop, during fit
     module: TrainModule | None
     state: TrainerState
 
@@ -298,6 +299,24 @@ class TrainerProperties:
         """``num_replicas`` and ``rank`` the samplers shard with; None on one device."""
         strategy = self.strategy
         return None if strategy.world_size == 1 else strategy.distributed_sampler_kwargs
+
+    @property
+    def device_ids(self) -> list[int]:
+        """The indices of this machine's devices, one per process (``[0, 1]`` for 2 processes;
+        ``[1]`` for one process on ``cuda:1``)."""
+        device = self.accelerator.device
+        if self.num_devices == 1 and device.index is not None:
+            return [device.index]
+        return list(range(self.num_devices))
+
+    @property
+    def received_sigterm(self) -> bool:
+        """Whether SIGTERM reached this process during the current ``fit`` (it then saves a
+        checkpoint and stops after the batch; docs/checkpointing.md, Preemption)."""
+        import signal
+
+        loop = self._fit_loop
+        return loop is not None and loop.received_signal.signum == signal.SIGTERM
 
     @property
     def scaler(self) -> Any:
