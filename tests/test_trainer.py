@@ -6,6 +6,7 @@ import datetime as dt
 import math
 import os
 import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -718,3 +719,22 @@ def test_received_sigterm_and_device_ids(tmp_path):
         fit.fit(Terminated(), make_loader(n=64))
     assert stopped.value.code == 0
     assert seen == [False, False, True]
+
+
+def test_logged_hparams_are_the_initial_ones_and_a_clash_with_the_datamodule_is_refused(tmp_path):
+    class Data(trainer.DataModule):
+        def __init__(self, lr: float = 0.5):
+            super().__init__()
+            self.save_hyperparameters()
+
+        def train_dataloader(self):
+            return make_loader()
+
+    module = LinearModule(lr=0.05)  # records lr with save_hyperparameters
+    module.hparams.lr = 0.01  # changed after recording: Lightning logs the recorded 0.05
+    fit = quiet_trainer(tmp_path, max_epochs=1, logger=trainer.loggers.CSVLogger(tmp_path))
+    with pytest.raises(trainer.ConfigurationError, match=r"\['lr'\] are saved by both"):
+        fit.fit(module, datamodule=Data())
+    fit = quiet_trainer(tmp_path, max_epochs=1, logger=trainer.loggers.CSVLogger(tmp_path))
+    fit.fit(module, make_loader())
+    assert "lr: 0.05" in (Path(fit.logger.log_dir) / "hparams.yaml").read_text()

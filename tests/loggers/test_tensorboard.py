@@ -225,3 +225,21 @@ def test_a_metric_that_is_not_a_scalar_is_refused_naming_the_logger_and_key(tmp_
     ):
         logger.log_metrics({"acc": torch.tensor([1.0, 2.0])}, step=0)
     logger.finalize("success")
+
+
+def test_fit_writes_the_graph_of_a_module_with_an_example_input(tmp_path: Path) -> None:
+    """As Lightning: TensorBoardLogger(log_graph=True) gets the module's graph at fit start."""
+    import trainer
+    from tests.conftest import LinearModule, make_loader
+
+    module = LinearModule()
+    module.example_input_array = torch.zeros(2, 4)
+    logger = TensorBoardLogger(tmp_path, log_graph=True)
+    fit = trainer.Trainer(
+        max_epochs=1, logger=logger, enable_progress_bar=False, enable_model_summary=False,
+        enable_checkpointing=False,
+    )  # fmt: skip
+    fit.fit(module, make_loader())
+    accumulator = EventAccumulator(logger.log_dir)
+    accumulator.Reload()
+    assert accumulator.Tags()["graph"] is True

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from trainer.errors import ConfigurationError
 from trainer.trainer.metrics import to_float
 
 if TYPE_CHECKING:
@@ -57,12 +58,31 @@ def eval_epoch_step(trainer: Trainer) -> int:
 
 
 def log_hyperparams(trainer: Trainer) -> None:
-    """The module's (and datamodule's) saved hyperparameters, to every logger on rank zero."""
-    if trainer.module is None or not trainer.is_global_zero:
+    """At fit start, as Lightning: the module's and the datamodule's hyperparameters as
+    ``save_hyperparameters`` recorded them (``hparams_initial``), then the model graph
+    (``log_graph``: TensorBoardLogger(log_graph=True) traces ``example_input_array``), to every
+    logger on rank zero.
+
+    Raises:
+        ConfigurationError: a key both hold with different values (Lightning refuses to merge).
+    """
+    module = trainer.module
+    if module is None or not trainer.is_global_zero or not trainer.loggers:
         return
-    params = dict(trainer.module.hparams)
+    params = dict(module.hparams_initial)
     if trainer.datamodule is not None:
-        params.update(trainer.datamodule.hparams)
-    if params:
-        for logger in trainer.loggers:
+        from_data = dict(trainer.datamodule.hparams_initial)
+        clashing = sorted(k for k in params.keys() & from_data.keys() if params[k] != from_data[k])
+        if clashing:
+            raise ConfigurationError(
+                f"hyperparameters {clashing} are saved by both {type(module).__name__} and "
+                f"{type(trainer.datamodule).__name__} with different values; the loggers would "
+                "get only one. Rename one of them, or save it in one place."
+            )
+        params.update(from_data)
+    for logger in trainer.loggers:
+        if params:
             logger.log_hyperparams(params)
+        log_graph = getattr(logger, "log_graph", None)
+        if log_graph is not None:
+            log_graph(module)

@@ -57,6 +57,8 @@ class TrainModule(HyperparameterMixin, ModuleHooks, ModeHooks, DataHooks, torch.
 
     automatic_optimization: bool = True
     prepare_data_per_node: bool = True  # False: prepare_data on global rank zero only
+    # Lightning's: an input for `forward`, traced by TensorBoardLogger(log_graph=True) at fit start
+    example_input_array: Any = None
     # Lightning's `strict_loading`: whether checkpoint weights must match this module's exactly
     # (resuming with ckpt_path, load_from_checkpoint with strict=None). Set False for a module
     # whose checkpoints leave out frozen weights.
