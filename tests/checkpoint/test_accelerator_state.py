@@ -275,3 +275,39 @@ def test_state_pre_hooks_with_background_saves(tmp_path):
         )
     accelerator.load_state(folder)
     assert calls == ["save", "load"]
+
+
+def test_save_model_is_atomic_and_keeps_the_other_files_of_the_folder(tmp_path):
+    """A save that fails half-way (here: the second shard holds a dtype safetensors cannot
+    store) leaves the previous save whole; a good one replaces the weights, keeps config.json."""
+    accelerator = Accelerator(cpu=True)
+    torch.manual_seed(0)
+    first = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.Linear(64, 64))
+    folder = tmp_path / "exported"
+    accelerator.save_model(first, folder, max_shard_size="20KB")  # two shards and an index
+    (folder / "config.json").write_text('{"layers": 2}')
+    (folder / "tokenizer").mkdir()
+    (folder / "tokenizer" / "vocab.txt").write_text("a b c")
+    before = sorted(p.name for p in folder.iterdir())
+    assert "model.safetensors.index.json" in before
+
+    broken = {k: torch.zeros_like(v) for k, v in first.state_dict().items()}  # other values
+    broken["1.weight"] = torch.zeros(64, 64, dtype=torch.complex64)  # not a safetensors dtype
+    from trainer.checkpoint.accelerator_state import save_model_weights
+
+    with pytest.raises(ValueError, match="complex64"):
+        save_model_weights(broken, folder, max_shard_size="20KB", safe_serialization=True)
+    assert sorted(p.name for p in folder.iterdir()) == before
+    restored = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.Linear(64, 64))
+    load_checkpoint_in_model(restored, folder, strict=True)
+    assert all(torch.equal(a, b) for a, b in zip(restored.parameters(), first.parameters()))
+
+    second = torch.nn.Linear(2, 2)
+    accelerator.save_model(second, folder)  # one file now: the shards and the index go
+    assert sorted(p.name for p in folder.iterdir()) == [
+        "config.json",
+        "model.safetensors",
+        "tokenizer",
+    ]
+    assert (folder / "tokenizer" / "vocab.txt").read_text() == "a b c"
+    assert [p.name for p in tmp_path.iterdir()] == ["exported"]  # no temporary folder left

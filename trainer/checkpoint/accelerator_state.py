@@ -22,12 +22,15 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from trainer.checkpoint.accelerate_folder import is_accelerate_folder, read_accelerate_folder
-from trainer.checkpoint.atomic import discard_directory, process_tag
+from trainer.checkpoint.atomic import (
+    discard_directory,
+    fsync_directory,
+    process_tag,
+    replace_directory,
+)
 from trainer.checkpoint.format import (
     EXTRA_DIR,
     EXTRA_FILES_KEY,
-    MODEL_FILE,
-    MODEL_INDEX,
     write_model_files,
 )
 from trainer.checkpoint.manifest import allowing_extra_files
@@ -274,24 +277,51 @@ def save_model_weights(
     max_shard_size: int | str,
     safe_serialization: bool,
 ) -> None:
-    """Write model weights into ``save_directory`` (safetensors, sharded past ``max_shard_size``).
+    """Write model weights into ``save_directory`` (safetensors, sharded past ``max_shard_size``),
+    atomically: the folder is built complete under a temporary sibling and swapped in, so a crash
+    or a failed write leaves the previous save whole.
 
-    Stale weight files of an earlier save in the same directory are removed after the new ones
-    are written; other files (a config.json, say) are left alone.
+    The other files of an earlier save there (a config.json, a tokenizer) are kept (hard-linked
+    into the new folder, not copied); its weight files (``model*``, ``pytorch_model*``) are not.
     """
     directory = Path(save_directory)
+    if directory.is_symlink():
+        directory = directory.resolve()
     if directory.exists() and not directory.is_dir():
         raise CheckpointError(f"save_model: {directory} is a file; give a directory.")
-    directory.mkdir(parents=True, exist_ok=True)
-    before = {p.name for p in directory.iterdir() if p.name.startswith(("model", "pytorch_model"))}
-    if safe_serialization:
-        written = set(write_model_files(directory, state_dict, max_shard_size))
+    directory.parent.mkdir(parents=True, exist_ok=True)
+    staged = directory.parent / f".{directory.name}.tmp-{process_tag()}"
+    staged.mkdir()
+    try:
+        if directory.is_dir():
+            for entry in directory.iterdir():
+                if not entry.name.startswith(("model", "pytorch_model")):
+                    _link_into(entry, staged / entry.name)
+        if safe_serialization:
+            write_model_files(staged, state_dict, max_shard_size)
+        else:
+            weights = {k: v.contiguous() for k, v in state_dict.items()}
+            with open(staged / "pytorch_model.bin", "wb") as file:
+                torch.save(weights, file)
+                file.flush()
+                os.fsync(file.fileno())
+        fsync_directory(staged)
+        replace_directory(staged, directory)
+    except BaseException:
+        shutil.rmtree(staged, ignore_errors=True)
+        raise
+
+
+def _link_into(source: Path, target: Path) -> None:
+    """``source`` (a file or a folder) at ``target`` by hard links; copied where links fail."""
+    if source.is_dir() and not source.is_symlink():
+        shutil.copytree(source, target, symlinks=True, copy_function=_link_or_copy)
     else:
-        torch.save(
-            {k: v.contiguous() for k, v in state_dict.items()}, directory / "pytorch_model.bin"
-        )
-        written = {"pytorch_model.bin"}
-    for stale in before - written:
-        (directory / stale).unlink(missing_ok=True)
-    if MODEL_FILE in written:
-        (directory / MODEL_INDEX).unlink(missing_ok=True)
+        _link_or_copy(source, target)
+
+
+def _link_or_copy(source: str | os.PathLike[str], target: str | os.PathLike[str]) -> None:
+    try:
+        os.link(source, target, follow_symlinks=False)
+    except OSError:
+        shutil.copy2(source, target, follow_symlinks=False)

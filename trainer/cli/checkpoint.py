@@ -46,6 +46,7 @@ def consolidate(directory: str | os.PathLike[str], output: str | os.PathLike[str
         CheckpointError: the checkpoint fails verification, its DCP metadata names a global
             outside the allow-list or a shard outside ``dcp/``, or it holds no model weights.
     """
+    from trainer.checkpoint.atomic import fsync_directory, process_tag
     from trainer.checkpoint.format import load_model_weights, verify_checkpoint
     from trainer.checkpoint.tensor_files import deduplicate, write_safetensors
     from trainer.strategies.full_weights import is_sharded, read_full_weights
@@ -62,7 +63,15 @@ def consolidate(directory: str | os.PathLike[str], output: str | os.PathLike[str
     target.parent.mkdir(parents=True, exist_ok=True)
     import json
 
-    write_safetensors(str(target), tensors, {"format": "pt", "aliases": json.dumps(aliases)})
+    # Written beside, then renamed over: an earlier file at `output` survives a failed write.
+    staged = target.with_name(f".{target.name}.tmp-{process_tag()}")
+    try:
+        write_safetensors(str(staged), tensors, {"format": "pt", "aliases": json.dumps(aliases)})
+        os.replace(staged, target)
+    except BaseException:
+        staged.unlink(missing_ok=True)
+        raise
+    fsync_directory(target.parent)
     return target
 
 
