@@ -198,13 +198,19 @@ def _hooks(calls: list[str]):
     return save_hook, load_hook
 
 
-def test_state_pre_hooks_files_join_the_checkpoint_listed_and_hashed(tmp_path):
+def _hooked_accelerator(calls: list[str]) -> tuple[Accelerator, tuple]:
+    """An Accelerator with the save/load hook pair, and its prepared objects (`_setup`)."""
     accelerator = Accelerator(cpu=True)
-    model, optimizer, loader, scheduler = _setup(accelerator)
-    calls: list[str] = []
+    prepared = _setup(accelerator)
     save_hook, load_hook = _hooks(calls)
     accelerator.register_save_state_pre_hook(save_hook)
     accelerator.register_load_state_pre_hook(load_hook)
+    return accelerator, prepared
+
+
+def test_state_pre_hooks_files_join_the_checkpoint_listed_and_hashed(tmp_path):
+    calls: list[str] = []
+    accelerator, (model, optimizer, loader, scheduler) = _hooked_accelerator(calls)
     _train(accelerator, model, optimizer, loader, scheduler, 2)
     expected = {k: v.clone() for k, v in model.state_dict().items()}
     folder = accelerator.save_state(tmp_path / "ck")
@@ -224,12 +230,8 @@ def test_state_pre_hooks_files_join_the_checkpoint_listed_and_hashed(tmp_path):
 
 
 def test_a_tampered_extra_file_is_refused_before_the_load_hook_reads_it(tmp_path):
-    accelerator = Accelerator(cpu=True)
-    _setup(accelerator)
     calls: list[str] = []
-    save_hook, load_hook = _hooks(calls)
-    accelerator.register_save_state_pre_hook(save_hook)
-    accelerator.register_load_state_pre_hook(load_hook)
+    accelerator, _ = _hooked_accelerator(calls)
     folder = accelerator.save_state(tmp_path / "ck")
     extra = os.path.join(folder, "extra", "net", "weights.safetensors")
     data = bytearray(open(extra, "rb").read())
@@ -260,12 +262,8 @@ def test_a_failing_save_hook_leaves_no_checkpoint_and_no_temporary_folder(tmp_pa
 def test_state_pre_hooks_with_background_saves(tmp_path):
     from trainer.plugins import AsyncCheckpointIO
 
-    accelerator = Accelerator(cpu=True)
-    _setup(accelerator)
     calls: list[str] = []
-    save_hook, load_hook = _hooks(calls)
-    accelerator.register_save_state_pre_hook(save_hook)
-    accelerator.register_load_state_pre_hook(load_hook)
+    accelerator, _ = _hooked_accelerator(calls)
     io = AsyncCheckpointIO()
     folder = accelerator.save_state(tmp_path / "ck", checkpoint_io=io)
     io.wait()
