@@ -25,6 +25,7 @@ if TYPE_CHECKING:
     from trainer.callbacks.prediction_writer import BasePredictionWriter
     from trainer.callbacks.progress import RichProgressBar
     from trainer.callbacks.progress_bar import ProgressBar
+    from trainer.callbacks.pruning import ModelPruning
     from trainer.callbacks.spike import LossSpikeError, SpikeDetection
     from trainer.callbacks.step_averaging import EMAWeightAveraging, WeightAveraging
     from trainer.callbacks.throughput import ThroughputMonitor
@@ -49,6 +50,7 @@ __all__ = [
     "LearningRateMonitor",
     "LossSpikeError",
     "ModelCheckpoint",
+    "ModelPruning",
     "ModelSummary",
     "OnExceptionCheckpoint",
     "ProgressBar",
@@ -66,6 +68,7 @@ _LAZY = {
     "ModelCheckpoint": "trainer.callbacks.model_checkpoint",
     "OnExceptionCheckpoint": "trainer.callbacks.model_checkpoint",
     "ModelSummary": "trainer.callbacks.model_summary",
+    "ModelPruning": "trainer.callbacks.pruning",
     "RichModelSummary": "trainer.callbacks.model_summary",
     "RichProgressBar": "trainer.callbacks.progress",
     "ProgressBar": "trainer.callbacks.progress_bar",
