@@ -220,3 +220,47 @@ def test_prepare_data_as_in_lightning() -> None:
         seen[framework.name] = calls
     assert seen["trainer"] == seen["lightning"]
     assert seen["trainer"][:2] == ["datamodule.prepare_data", "module.prepare_data"]
+
+
+def _failing(framework: Framework, calls: list[str]) -> tuple[Any, Any, Any]:
+    import lightning.pytorch as pl
+
+    import trainer
+
+    base = pl.LightningDataModule if framework.name == "lightning" else trainer.DataModule
+
+    class Data(base):  # type: ignore[misc, valid-type]
+        def train_dataloader(self) -> Any:
+            return loader(8)
+
+        def on_exception(self, exception: BaseException) -> None:
+            calls.append(f"datamodule.on_exception:{exception}")
+
+    class Watching(framework.Callback):  # type: ignore[misc, name-defined]
+        def on_exception(self, trainer_: Any, module: Any, exception: BaseException) -> None:
+            calls.append(f"callback.on_exception:{exception}")
+
+    class Failing(regression(framework.Module)):  # type: ignore[misc]
+        def training_step(self, batch: Any, batch_idx: int) -> Any:
+            if batch_idx == 2:
+                raise ValueError("bad batch")
+            return super().training_step(batch, batch_idx)
+
+    return Failing(), Data(), Watching()
+
+
+def test_datamodule_on_exception_as_in_lightning() -> None:
+    seen = {}
+    for framework in BOTH:
+        calls: list[str] = []
+        module, data, watching = _failing(framework, calls)
+        run = framework.trainer(**quiet(max_epochs=1, callbacks=[watching]))
+        with warnings.catch_warnings(), pytest.raises(ValueError, match="bad batch"):
+            warnings.simplefilter("ignore")
+            run.fit(module, datamodule=data)
+        seen[framework.name] = calls
+    assert seen["trainer"] == seen["lightning"]
+    assert seen["trainer"] == [
+        "callback.on_exception:bad batch",
+        "datamodule.on_exception:bad batch",
+    ]

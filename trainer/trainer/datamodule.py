@@ -31,6 +31,7 @@ class DataModule(HyperparameterMixin, DataHooks):
     """
 
     prepare_data_per_node: bool = True  # False: prepare_data on global rank zero only
+    name: str | None = None  # Lightning's attribute (a name for the data, unused by the Trainer)
 
     def __init__(self) -> None:
         self.trainer: Trainer | None = None
@@ -44,6 +45,9 @@ class DataModule(HyperparameterMixin, DataHooks):
 
     def teardown(self, stage: str) -> None:
         """Release what ``setup`` built."""
+
+    def on_exception(self, exception: BaseException) -> None:
+        """Called when a Trainer call fails, after the callbacks' ``on_exception``."""
 
     def state_dict(self) -> dict[str, Any]:
         return {}

@@ -126,6 +126,11 @@ class TrainModule(HyperparameterMixin, ModuleHooks, ModeHooks, DataHooks, torch.
         return self._trainer.world_size if self._trainer is not None else 1
 
     @property
+    def on_gpu(self) -> bool:
+        """Whether the module computes on a CUDA device."""
+        return self.device.type == "cuda"
+
+    @property
     def dtype(self) -> torch.dtype:
         """The dtype of the module's floating-point parameters (bfloat16 under ``"bf16-true"``);
         torch's default dtype when it has none."""

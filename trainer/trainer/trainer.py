@@ -467,6 +467,8 @@ class Trainer(TrainerProperties):
         self.state.status = status
         try:
             self._call_hook("on_exception", err)
+            if self.datamodule is not None:  # after the callbacks', as Lightning
+                self.datamodule.on_exception(err)
         finally:
             self._teardown(
                 stage, status, is_clean_exit=isinstance(err, SystemExit) and not err.code
