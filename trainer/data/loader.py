@@ -41,7 +41,35 @@ from trainer.data.seeding import DataRng, PositionedBatchSampler, batch_seed, se
 from trainer.errors import CheckpointError, ConfigurationError, describe
 from trainer.runtime.seed import synchronize_rng_states
 
-__all__ = ["DataLoaderShard", "SkipBatchSampler", "send_to_device", "skip_first_batches"]
+__all__ = [
+    "DataLoaderShard",
+    "SkipBatchSampler",
+    "send_to_device",
+    "skip_first_batches",
+    "stop_workers",
+]
+
+
+def stop_workers(iterator: Any) -> None:
+    """Stop the worker processes of a torch / torchdata DataLoader iterator (no-op without
+    workers), and wait for the threads that fed their queues to end.
+
+    The next pass then forks its workers while no Python thread is starting or ending: CPython
+    3.11 (before 3.11.9's fix of python/cpython#112275) can leave a child forked at that moment
+    deadlocked before it runs, and the loader waits for it for ever (seen in this suite: a
+    2-process resume test hung with a worker stuck in ``PyOS_AfterFork_Child``).
+    """
+    queues = getattr(iterator, "_index_queues", None)
+    if not queues:
+        return
+    iterator._shutdown_workers()  # noqa: SLF001 - torch's iterator; it may run more than once
+    for queue in queues:
+        feeder = getattr(queue, "_thread", None)  # multiprocessing.Queue's feeder thread
+        if feeder is not None:
+            feeder.join(timeout=_FEEDER_JOIN_S)
+
+
+_FEEDER_JOIN_S = 5.0  # a closed queue's feeder thread ends at once; this only bounds a stuck one
 
 
 def send_to_device(data: Any, device: torch.device, non_blocking: bool = False) -> Any:
@@ -142,9 +170,7 @@ class DataLoaderShard:
             iterator = getattr(loader, "_iterator", None)
             if iterator is None:
                 continue
-            shutdown = getattr(iterator, "_shutdown_workers", None)
-            if shutdown is not None:  # torch's and torchdata's multiprocessing iterators
-                shutdown()
+            stop_workers(iterator)
             loader._iterator = None  # noqa: SLF001 - torch's DataLoader keeps it there
 
     def set_epoch(self, epoch: int) -> None:
@@ -222,6 +248,7 @@ class DataLoaderShard:
         run = rng.run if rng is not None else _call
         state = self.gradient_state
         is_reading = is_complete = False
+        iterator = None
         try:
             iterator = self._open_pass(loader, run, is_resuming=skip > 0)
             for _ in range(left):
@@ -265,6 +292,8 @@ class DataLoaderShard:
             self._epoch += 1  # only a pass that ran to its end (a break closes the generator)
             is_complete = True
         finally:
+            if iterator is not None and not getattr(iterator, "_persistent_workers", True):
+                stop_workers(iterator)  # a cut pass kept them until the collector found it
             self._draws.end(is_complete=is_complete)
             if is_reading:
                 self._pass_generator_state = None
