@@ -55,7 +55,7 @@ def stop_workers(iterator: Any) -> None:
     workers), and wait for the threads that fed their queues to end.
 
     The next pass then forks its workers while no Python thread is starting or ending: CPython
-    3.11 (before 3.11.9's fix of python/cpython#112275) can leave a child forked at that moment
+    3.11.7 (python/cpython#112275, fixed in later releases) can leave a child forked at that moment
     deadlocked before it runs, and the loader waits for it for ever (seen in this suite: a
     2-process resume test hung with a worker stuck in ``PyOS_AfterFork_Child``).
     """
