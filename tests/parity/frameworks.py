@@ -112,6 +112,32 @@ def regression(base: type, calls: list[Any] | None = None) -> type:
     return Regression
 
 
+def validated(base: type, net: Callable[[], torch.nn.Module], losses: list[float]) -> Any:
+    """A regression module over ``net()`` (built after ``manual_seed(0)``), SGD at 0.05, that
+    appends each validation loss to ``losses`` and logs it as ``val_loss``."""
+
+    class Validated(base):  # type: ignore[misc, valid-type]
+        def __init__(self) -> None:
+            super().__init__()
+            torch.manual_seed(0)
+            self.net = net()
+
+        def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+            x, y = batch
+            return torch.nn.functional.mse_loss(self.net(x), y)
+
+        def validation_step(self, batch: Any, batch_idx: int) -> None:
+            x, y = batch
+            loss = torch.nn.functional.mse_loss(self.net(x), y)
+            losses.append(round(float(loss), 6))
+            self.log("val_loss", loss)
+
+        def configure_optimizers(self) -> torch.optim.Optimizer:
+            return torch.optim.SGD(self.parameters(), lr=0.05)
+
+    return Validated()
+
+
 def recording_callback(base: type, calls: list[Any], hooks: tuple[str, ...]) -> Any:
     """A callback appending ``(hook, current_epoch, global_step, *int arguments)`` to ``calls``."""
 

@@ -17,34 +17,19 @@ import pytest
 import torch
 from torch.nn.utils import prune
 
-from tests.parity.frameworks import BOTH, Framework, loader, quiet
+from tests.parity.frameworks import BOTH, Framework, loader, quiet, validated
 
 pytest.importorskip("lightning.pytorch")
 
 
 def _module(framework: Framework, losses: list[float]) -> Any:
-    class Mlp(framework.Module):  # type: ignore[misc, name-defined]
-        def __init__(self) -> None:
-            super().__init__()
-            torch.manual_seed(0)
-            self.net = torch.nn.Sequential(
-                torch.nn.Linear(4, 16), torch.nn.ReLU(), torch.nn.Linear(16, 1)
-            )
-
-        def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
-            x, y = batch
-            return torch.nn.functional.mse_loss(self.net(x), y)
-
-        def validation_step(self, batch: Any, batch_idx: int) -> None:
-            x, y = batch
-            loss = torch.nn.functional.mse_loss(self.net(x), y)
-            losses.append(round(float(loss), 6))
-            self.log("val_loss", loss)
-
-        def configure_optimizers(self) -> torch.optim.Optimizer:
-            return torch.optim.SGD(self.parameters(), lr=0.05)
-
-    return Mlp()
+    return validated(
+        framework.Module,
+        lambda: torch.nn.Sequential(
+            torch.nn.Linear(4, 16), torch.nn.ReLU(), torch.nn.Linear(16, 1)
+        ),
+        losses,
+    )
 
 
 CASES: dict[str, Any] = {
