@@ -33,6 +33,7 @@ from trainer.plugins import AsyncCheckpointIO
 from trainer.plugins.async_checkpoint import find_checkpoint_io, snapshot_checkpoint
 from trainer.strategies.fsdp import FSDPStrategy
 from trainer.strategies.single import SingleDeviceStrategy
+from trainer.strategies.xla import XLAStrategy
 
 ROOT = Path(__file__).resolve().parents[2]
 JOB = ROOT / "tests" / "plugins" / "async_job.py"
@@ -305,7 +306,43 @@ def test_a_failure_of_the_last_save_is_raised_by_fit(tmp_path):
     assert saver.exceptions == [info.value] and t.state.status == "failed"
 
 
-# ---- engines writing their own files (DeepSpeed, Megatron, XLA) save synchronously ---------
+# ---- a strategy's pending device values are made final before the copy (XLA's mark_step) ------
+class PendingValuesStrategy(SingleDeviceStrategy):
+    """Stands for a lazy device (XLA): the weight's value is final only once
+    `prepare_state_copy` ran; a copy taken before it would hold the stale value."""
+
+    def __init__(self) -> None:
+        super().__init__("cpu")
+        self.module: torch.nn.Module | None = None
+        self.calls = 0
+
+    def prepare_state_copy(self) -> None:
+        self.calls += 1
+        with torch.no_grad():
+            self.module.net.weight.fill_(float(self.calls))
+
+
+def test_a_background_save_copies_the_state_after_the_strategy_made_it_final(tmp_path):
+    strategy = PendingValuesStrategy()
+    module = LinearModule()
+    strategy.module = module
+
+    class Save(Callback):
+        def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx):
+            trainer.save_checkpoint(tmp_path / f"step-{trainer.global_step}")
+
+    t = quiet_trainer(
+        tmp_path, max_steps=2, callbacks=[Save()], strategy=strategy,
+        plugins=[AsyncCheckpointIO()],
+    )  # fmt: skip
+    t.fit(module, make_loader())
+    assert strategy.calls == 2 and t.checkpoint_io.save_count == 2
+    for step in (1, 2):
+        weight = load_file(tmp_path / f"step-{step}" / "model.safetensors")["net.weight"]
+        assert torch.all(weight == float(step)), (step, weight)
+
+
+# ---- engines writing their own files (DeepSpeed's other writers) save synchronously ---------
 class OwnFilesStrategy(SingleDeviceStrategy):
     """A strategy that writes its own checkpoint files (as DeepSpeed does; FSDP saves in the
     background through DCP instead: tests/plugins/test_async_sharded.py)."""
@@ -331,6 +368,7 @@ def test_strategies_that_write_their_own_files_save_synchronously_with_one_warni
     assert returned == [None, None, None]
     assert not async_checkpoint._writes_with_common_writer(FSDPStrategy())
     assert async_checkpoint._writes_with_common_writer(SingleDeviceStrategy("cpu"))
+    assert async_checkpoint._writes_with_common_writer(XLAStrategy())  # the master writes it all
 
 
 # ---- the Accelerator's save_state -------------------------------------------------------------

@@ -210,6 +210,15 @@ def test_checkpoint_from_xla_resumes_exactly():
 
 @pytest.mark.xla
 @needs_torch_xla
+def test_async_checkpoints_from_xla_are_written_in_the_background_and_equal_synchronous_ones():
+    out = _scenario("async_checkpoint")
+    assert "in the background: 8 of 8" in out and "checkpoints equal" in out, out
+    assert "training unchanged" in out, out
+    assert "accelerator state saved in the background: 1" in out, out
+
+
+@pytest.mark.xla
+@needs_torch_xla
 def test_mp_device_loader_feeds_the_device():
     out = _scenario("loader")
     assert "batches 4 on xla" in out, out
@@ -301,6 +310,76 @@ def _scenario_checkpoint() -> None:
     for (key, a), b in zip(straight.state_dict().items(), resumed.state_dict().values()):
         torch.testing.assert_close(a.cpu(), b.cpu(), atol=1e-6, rtol=0, msg=key)
     print("resume ok")
+
+
+def _scenario_async_checkpoint() -> None:
+    import tempfile
+    import warnings
+
+    from tests.conftest import LinearModule, make_loader
+    from trainer.callbacks import ModelCheckpoint
+    from trainer.checkpoint import read_checkpoint
+    from trainer.plugins import AsyncCheckpointIO
+
+    root = Path(tempfile.mkdtemp())
+
+    def fit(name: str, plugins: list[object]) -> tuple[trainer.Trainer, LinearModule]:
+        torch.manual_seed(0)
+        module = LinearModule()
+        saves = ModelCheckpoint(dirpath=root / name, every_n_train_steps=2, save_top_k=-1)
+        run = trainer.Trainer(
+            strategy="xla",
+            max_epochs=2,
+            callbacks=[saves],
+            plugins=plugins,
+            enable_progress_bar=False,
+            enable_model_summary=False,
+            logger=False,
+            default_root_dir=root,
+        )
+        run.fit(module, make_loader())
+        return run, module
+
+    _, synchronous = fit("sync", [])
+    with warnings.catch_warnings():
+        warnings.filterwarnings("error", message="AsyncCheckpointIO")  # no synchronous fallback
+        run, in_background = fit("async", [AsyncCheckpointIO()])
+    names = sorted(p.name for p in (root / "sync").iterdir())
+    assert names == sorted(p.name for p in (root / "async").iterdir()), names
+    print(f"in the background: {run.checkpoint_io.save_count} of {len(names)}")
+    for name in names:  # each holds the weights of its own step, equal to the synchronous save
+        expected = read_checkpoint(root / "sync" / name)
+        written = read_checkpoint(root / "async" / name)
+        assert expected["global_step"] == written["global_step"], name
+        for a, b in zip(_tensors(expected), _tensors(written), strict=True):
+            assert a.device.type == b.device.type == "cpu" and torch.equal(a, b), name
+    print("checkpoints equal")
+    for (key, a), b in zip(synchronous.state_dict().items(), in_background.state_dict().values()):
+        assert torch.equal(a.cpu(), b.cpu()), key
+    print("training unchanged")
+
+    # The Accelerator's save_state takes the same plugin: the state of the step it was called at.
+    accelerator = trainer.Accelerator(strategy=XLAStrategy())
+    torch.manual_seed(0)
+    network = torch.nn.Linear(4, 1)
+    model, optimizer = accelerator.prepare(network, torch.optim.SGD(network.parameters(), lr=0.1))
+    io = AsyncCheckpointIO()
+
+    def step(x: torch.Tensor, y: torch.Tensor) -> None:
+        accelerator.backward(torch.nn.functional.mse_loss(model(x), y))
+        optimizer.step()
+        optimizer.zero_grad()
+
+    batches = [(x.to(accelerator.device), y.to(accelerator.device)) for x, y in make_loader()]
+    step(*batches[0])
+    saved = {key: value.cpu().clone() for key, value in model.state_dict().items()}
+    accelerator.save_state(root / "accelerator", checkpoint_io=io)
+    step(*batches[1])  # training goes on while the save may be in flight
+    io.wait()
+    accelerator.load_state(root / "accelerator")
+    for key, value in model.state_dict().items():
+        assert torch.equal(value.cpu(), saved[key]), key
+    print(f"accelerator state saved in the background: {io.save_count}")
 
 
 def _tensors(value: object) -> list[torch.Tensor]:
@@ -398,6 +477,7 @@ if __name__ == "__main__":
     {
         "fit": _scenario_fit,
         "checkpoint": _scenario_checkpoint,
+        "async_checkpoint": _scenario_async_checkpoint,
         "loader": _scenario_loader,
         "spmd": _scenario_spmd,
         "replicas": _scenario_replicas,

@@ -243,8 +243,9 @@ class AsyncCheckpointIO:
 
     A save runs in the background only while ``fit`` runs; elsewhere (after ``fit``, in
     ``on_exception``) it is synchronous. Strategies that write through an engine of their own
-    that cannot be deferred (XLA; DeepSpeed with a ``checkpoint.writer`` in its config or NVMe
-    optimizer offload) save synchronously, with a warning the first time.
+    that cannot be deferred (DeepSpeed with a ``checkpoint.writer`` in its config or NVMe
+    optimizer offload) save synchronously, with a warning the first time. Under XLA the pending
+    graph runs first (``xm.mark_step``, every process), then the copy as above.
 
     Attributes:
         last_wait_s: seconds the latest save waited for the one before it.
@@ -300,6 +301,7 @@ class AsyncCheckpointIO:
             strategy.save_checkpoint(path, checkpoint)
             return None
         self.last_wait_s, self._waited = self._waited, 0.0
+        strategy.prepare_state_copy()  # every process, as the synchronous save (XLA's graph)
         if not is_sharded and not strategy.is_global_zero:  # as synchronously: process 0 writes
             return PendingSave(Path(path), None, submit=self._submit, on_end=self._ended)
         start = time.perf_counter()
@@ -420,14 +422,15 @@ class AsyncCheckpointIO:
             f"AsyncCheckpointIO: {name} writes its own checkpoint files (through its engine), "
             "so its checkpoints are saved synchronously. Remove AsyncCheckpointIO from plugins "
             "to silence this, or use a strategy it saves in the background (single device, "
-            "DDP, FSDP, Megatron, DeepSpeed with its default checkpoint engine).",
+            "DDP, FSDP, XLA, Megatron, DeepSpeed with its default checkpoint engine).",
             stacklevel=4,
         )
 
 
 def _writes_with_common_writer(strategy: Strategy) -> bool:
     """Whether ``strategy`` saves with the base writer (process 0, one directory): single, DDP,
-    and FSDP with FULL state dicts (``has_sharded_checkpoints`` False: gathered on process 0).
+    FSDP with FULL state dicts and XLA (``has_sharded_checkpoints`` False: the whole state on
+    process 0).
 
     Other strategies that override ``save_checkpoint`` write shards or engine files
     collectively, which a background thread on one process cannot do.

@@ -87,17 +87,10 @@ def _copy_tensor(
     devices: set[torch.device],
 ) -> torch.Tensor:
     """A host copy of ``tensor``; the same copy for another entry that is the same view."""
-    tensor = tensor.detach()
     if tensor.device.type == "meta":
-        return tensor  # no data: the writer reports it as it would synchronously
-    view = (
-        tensor.device,
-        tensor.untyped_storage().data_ptr(),
-        tensor.storage_offset(),
-        tuple(tensor.shape),
-        tuple(tensor.stride()),
-        tensor.dtype,
-    )
+        return tensor.detach()  # no data: the writer reports it as it would synchronously
+    view = _view_of(tensor)  # before detach: an XLA entry is told by the object itself
+    tensor = tensor.detach()
     if view in copies and tensor.numel() > 0:
         return copies[view]
     is_cuda = tensor.device.type == "cuda"
@@ -113,3 +106,20 @@ def _copy_tensor(
         devices.add(tensor.device)
     copies[view] = host
     return host
+
+
+def _view_of(tensor: torch.Tensor) -> tuple[Any, ...]:
+    """What tells two entries that are the same data: the storage, offset, shape and strides;
+    on a device whose storage has no address (XLA), the tensor object itself."""
+    try:
+        pointer = tensor.untyped_storage().data_ptr()
+    except RuntimeError:  # "invalid python storage": tied entries are the same Parameter there
+        return (id(tensor),)
+    return (
+        tensor.device,
+        pointer,
+        tensor.storage_offset(),
+        tuple(tensor.shape),
+        tuple(tensor.stride()),
+        tensor.dtype,
+    )

@@ -176,6 +176,11 @@ class Strategy:
             write_checkpoint(path, checkpoint, world_size=self.world_size)
         self.barrier()
 
+    def prepare_state_copy(self) -> None:
+        """Make the values on the device final before a background save copies them to host
+        memory (`trainer.plugins.AsyncCheckpointIO`, every process): XLA runs its pending lazy
+        graph; nothing to do here."""
+
     def load_checkpoint(
         self, path: str | os.PathLike[str], module: torch.nn.Module | None = None
     ) -> dict[str, Any]:

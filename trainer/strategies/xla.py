@@ -268,10 +268,18 @@ class XLAStrategy(Strategy):
             _xm().rendezvous("trainer.barrier")
 
     # ---- state -------------------------------------------------------------------------
+    # The global master writes the whole state with the base writer (no shards), so
+    # AsyncCheckpointIO writes it in the background: `prepare_state_copy`, then its host copy.
+    has_sharded_checkpoints = False
+
     def save_checkpoint(self, path: str | os.PathLike[str], checkpoint: dict[str, Any]) -> None:
         """Run the pending graph, move every XLA tensor to the CPU, write on the global master."""
         _xm().mark_step()
         super().save_checkpoint(path, _to_cpu(checkpoint))
+
+    def prepare_state_copy(self) -> None:
+        """Run the pending graph (``xm.mark_step``), so the host copy reads computed values."""
+        _xm().mark_step()
 
     @staticmethod
     def spawn(function: Callable[..., Any], *args: Any, start_method: str = "spawn") -> None:
