@@ -37,7 +37,10 @@ def test_two_stages_give_the_one_process_outputs_on_the_last_process(run2):
         "short": [5, 2],
         "longer": [9, 2],
     }
-    assert all(facts["difference"] == 0.0 for facts in last["auto"].values())
+    # Equal up to float rounding: a micro-batch of 5 or 4 rows may take another GEMM kernel than
+    # the reference's 9 rows (1.5e-8 on an AVX-512 Xeon; 0 on the AMD machines before). A wrong
+    # stage, split or padding differs by orders of magnitude more.
+    assert all(facts["difference"] <= 1e-6 for facts in last["auto"].values()), last["auto"]
 
 
 @pytest.mark.distributed
