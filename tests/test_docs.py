@@ -2,8 +2,10 @@
 
 Conventions for code blocks in ``docs/**/*.md`` and ``README.md``:
 
-- Every ```` ```python ```` block runs, in a fresh ``python`` subprocess whose working directory
-  is an empty temporary folder, with a timeout of ``BLOCK_TIMEOUT_S`` seconds.
+- Every ```` ```python ```` block runs as ``python example.py`` would, in a process of its own
+  whose working directory is an empty temporary folder, with a timeout of ``BLOCK_TIMEOUT_S``
+  seconds. The process is forked from ``tests/docs_runner.py``, which has imported torch and
+  trainer once (about 2 s a block saved); where ``os.fork`` is missing, a fresh interpreter.
 - ``<!-- no-run -->`` on the line just above the fence skips the block (fragments, method
   bodies, code that needs several processes or a GPU).
 - ``<!-- continue -->`` on the line just above the fence runs the block after the page's previous
@@ -18,6 +20,7 @@ Conventions for code blocks in ``docs/**/*.md`` and ``README.md``:
 from __future__ import annotations
 
 import itertools
+import json
 import os
 import re
 import subprocess
@@ -134,27 +137,88 @@ def test_docs_have_runnable_examples():
     assert len(_RUNNABLE) >= 10, [block.id for block, _ in _RUNNABLE]
 
 
-@pytest.mark.parametrize(("block", "chain"), _RUNNABLE, ids=[b.id for b, _ in _RUNNABLE])
-def test_code_block_runs(block: Block, chain: list[Block], tmp_path: Path):
-    source = "".join(earlier.code for earlier in chain)
-    if chain:
-        source += f"print({_SEPARATOR!r}, flush=True)\n"
-    source += block.code
-    script = tmp_path / "example.py"
-    script.write_text(source, encoding="utf-8")
+class _Runner:
+    """Runs example scripts through ``tests/docs_runner.py`` (started on first use)."""
+
+    def __init__(self) -> None:
+        self._server: subprocess.Popen[str] | None = None
+
+    def run(self, script: Path) -> tuple[int, str, str]:
+        """``python script`` in ``script``'s folder: exit status, stdout, stderr."""
+        folder = script.parent
+        request = {
+            "script": str(script),
+            "cwd": str(folder),
+            "env": _clean_env(),
+            "stdout": str(folder.parent / "stdout.txt"),  # outside the example's folder
+            "stderr": str(folder.parent / "stderr.txt"),
+            "timeout": BLOCK_TIMEOUT_S,
+        }
+        server = self._start()
+        assert server.stdin is not None and server.stdout is not None
+        server.stdin.write(json.dumps(request) + "\n")
+        server.stdin.flush()
+        response = server.stdout.readline()
+        if not response:  # the server itself died: report it, start another next time
+            self._server = None
+            raise AssertionError(f"tests/docs_runner.py ended: {server.wait()}")
+        returncode = json.loads(response)["returncode"]
+        out, err = (folder.parent / name for name in ("stdout.txt", "stderr.txt"))
+        return returncode, out.read_text(encoding="utf-8"), err.read_text(encoding="utf-8")
+
+    def _start(self) -> subprocess.Popen[str]:
+        if self._server is None or self._server.poll() is not None:
+            self._server = subprocess.Popen(
+                [sys.executable, str(ROOT / "tests" / "docs_runner.py")],
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                cwd=ROOT,
+                env=_clean_env(),
+                text=True,
+            )
+        return self._server
+
+    def close(self) -> None:
+        if self._server is not None:
+            self._server.stdin.close()  # type: ignore[union-attr]  # its loop ends
+            self._server.wait(timeout=60)
+            self._server = None
+
+
+@pytest.fixture(scope="module")
+def runner():
+    examples = _Runner()
+    yield examples
+    examples.close()
+
+
+def _run_fresh(script: Path) -> tuple[int, str, str]:
+    """``python script`` in a fresh interpreter (where ``os.fork`` is missing)."""
     result = subprocess.run(
         [sys.executable, str(script)],
-        cwd=tmp_path,
+        cwd=script.parent,
         env=_clean_env(),
         capture_output=True,
         text=True,
         timeout=BLOCK_TIMEOUT_S,
     )
-    assert result.returncode == 0, (
-        f"{block.id} failed (exit {result.returncode}):\n{result.stdout}\n{result.stderr}"
-    )
+    return result.returncode, result.stdout, result.stderr
+
+
+@pytest.mark.parametrize(("block", "chain"), _RUNNABLE, ids=[b.id for b, _ in _RUNNABLE])
+def test_code_block_runs(block: Block, chain: list[Block], tmp_path: Path, runner: _Runner):
+    source = "".join(earlier.code for earlier in chain)
+    if chain:
+        source += f"print({_SEPARATOR!r}, flush=True)\n"
+    source += block.code
+    folder = tmp_path / "example"  # the example's own folder: only what it writes is there
+    folder.mkdir()
+    script = folder / "example.py"
+    script.write_text(source, encoding="utf-8")
+    returncode, stdout, stderr = runner.run(script) if hasattr(os, "fork") else _run_fresh(script)
+    assert returncode == 0, f"{block.id} failed (exit {returncode}):\n{stdout}\n{stderr}"
     if block.expected_output is not None:
-        printed = result.stdout.split(_SEPARATOR + "\n")[-1] if chain else result.stdout
+        printed = stdout.split(_SEPARATOR + "\n")[-1] if chain else stdout
         assert _matches(printed, block.expected_output), (
             f"{block.id}: the output shown in the docs is not what the block prints:\n"
             f"{_normalize(printed)}"
