@@ -316,7 +316,7 @@ def _scenario_async_checkpoint() -> None:
     import tempfile
     import warnings
 
-    from tests.conftest import LinearModule, make_loader
+    from tests.conftest import LinearModule, make_loader, quiet_trainer
     from trainer.callbacks import ModelCheckpoint
     from trainer.checkpoint import read_checkpoint
     from trainer.plugins import AsyncCheckpointIO
@@ -327,16 +327,10 @@ def _scenario_async_checkpoint() -> None:
         torch.manual_seed(0)
         module = LinearModule()
         saves = ModelCheckpoint(dirpath=root / name, every_n_train_steps=2, save_top_k=-1)
-        run = trainer.Trainer(
-            strategy="xla",
-            max_epochs=2,
-            callbacks=[saves],
-            plugins=plugins,
-            enable_progress_bar=False,
-            enable_model_summary=False,
-            logger=False,
-            default_root_dir=root,
-        )
+        run = quiet_trainer(
+            root, strategy="xla", max_epochs=2, callbacks=[saves], plugins=plugins,
+            enable_checkpointing=True,
+        )  # fmt: skip
         run.fit(module, make_loader())
         return run, module
 

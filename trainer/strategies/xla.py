@@ -274,7 +274,7 @@ class XLAStrategy(Strategy):
 
     def save_checkpoint(self, path: str | os.PathLike[str], checkpoint: dict[str, Any]) -> None:
         """Run the pending graph, move every XLA tensor to the CPU, write on the global master."""
-        _xm().mark_step()
+        self.prepare_state_copy()
         super().save_checkpoint(path, _to_cpu(checkpoint))
 
     def prepare_state_copy(self) -> None:
