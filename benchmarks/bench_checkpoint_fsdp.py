@@ -8,8 +8,8 @@ Each process shards the model of ``bench_checkpoint.py`` (a stack of ``Linear(40
 ``--params`` parameters, 100,687,872 and 403 MB fp32 by default) with ``FSDPStrategy`` (one
 ``fully_shard`` per Linear, then the root), and each round times, in turn, the order rotated:
 
-  save: ``FSDPStrategy.save_checkpoint`` (every rank writes its DCP shards to a staging folder
-        and hashes its share of the shard files, rank 0 moves them into an atomic directory,
+  save: ``FSDPStrategy.save_checkpoint`` (every rank writes its DCP shards to a staging folder,
+        hashing them as DCP writes them, rank 0 moves them into an atomic directory,
         writes ``state.json`` and the manifest with every rank's digests, then renames it into
         place);
         raw ``torch.distributed.checkpoint.save`` (DCP's FileSystemWriter fsyncs each file).

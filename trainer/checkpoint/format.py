@@ -185,14 +185,14 @@ def write_checkpoint_files(
 
     Files already in ``directory`` (a sharded engine's DCP shards) are listed in the manifest too:
     with the record ``known_records`` gives for them (hashed by the ranks that wrote them,
-    `trainer.checkpoint.rank_hashing`), else hashed here. ``checkpoint[EXTRA_FILES_KEY]``, when
+    `trainer.checkpoint.rank_hashing`) when its size is the file's, else hashed here. ``checkpoint[EXTRA_FILES_KEY]``, when
     present, names a folder on the same file system (what the Accelerator's save hooks wrote):
     it is moved in as ``extra/`` and listed the same way.
     """
     known = {
         name: record
         for name, record in (known_records or {}).items()
-        if (directory / name).is_file()
+        if (directory / name).is_file() and (directory / name).stat().st_size == record.get("size")
     }
     rest = dict(checkpoint)
     extra_files = rest.pop(EXTRA_FILES_KEY, None)

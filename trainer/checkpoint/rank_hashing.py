@@ -2,9 +2,10 @@
 
 A sharded save writes one shard file (or several) per rank. Hashing them all on rank 0 makes
 the save's commit grow with the world size, and verifying them all on every rank before a load
-reads the whole checkpoint once per rank. Instead the files are split between the ranks by
-size (`split_by_size`, the same split on every rank): on save each rank hashes its share of the
-staging folder and rank 0 writes the manifest from everybody's records (`hash_staged_share`);
+reads the whole checkpoint once per rank. On save, each rank hashes the files it writes as it
+writes them (`trainer.checkpoint.dcp_hashing`) and rank 0 writes the manifest from everybody's
+records; files no rank recorded are split between the ranks by size (`split_by_size`, the same
+split on every rank) and each rank hashes its share (`hash_staged_share`);
 on load each rank checks its share against the manifest and the ranks agree before anything
 is read (`verified_share`, `agree_or_raise`). A corrupt file is still refused, on every rank, naming the file.
 The ranks must see one file system (as DCP's own writer and reader assume).
@@ -101,25 +102,44 @@ def _raise_first(errors: Iterable[str | None]) -> None:
         raise CheckpointError(first)
 
 
-def hash_staged_share(group: RankGroup, staging: Path, prefix: str) -> dict[str, dict[str, Any]]:
-    """Every rank: hash this rank's share of the files in ``staging``; return everybody's
-    manifest records, named ``<prefix>/<file>`` (where the files go in the checkpoint).
+def hash_staged_share(
+    group: RankGroup,
+    staging: Path,
+    prefix: str,
+    written: Mapping[str, Mapping[str, Any]] | None = None,
+) -> dict[str, dict[str, Any]]:
+    """Every rank: the manifest records of every file in ``staging``, named ``<prefix>/<file>``
+    (where the files go in the checkpoint).
 
-    Call it on every rank once all of them wrote their files (it is a collective).
+    ``written`` holds the records of the files this rank hashed while writing them
+    (`trainer.checkpoint.dcp_hashing`); the ranks exchange them. A file nobody recorded (an
+    engine that writes its own files), or whose size on disk is not the recorded one, is hashed
+    from disk, each rank its share. Call it on every rank once all of them wrote their files
+    (it is a collective).
 
     Raises:
         CheckpointError: on every rank, when a rank could not read a file of its share.
     """
     names = list_files(staging)
     sizes = {name: (staging / name).stat().st_size for name in names}
-    share = split_by_size(sizes, group.world_size)[group.global_rank]
+    recorded: dict[str, Mapping[str, Any]] = {}
+    for part in gather_or_raise(group, lambda: dict(written or {})):
+        recorded.update(part)
+    merged = {
+        f"{prefix}/{name}": dict(recorded[name])
+        for name in names
+        if name in recorded and recorded[name].get("size") == sizes[name]
+    }
+    rest = {name: size for name, size in sizes.items() if f"{prefix}/{name}" not in merged}
+    if not rest:  # the same on every rank: same listing, same records
+        return merged
+    share = split_by_size(rest, group.world_size)[group.global_rank]
 
     def hash_share() -> dict[str, dict[str, Any]]:
         with ThreadPoolExecutor(max_workers=4) as pool:
             futures = {name: pool.submit(hash_file, str(staging / name)) for name in share}
             return {f"{prefix}/{name}": future.result() for name, future in futures.items()}
 
-    merged: dict[str, dict[str, Any]] = {}
     for part in gather_or_raise(group, hash_share):
         merged.update(part)
     return merged

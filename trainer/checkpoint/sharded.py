@@ -36,6 +36,7 @@ from trainer.checkpoint.format import write_checkpoint_files
 from trainer.checkpoint.paths import resolve_inside
 from trainer.checkpoint.rank_hashing import hash_staged_share, read_checkpoint_by_shares
 from trainer.checkpoint.safe_unpickle import load_weights_only, restricted_loads
+from trainer.checkpoint.tensor_files import FileRecord
 from trainer.errors import CheckpointError, describe
 
 if TYPE_CHECKING:
@@ -104,22 +105,24 @@ def save_sharded_checkpoint(
     """
     import torch.distributed.checkpoint as dcp
 
+    from trainer.checkpoint.dcp_hashing import HashingFileSystemWriter
+
     rest = dict(checkpoint)
     tensors = {"model": rest.pop("state_dict"), "optimizers": rest.pop("optimizer_states", [])}
-    save_staged_checkpoint(
-        strategy,
-        path,
-        DCP_DIR,
-        lambda staging: dcp.save(tensors, checkpoint_id=str(staging)),
-        rest,
-    )
+
+    def write_shards(staging: Path) -> dict[str, FileRecord]:
+        writer = HashingFileSystemWriter(staging)
+        dcp.save(tensors, storage_writer=writer)
+        return writer.records
+
+    save_staged_checkpoint(strategy, path, DCP_DIR, write_shards, rest)
 
 
 def save_staged_checkpoint(
     strategy: ShardedStrategy,
     path: str | os.PathLike[str],
     subdir: str,
-    write_shards: Callable[[Path], Any],
+    write_shards: Callable[[Path], Mapping[str, FileRecord] | None],
     rest: dict[str, Any],
 ) -> None:
     """Every rank writes its shards to one staging folder; rank 0 commits it as ``path/subdir``.
@@ -132,7 +135,9 @@ def save_staged_checkpoint(
         strategy: gives the collectives and ranks (broadcast, barrier, is_global_zero).
         path: the checkpoint directory to create or replace.
         subdir: the name of the shards' folder inside the checkpoint.
-        write_shards: called on every rank with the staging folder; writes that rank's shards.
+        write_shards: called on every rank with the staging folder; writes that rank's shards
+            and returns the manifest records of the files it hashed while writing them (by name
+            relative to the staging folder), or None; the files nobody recorded are hashed after.
         rest: what rank 0 writes next to the shards (``write_checkpoint_files``).
 
     Raises:
@@ -141,9 +146,9 @@ def save_staged_checkpoint(
     """
     final = Path(path)
     staging = agree_on_staging(strategy, final, subdir)
-    write_shards(staging)
+    written = write_shards(staging)
     strategy.barrier()
-    records = hash_staged_share(strategy, staging, subdir)  # each rank its share of the files
+    records = hash_staged_share(strategy, staging, subdir, written=written)
     if strategy.is_global_zero:
         commit_staged(
             final, staging, subdir, rest, world_size=strategy.world_size, known_records=records

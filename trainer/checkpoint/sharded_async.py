@@ -24,12 +24,13 @@ from __future__ import annotations
 import concurrent.futures
 import dataclasses
 import shutil
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from trainer.checkpoint.codec import encode
 from trainer.checkpoint.sharded import DCP_DIR, ShardedStrategy, agree_on_staging, commit_staged
+from trainer.checkpoint.tensor_files import FileRecord
 from trainer.errors import CheckpointError, TrainerError
 
 if TYPE_CHECKING:
@@ -38,11 +39,13 @@ if TYPE_CHECKING:
     from torch.distributed import ProcessGroup
     from torch.distributed.checkpoint.staging import AsyncStager
 
+    from trainer.checkpoint.dcp_hashing import HashingFileSystemWriter
+
 __all__ = [
     "AsyncShardedSave",
     "PassThroughStager",
     "broadcast_failure",
-    "gather_failures",
+    "gather_outcomes",
     "start_async_sharded_save",
     "write_and_commit",
 ]
@@ -101,6 +104,7 @@ class AsyncShardedSave:
         process_group: ProcessGroup,
         first: _Destination,
         upload: concurrent.futures.Future[Any],
+        writer: HashingFileSystemWriter,
     ) -> None:
         self._strategy = strategy
         self._is_zero = strategy.is_global_zero
@@ -110,6 +114,7 @@ class AsyncShardedSave:
         self._group = process_group
         self._destinations = [first]
         self._upload = upload
+        self._writer = writer  # the first destination's: its records once the upload is done
 
     @property
     def destinations(self) -> list[Path]:
@@ -142,22 +147,23 @@ class AsyncShardedSave:
         """
         import torch.distributed.checkpoint as dcp
 
+        from trainer.checkpoint.dcp_hashing import HashingFileSystemWriter
+
         destination = self._destinations[index]
 
-        def write_shards() -> None:
+        def write_shards() -> dict[str, FileRecord]:
             if index == 0:
                 self._upload.result()
-            else:
-                dcp.save(
-                    self._tensors,
-                    checkpoint_id=str(destination.staging),
-                    process_group=self._group,
-                )
+                return self._writer.records
+            writer = HashingFileSystemWriter(destination.staging)
+            dcp.save(self._tensors, storage_writer=writer, process_group=self._group)
+            return writer.records
 
-        def commit() -> None:
+        def commit(written: dict[str, FileRecord]) -> None:
             commit_staged(
                 destination.final, destination.staging, DCP_DIR, self._rest,
                 world_size=self._world_size,
+                known_records={f"{DCP_DIR}/{name}": record for name, record in written.items()},
             )  # fmt: skip
 
         write_and_commit(
@@ -171,34 +177,39 @@ def write_and_commit(
     world_size: int,
     is_zero: bool,
     *,
-    write: Callable[[], None],
-    commit: Callable[[], None],
+    write: Callable[[], Mapping[str, FileRecord] | None],
+    commit: Callable[[dict[str, FileRecord]], None],
     staging: Path,
     what: str,
 ) -> None:
     """A background sharded write on every process: write, agree, process 0 commits, agree.
 
-    Each process runs ``write`` (its own files into ``staging``); the processes all-gather how
-    it went on ``group`` (the checkpoint group, never training's); process 0 then runs
-    ``commit`` (``is_zero``: this is process 0) if every process wrote, or removes ``staging`` if any failed; last, every
-    process learns whether the commit happened.
+    Each process runs ``write`` (its own files into ``staging``; it returns the manifest records
+    of the files it hashed while writing them, or None); the processes all-gather how it went,
+    and those records, on ``group`` (the checkpoint group, never training's); process 0 then
+    runs ``commit`` with every process's records (``is_zero``: this is process 0) if every
+    process wrote, or removes ``staging`` if any failed; last, every process learns whether the
+    commit happened.
 
     Raises:
         CheckpointError: on every process, when any process's ``what`` (its files) or process
             0's commit failed, with each cause (the caller names the checkpoint).
     """
     error: BaseException | None = None
+    written: Mapping[str, FileRecord] | None = None
     try:
-        write()
+        written = write()
     except BaseException as err:  # DCP's CheckpointException is a BaseException
         error = err
-    failures = gather_failures(group, world_size, _describe(error) if error is not None else None)
+    failures, records = gather_outcomes(
+        group, world_size, _describe(error) if error is not None else None, written
+    )
     if failures and error is None:
         error = CheckpointError(f"another process could not write its {what}: {failures[0]}")
     if is_zero:
         if error is None:
             try:
-                commit()
+                commit(records)
             except BaseException as err:
                 error = err
         else:
@@ -214,16 +225,22 @@ def write_and_commit(
         raise CheckpointError(_describe(error)) from error
 
 
-def gather_failures(group: Any, world_size: int, failure: str | None) -> list[str]:
-    """Every process's failure, if any, as ``"process R: ..."`` (one all-gather on ``group``,
-    the checkpoint group: never training's)."""
+def gather_outcomes(
+    group: Any, world_size: int, failure: str | None, written: Mapping[str, FileRecord] | None
+) -> tuple[list[str], dict[str, FileRecord]]:
+    """Every process's failure, if any, as ``"process R: ..."``, and every process's records of
+    the files it wrote (one all-gather on ``group``, the checkpoint group: never training's)."""
     import torch.distributed as dist
 
-    if world_size == 1:
-        return [failure] if failure else []
-    gathered: list[str | None] = [None] * world_size
-    dist.all_gather_object(gathered, failure, group=group)
-    return [f"process {rank}: {item}" for rank, item in enumerate(gathered) if item]
+    outcomes: list[Any] = [(failure, dict(written or {}))]
+    if world_size > 1:
+        outcomes = [None] * world_size
+        dist.all_gather_object(outcomes, (failure, dict(written or {})), group=group)
+    records: dict[str, FileRecord] = {}
+    for _, part in outcomes:
+        records.update(part)
+    failures = [f"process {rank}: {item}" for rank, (item, _) in enumerate(outcomes) if item]
+    return failures, records
 
 
 def broadcast_failure(group: Any, world_size: int, failure: str | None) -> str | None:
@@ -270,6 +287,8 @@ def start_async_sharded_save(
     """
     import torch.distributed.checkpoint as dcp
 
+    from trainer.checkpoint.dcp_hashing import HashingFileSystemWriter
+
     rest = dict(checkpoint)
     tensors = {"model": rest.pop("state_dict"), "optimizers": rest.pop("optimizer_states", [])}
     final = Path(path)
@@ -279,17 +298,15 @@ def start_async_sharded_save(
     if isinstance(both, concurrent.futures.Future):  # a stager that copies in the background
         both = both.result()
     staged, staged_rest = both["tensors"], both["rest"]
+    writer = HashingFileSystemWriter(staging)
     upload = dcp.async_save(
-        staged,
-        checkpoint_id=str(staging),
-        process_group=process_group,
-        async_stager=PassThroughStager(),
+        staged, storage_writer=writer, process_group=process_group, async_stager=PassThroughStager()
     )
     if not isinstance(upload, concurrent.futures.Future):  # an AsyncSaveResponse (torch >= 2.9)
         upload = upload.upload_completion
     return AsyncShardedSave(
         strategy, tensors=staged, rest=staged_rest, process_group=process_group,
-        first=_Destination(final, staging), upload=upload,
+        first=_Destination(final, staging), upload=upload, writer=writer,
     )  # fmt: skip
 
 

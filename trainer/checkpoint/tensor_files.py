@@ -47,6 +47,7 @@ __all__ = [
     "DIGESTS",
     "DTYPE_CODES",
     "FileRecord",
+    "Hasher",
     "SafetensorsEntry",
     "default_digest",
     "hash_bytes",
@@ -127,7 +128,7 @@ def hash_bytes(data: bytes, algorithm: str | None = None) -> FileRecord:
     return {"size": len(data), algorithm: digest.hexdigest()}
 
 
-class _Hasher:
+class Hasher:
     """A digest of a byte stream, computed on a worker thread (both hashes release the GIL)."""
 
     def __init__(self, algorithm: str) -> None:
@@ -184,7 +185,7 @@ def write_safetensors(
     header_bytes += b" " * (-len(header_bytes) % 8)
     prefix = len(header_bytes).to_bytes(8, "little") + header_bytes
     algorithm = default_digest()
-    hasher = _Hasher(algorithm)
+    hasher = Hasher(algorithm)
     with open(path, "wb") as file:
         file.write(prefix)
         hasher.update(prefix)

@@ -146,7 +146,7 @@ class EngineWriter:
         write_and_commit(
             self._group, self._world_size, self._is_zero,
             write=lambda: write_engine_files(self._staged, staging, is_first=index == 0),
-            commit=lambda: self._commit(final, staging), staging=staging, what="files",
+            commit=lambda _records: self._commit(final, staging), staging=staging, what="files",
         )  # fmt: skip
 
     def _commit(self, final: Path, staging: Path) -> None:
