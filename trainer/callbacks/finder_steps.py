@@ -119,8 +119,9 @@ def run_training_steps(
         loader: the prepared train dataloader to draw batches from.
         num_steps: the most optimizer steps to run.
         before_step: ``before_step(i)`` runs before the first batch of step ``i``.
-        after_step: ``after_step(i, loss)`` gets step ``i``'s mean loss (nan when every batch
-            of the step was skipped) and returns True to stop.
+        after_step: ``after_step(i, loss)`` gets step ``i``'s loss as Lightning's LR finder
+            reads it, the loss of the step's last batch divided by ``accumulate_grad_batches``
+            (nan when that batch returned no loss), and returns True to stop.
 
     Returns:
         The number of optimizer steps run.
@@ -130,7 +131,9 @@ def run_training_steps(
     """
     if num_steps < 1:
         return 0
-    trial = _Trial(trial_step(trainer), num_steps, before_step, after_step)
+    trial = _Trial(
+        trial_step(trainer), num_steps, before_step, after_step, trainer.accumulate_grad_batches
+    )
     if before_step is not None:
         before_step(0)
     while not trial.is_done:
@@ -145,7 +148,7 @@ def run_training_steps(
 
 
 class _Trial:
-    """The steps of one `run_training_steps`: their count, the current step's losses, the end."""
+    """The steps of one `run_training_steps`: their count, the last batch's loss, the end."""
 
     def __init__(
         self,
@@ -153,12 +156,14 @@ class _Trial:
         num_steps: int,
         before_step: Callable[[int], None] | None,
         after_step: Callable[[int, float], bool] | None,
+        accumulate_grad_batches: int,
     ) -> None:
         self._step = step
         self._num_steps = num_steps
         self._before_step = before_step
         self._after_step = after_step
-        self._losses: list[float] = []
+        self._accumulate_grad_batches = accumulate_grad_batches
+        self._last_loss = math.nan
         self.steps = 0
         self.is_done = False
 
@@ -175,8 +180,7 @@ class _Trial:
                     break
                 output, loss, is_stepping = step.step_batch(batch, batch_idx)
                 step.end_batch(output, batch, batch_idx)
-                if loss is not None:
-                    self._losses.append(float(loss.detach()))
+                self._last_loss = math.nan if loss is None else float(loss.detach())
                 if is_stepping and self._end_step():
                     self.is_done = True
                     break
@@ -186,12 +190,10 @@ class _Trial:
         return count
 
     def _end_step(self) -> bool:
-        """Count the step and report its mean loss; True when the trial is over."""
-        losses = self._losses
-        mean_loss = sum(losses) / len(losses) if losses else math.nan
-        losses.clear()
+        """Count the step and report its loss (`run_training_steps`); True when the trial is over."""
+        loss = self._last_loss / self._accumulate_grad_batches  # Lightning's on_train_batch_end
         self.steps += 1
-        if self._after_step is not None and self._after_step(self.steps - 1, mean_loss):
+        if self._after_step is not None and self._after_step(self.steps - 1, loss):
             return True
         if self.steps >= self._num_steps:
             return True

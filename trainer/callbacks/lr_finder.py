@@ -183,20 +183,27 @@ class LearningRateFinder(Callback):
         return self.suggested_lr
 
     def learning_rates(self) -> list[float]:
-        """The learning rate of each step of the test."""
-        last = self.num_training_steps - 1
+        """The learning rate of each step of the test, as Lightning 2.6's schedules give them.
+
+        Step 0 runs at ``min_lr``; step ``i >= 1`` at the fraction ``(i + 1) / n`` of the way to
+        ``max_lr`` (geometric in exponential mode), so the last one is ``max_lr`` and the second
+        one is two fractions up (Lightning's schedulers step from their second value on).
+        """
+        n = self.num_training_steps
         low, high = self.min_lr, self.max_lr
+        fractions = [0.0] + [(i + 1) / n for i in range(1, n)]
         if self.mode == "exponential":
-            return [low * (high / low) ** (i / last) for i in range(last + 1)]
-        return [low + (high - low) * i / last for i in range(last + 1)]
+            return [low * (high / low) ** f for f in fractions]
+        return [low + (high - low) * f for f in fractions]
 
     def suggestion(self, skip_begin: int = 10, skip_end: int = 1) -> float | None:
-        """The learning rate where the smoothed loss falls fastest (Lightning's method).
+        """The learning rate where the smoothed loss falls fastest (Lightning 2.6's method).
 
         The loss curve without its first ``skip_begin`` and last ``skip_end`` points and without
         non-finite losses is differentiated with ``torch.gradient`` against the learning rate
-        (its log10 in exponential mode); the steepest negative slope wins. None when fewer than
-        two points remain.
+        itself (in both modes, as Lightning 2.6; Lightning 1.x used the index, which on an
+        exponential schedule is log10(lr)); the steepest negative slope wins. None when fewer
+        than two points remain.
         """
         index = self._suggestion_index(skip_begin, skip_end)
         return None if index is None else self.results["lr"][index]
@@ -210,8 +217,7 @@ class LearningRateFinder(Callback):
         positions, losses, lrs = positions[is_finite], losses[is_finite], lrs[is_finite]
         if len(losses) < 2:
             return None
-        spacing = lrs.log10() if self.mode == "exponential" else lrs
-        gradients = torch.gradient(losses, spacing=[spacing])[0]
+        gradients = torch.gradient(losses, spacing=[lrs])[0]
         return int(positions[torch.argmin(gradients)])
 
     # ---- applying the suggestion ---------------------------------------------------------
@@ -305,7 +311,9 @@ class _RangeTest:
             return False
         self._running = _SMOOTHING * self._running + (1 - _SMOOTHING) * loss
         self._count += 1
-        smoothed = self._running / (1 - _SMOOTHING**self._count)  # bias-corrected
+        # Lightning's bias correction reads the global step after the optimizer stepped (one
+        # more than the steps recorded): its first smoothed loss is loss / (1 + beta).
+        smoothed = self._running / (1 - _SMOOTHING ** (self._count + 1))
         self.lrs.append(lr)
         self.losses.append(smoothed)
         if not math.isfinite(smoothed):
