@@ -50,7 +50,7 @@ class BatchSizes(Callback):
 )
 def test_finds_the_largest_size_under_the_limit_and_fits_with_it(tmp_path, mode, limit, expected):
     module, seen = MemoryLimited(limit=limit), BatchSizes()
-    finder = BatchSizeFinder(mode=mode, steps_per_trial=2)
+    finder = BatchSizeFinder(mode=mode, steps_per_trial=2, margin=0.0)
     t = quiet_trainer(tmp_path, max_epochs=1, callbacks=[finder, seen])
     t.fit(module, val_dataloaders=None)
     assert finder.optimal_batch_size == expected and module.batch_size == expected
@@ -91,11 +91,35 @@ def test_trials_run_the_modules_hooks_and_no_callbacks(tmp_path):
     assert seen.sizes == [8, 8]
 
 
-def test_size_never_exceeds_the_dataset(tmp_path):
-    module = MemoryLimited(limit=1000, samples=40)
+def test_doubling_stops_once_the_size_covers_the_dataset(tmp_path):
+    # Lightning 2.6's rule: 32 < 40 samples doubles to 64 (one batch of 40), which covers the
+    # dataset, so the search stops there; the size is not cut to the dataset's length.
+    module, seen = MemoryLimited(limit=1000, samples=40), BatchSizes()
     finder = BatchSizeFinder(mode="power", steps_per_trial=1)
-    quiet_trainer(tmp_path, max_epochs=1, callbacks=[finder]).fit(module)
-    assert finder.optimal_batch_size == 40
+    quiet_trainer(tmp_path, max_epochs=1, callbacks=[finder, seen]).fit(module)
+    assert finder.optimal_batch_size == 64 and module.tried[:-1] == [2, 4, 8, 16, 32, 40]
+    assert seen.sizes == [40]
+
+
+@pytest.mark.parametrize(("margin", "expected"), [(0.05, 21), (0.0, 23), (0.5, 11)])
+def test_binsearch_takes_the_margin_off_the_size_found(tmp_path, margin, expected):
+    module = MemoryLimited(limit=23)
+    finder = BatchSizeFinder(mode="binsearch", steps_per_trial=1, margin=margin)
+    quiet_trainer(tmp_path, max_epochs=1, max_steps=1, callbacks=[finder]).fit(module)
+    assert finder.optimal_batch_size == expected == module.batch_size
+    # power mode ignores it
+    module = MemoryLimited(limit=23)
+    finder = BatchSizeFinder(mode="power", steps_per_trial=1, margin=margin)
+    quiet_trainer(tmp_path, max_epochs=1, max_steps=1, callbacks=[finder]).fit(module)
+    assert finder.optimal_batch_size == 16
+
+
+@pytest.mark.parametrize("mode", ["power", "binsearch"])
+def test_max_val_caps_the_search_and_is_returned_untried(tmp_path, mode):
+    module = MemoryLimited(limit=1000)
+    finder = BatchSizeFinder(mode=mode, steps_per_trial=1, max_val=24, margin=0.0)
+    quiet_trainer(tmp_path, max_epochs=1, max_steps=1, callbacks=[finder]).fit(module)
+    assert finder.optimal_batch_size == 24 and module.tried[:-1] == [2, 4, 8, 16]
 
 
 def test_trials_leave_the_weights_and_rng_as_they_were(tmp_path):
@@ -127,13 +151,16 @@ def test_batch_size_in_hparams_and_checkpoint_resume_reuses_it(tmp_path):
 
     module = HparamsModule()
     t = quiet_trainer(
-        tmp_path, max_epochs=2, max_steps=3, callbacks=[BatchSizeFinder(mode="binsearch")]
+        tmp_path,
+        max_epochs=2,
+        max_steps=3,
+        callbacks=[BatchSizeFinder(mode="binsearch", margin=0.0)],
     )
     t.fit(module)
     assert module.hparams.batch_size == 12
     t.save_checkpoint(tmp_path / "ck")
     resumed, seen = HparamsModule(), BatchSizes()
-    finder = BatchSizeFinder(mode="binsearch")
+    finder = BatchSizeFinder(mode="binsearch", margin=0.0)
     quiet_trainer(tmp_path, max_epochs=1, callbacks=[finder, seen]).fit(
         resumed, ckpt_path=tmp_path / "ck"
     )
@@ -180,6 +207,8 @@ def test_missing_batch_size_or_loader_method_is_explained(tmp_path):
         ({"init_val": 0}, "init_val"),
         ({"max_trials": 1.5}, "max_trials"),
         ({"batch_arg_name": ""}, "batch_arg_name"),
+        ({"margin": 1.0}, "margin"),
+        ({"max_val": 0}, "max_val"),
     ],
 )
 def test_bad_arguments_name_the_argument(kwargs, argument):

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from trainer.accelerator.memory import is_out_of_memory
-from trainer.callbacks.arguments import bad_argument, is_int
+from trainer.callbacks.arguments import bad_argument, is_int, is_number
 from trainer.callbacks.callback import Callback
 from trainer.callbacks.finder_steps import TrainingState, run_training_steps
 from trainer.errors import ConfigurationError
@@ -46,8 +46,12 @@ class BatchSizeFinder(Callback):
 
     ``mode="power"`` doubles the size after each success and stops at the first out-of-memory
     error, keeping the last size that worked; ``mode="binsearch"`` continues from there by
-    bisection between the last success and the first failure. A failure before any success
-    halves (power) or bisects down (binsearch). The size never exceeds the dataset's length.
+    bisection between the last success and the first failure, then takes ``margin`` off the
+    size found. A failure before any success halves (power) or bisects down (binsearch). The
+    search follows Lightning 2.6 step for step, its edges included: doubling stops once the size
+    covers the dataset (the size may then exceed its length), a size that reaches ``max_val`` is
+    capped there and ends the search without a trial, and in binsearch ``max_trials`` counts
+    successful trials.
     The fit then trains with ``optimal_batch_size``, which is also saved in checkpoints, so a
     resumed fit reuses it without searching again.
 
@@ -57,6 +61,9 @@ class BatchSizeFinder(Callback):
         init_val: the first size tried.
         max_trials: the most trials (sizes tried) of the search.
         batch_arg_name: the attribute or ``hparams`` key that holds the batch size.
+        margin: the fraction taken off the size binsearch found (``int(size * (1 - margin))``,
+            at least 1), a safety buffer; power mode ignores it.
+        max_val: the largest size the search sets.
 
     Attributes:
         optimal_batch_size: the size found (None before the search).
@@ -81,6 +88,8 @@ class BatchSizeFinder(Callback):
         init_val: int = 2,
         max_trials: int = 25,
         batch_arg_name: str = "batch_size",
+        margin: float = 0.05,
+        max_val: int = 8192,
     ) -> None:
         if mode not in _MODES:
             raise bad_argument("BatchSizeFinder", "mode", mode, "'power' or 'binsearch'")
@@ -88,9 +97,12 @@ class BatchSizeFinder(Callback):
             ("steps_per_trial", steps_per_trial),
             ("init_val", init_val),
             ("max_trials", max_trials),
+            ("max_val", max_val),
         ):
             if not is_int(value) or value < 1:
                 raise bad_argument("BatchSizeFinder", name, value, "an int >= 1")
+        if not is_number(margin) or not 0.0 <= margin < 1.0:
+            raise bad_argument("BatchSizeFinder", "margin", margin, "a float in [0, 1), e.g. 0.05")
         if not isinstance(batch_arg_name, str) or not batch_arg_name:
             raise bad_argument(
                 "BatchSizeFinder", "batch_arg_name", batch_arg_name, "a name, e.g. 'batch_size'"
@@ -100,6 +112,8 @@ class BatchSizeFinder(Callback):
         self.init_val = init_val
         self.max_trials = max_trials
         self.batch_arg_name = batch_arg_name
+        self.margin = float(margin)
+        self.max_val = max_val
         self.optimal_batch_size: int | None = None
         self._restored_size: int | None = None  # from a checkpoint: reused, not searched again
 
@@ -148,10 +162,12 @@ class BatchSizeFinder(Callback):
         search = _search_power if self.mode == "power" else _search_binary
         original = _get_batch_size(holders, self.batch_arg_name)
         try:
-            size = search(trial, self.init_val, self.max_trials, dataset_size)
+            size = search(trial, self.init_val, self.max_trials, dataset_size, self.max_val)
         except BaseException:
             _set_batch_size(holders, original, self.batch_arg_name)
             raise
+        if self.mode == "binsearch" and self.margin > 0:  # Lightning's safety margin
+            size = max(1, int(size * (1 - self.margin)))
         self.optimal_batch_size = size
         self._use_batch_size(trainer, module, size)
         return size
@@ -170,48 +186,65 @@ class BatchSizeFinder(Callback):
 
 
 def _search_power(
-    trial: Callable[[int], bool], size: int, max_trials: int, dataset_size: int | None
+    trial: Callable[[int], bool], size: int, max_trials: int, dataset_size: int | None, max_val: int
 ) -> int:
-    """Double while trials succeed; the last success before the first failure wins."""
-    best = 0
-    for _ in range(max_trials):
-        if trial(size):
-            best = size
-            if dataset_size is not None and size >= dataset_size:
-                break
-            size = _doubled(size, dataset_size)
-        elif best:
+    """Lightning 2.6's power mode: double while trials succeed; the first failure after a
+    success halves back to it and ends. A size reaching ``max_val`` ends the search untried."""
+    has_doubled = False  # Lightning's any_success: a success was followed by a doubling
+    is_capped = False
+    for index in range(max_trials):
+        if size >= max_val:
+            is_capped = True
             break
+        if trial(size):
+            if index + 1 >= max_trials:
+                break
+            doubled = _adjusted(size, size * 2, dataset_size, max_val)
+            if doubled == size:
+                break
+            size, has_doubled = doubled, True
         else:
             size //= 2
-            if size < 1:
+            if has_doubled or size < 1:
                 break
-    return _checked(best)
+    return size if is_capped else _checked(size)
 
 
 def _search_binary(
-    trial: Callable[[int], bool], size: int, max_trials: int, dataset_size: int | None
+    trial: Callable[[int], bool], size: int, max_trials: int, dataset_size: int | None, max_val: int
 ) -> int:
-    """Double until the first failure, then bisect between the last success and it."""
-    low, high = 0, None  # largest size that worked, smallest that ran out of memory
-    for _ in range(max_trials):
+    """Lightning 2.6's binsearch mode: double until the first failure, then bisect between the
+    last success (``low``, 1 before any) and the smallest failure. ``max_trials`` counts the
+    successes; a size reaching ``max_val`` ends the search untried."""
+    low, high = 1, None
+    successes = 0
+    while size < max_val:
         if trial(size):
+            successes += 1
+            if successes >= max_trials:
+                break
             low = size
+            if high is not None and high - low <= 1:
+                break
+            proposed = size * 2 if high is None else (high + low) // 2
+            following = _adjusted(size, proposed, dataset_size, max_val)
+            if following == size:
+                break
+            size = following
         else:
             high = size
-        if high is None:
-            if dataset_size is not None and low >= dataset_size:
+            size = (high + low) // 2
+            if high - low <= 1:
                 break
-            size = _doubled(low, dataset_size)
-        elif high - low <= 1:
-            break
-        else:
-            size = (low + high) // 2
-    return _checked(low)
+    return _checked(size)
 
 
-def _doubled(size: int, dataset_size: int | None) -> int:
-    return size * 2 if dataset_size is None else min(size * 2, dataset_size)
+def _adjusted(size: int, proposed: int, dataset_size: int | None, max_val: int) -> int:
+    """Lightning's next size after a success: ``proposed`` capped at ``max_val``; unchanged
+    once ``size`` covers the whole dataset."""
+    if dataset_size is not None and size >= dataset_size:
+        return size
+    return min(proposed, max_val)
 
 
 def _checked(size: int) -> int:
