@@ -139,6 +139,32 @@ def test_swa_bad_arguments_name_the_argument(kwargs, argument):
         StochasticWeightAveraging(**kwargs)
 
 
+def test_swa_refuses_batchnorm_without_forward_before_training_not_after(tmp_path):
+    class NoForward(trainer.TrainModule):
+        def __init__(self, layers: list[torch.nn.Module]) -> None:
+            super().__init__()
+            self.net = torch.nn.Sequential(*layers)
+
+        def training_step(self, batch, batch_idx):
+            x, y = batch
+            return torch.nn.functional.mse_loss(self.net(x), y)
+
+        def configure_optimizers(self):
+            return torch.optim.SGD(self.parameters(), lr=0.05)
+
+    steps = Recorder()
+    batch_norm = NoForward([torch.nn.Linear(4, 3), torch.nn.BatchNorm1d(3), torch.nn.Linear(3, 1)])
+    t = quiet_trainer(tmp_path, max_epochs=2, callbacks=[steps, StochasticWeightAveraging(0.02)])
+    with pytest.raises(ConfigurationError, match=r"NoForward.forward\(batch\[0\]\).*no forward"):
+        t.fit(batch_norm, make_loader())
+    assert t.global_step == 0 and steps.epoch_weights == []  # refused before any training
+    # Without BatchNorm there is nothing to recompute: no forward needed.
+    plain = NoForward([torch.nn.Linear(4, 1)])
+    t = quiet_trainer(tmp_path, max_epochs=2, callbacks=[StochasticWeightAveraging(0.02)])
+    t.fit(plain, make_loader())
+    assert t.global_step > 0
+
+
 def test_swa_needs_bounded_epochs(tmp_path):
     t = quiet_trainer(
         tmp_path, max_epochs=-1, max_steps=3, callbacks=[StochasticWeightAveraging(0.1)]

@@ -125,6 +125,7 @@ class StochasticWeightAveraging(Callback):
 
     def on_fit_start(self, trainer: Trainer, module: TrainModule) -> None:
         self._check_trainer(trainer)
+        self._check_forward(module)
         start = self.swa_epoch_start
         first = start if isinstance(start, int) else int(start * trainer.max_epochs)
         self._swa_start = max(first - 1, 0)  # 0-based
@@ -157,6 +158,19 @@ class StochasticWeightAveraging(Callback):
         if isinstance(self.swa_lrs, list) and len(self.swa_lrs) != groups:
             raise bad_argument(
                 type(self).__name__, "swa_lrs", self.swa_lrs, f"one lr for each of {groups} groups"
+            )
+
+    def _check_forward(self, module: TrainModule) -> None:
+        """Refuse now, not after the last epoch, a module whose BatchNorm statistics the end of
+        fit could not recompute (`_update_batch_norm` calls its ``forward``)."""
+        batch_norm = torch.nn.modules.batchnorm._BatchNorm  # noqa: SLF001 - what update_bn resets
+        has_batch_norm = any(isinstance(layer, batch_norm) for layer in module.modules())
+        if has_batch_norm and type(module).forward is torch.nn.Module.forward:
+            raise ConfigurationError(
+                f"{type(self).__name__} recomputes the BatchNorm statistics of the averaged "
+                f"weights when fit ends by calling {type(module).__name__}.forward(batch[0]) over "
+                "the train dataloader; the module has BatchNorm layers and no forward. Implement "
+                "forward(self, x) (Lightning runs training_step in an extra epoch instead)."
             )
 
     def on_train_epoch_start(self, trainer: Trainer, module: TrainModule) -> None:
