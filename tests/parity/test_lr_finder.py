@@ -100,3 +100,33 @@ def test_difference_a_test_longer_than_the_fit_cycles_the_dataloader(tmp_path):
     assert len(lightning["lr"]) == 8 and lightning["suggested"] == 1e-3  # no suggestion: kept
     assert len(ours["lr"]) == 20 and ours["lr"][:8] == lightning["lr"][:8]
     assert ours["loss"][:8] == pytest.approx(lightning["loss"][:8], abs=1e-5)
+
+
+def test_tuner_lr_find_equals_lightnings_tuner(tmp_path):
+    from lightning.pytorch.tuner import Tuner as LightningTuner
+
+    from trainer.callbacks import Tuner
+
+    results = {}
+    for framework, tuner in ((LIGHTNING, LightningTuner), (TRAINER, Tuner)):
+        module = _module(framework.Module)
+        run = framework.trainer(**quiet(max_epochs=2, default_root_dir=tmp_path / framework.name))
+        logging.getLogger("lightning.pytorch").setLevel(logging.ERROR)
+        found = tuner(run).lr_find(
+            module, train_dataloaders=loader(400, batch_size=4), num_training=30, min_lr=1e-4
+        )
+        step_after_search = run.global_step
+        run.fit(module, loader(400, batch_size=4))
+        results[framework.name] = (
+            found.suggestion(),
+            [round(value, 5) for value in found.results["loss"]],
+            module.lr,
+            step_after_search,
+            run.global_step,
+            [p.detach().clone() for p in module.parameters()],
+        )
+    *lightning, lightning_weights = results["lightning"]
+    *ours, our_weights = results["trainer"]
+    assert ours == lightning
+    for mine, theirs in zip(our_weights, lightning_weights):
+        torch.testing.assert_close(mine, theirs, rtol=1e-5, atol=1e-6)

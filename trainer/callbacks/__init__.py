@@ -31,6 +31,7 @@ if TYPE_CHECKING:
     from trainer.callbacks.throughput import ThroughputMonitor
     from trainer.callbacks.timer import Timer
     from trainer.callbacks.tqdm_progress import TQDMProgressBar
+    from trainer.callbacks.tuner import Tuner
     from trainer.callbacks.weight_averaging import StochasticWeightAveraging
 
 __all__ = [
@@ -61,6 +62,7 @@ __all__ = [
     "TQDMProgressBar",
     "ThroughputMonitor",
     "Timer",
+    "Tuner",
     "WeightAveraging",
 ]
 
@@ -88,6 +90,7 @@ _LAZY = {
     "Timer": "trainer.callbacks.timer",
     "BatchSizeFinder": "trainer.callbacks.batch_size_finder",
     "LearningRateFinder": "trainer.callbacks.lr_finder",
+    "Tuner": "trainer.callbacks.tuner",
     "StochasticWeightAveraging": "trainer.callbacks.weight_averaging",
     "WeightAveraging": "trainer.callbacks.step_averaging",
     "EMAWeightAveraging": "trainer.callbacks.step_averaging",

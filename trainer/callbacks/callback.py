@@ -15,7 +15,7 @@ if TYPE_CHECKING:
     from trainer.trainer.module import TrainModule
     from trainer.trainer.trainer import Trainer
 
-__all__ = ["Callback", "Checkpoint"]
+__all__ = ["Callback", "Checkpoint", "TunerExit"]
 
 
 class Callback:
@@ -171,3 +171,9 @@ class Checkpoint(Callback):
     of your own that writes checkpoints. `trainer.callbacks.ModelCheckpoint` and
     `trainer.callbacks.OnExceptionCheckpoint` are Checkpoints.
     """
+
+
+class TunerExit(BaseException):  # a signal, not an error: Lightning's _TunerExitException
+    """Raised from ``on_fit_start`` to end ``fit`` there, cleanly: teardown runs as after a
+    finished fit, ``on_exception`` does not. `trainer.callbacks.Tuner`'s finders raise it once
+    their search is done."""

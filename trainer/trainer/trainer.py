@@ -20,7 +20,7 @@ from typing import Any
 import torch
 from torch.utils.data import DataLoader
 
-from trainer.callbacks.callback import Callback
+from trainer.callbacks.callback import Callback, TunerExit
 from trainer.errors import ConfigurationError
 from trainer.loggers.logger import Logger
 from trainer.plugins.async_checkpoint import PendingSave, find_checkpoint_io
@@ -259,6 +259,8 @@ class Trainer(TrainerProperties):
                 self._fit_loop.run()
             self._call_hook("on_train_end")
             self._call_hook("on_fit_end")
+        except TunerExit:  # a Tuner's search ended the fit at on_fit_start, as Lightning's does
+            pass
         except BaseException as err:
             self._handle_exception(err, "fit")
             raise
