@@ -43,7 +43,7 @@ class Tuner:
     Example:
         >>> tuner = Tuner(trainer)
         >>> finder = tuner.lr_find(module, num_training=50)  # sets module.lr (update_attr)
-        >>> finder.suggestion(), finder.results["lr"][:2]
+        >>> finder.suggestion(), len(finder.results["lr"])
         >>> tuner.scale_batch_size(module, mode="binsearch")  # sets module.batch_size
         >>> trainer.fit(module)
     """
