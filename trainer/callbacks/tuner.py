@@ -25,16 +25,20 @@ if TYPE_CHECKING:
 __all__ = ["Tuner"]
 
 
-class _ExitingLearningRateFinder(LearningRateFinder):
+class _ExitAfterSearch:
+    """Mixed in before a finder: its search at ``on_fit_start``, then the fit ends."""
+
     def on_fit_start(self, trainer: Trainer, module: TrainModule) -> None:
-        super().on_fit_start(trainer, module)
+        super().on_fit_start(trainer, module)  # type: ignore[misc]  # the finder's search
         raise TunerExit
 
 
-class _ExitingBatchSizeFinder(BatchSizeFinder):
-    def on_fit_start(self, trainer: Trainer, module: TrainModule) -> None:
-        super().on_fit_start(trainer, module)
-        raise TunerExit
+class _ExitingLearningRateFinder(_ExitAfterSearch, LearningRateFinder):
+    pass
+
+
+class _ExitingBatchSizeFinder(_ExitAfterSearch, BatchSizeFinder):
+    pass
 
 
 class Tuner:
