@@ -41,15 +41,20 @@ def assert_close(actual, expected, atol: float = 1e-6) -> None:
 
 
 # ---- StochasticWeightAveraging -----------------------------------------------------------------
-def test_swa_final_weights_are_the_mean_of_the_epoch_weights(tmp_path):
+# Lightning 2.6's schedule: the weights each epoch starts from, from swa_epoch_start to the last
+# epoch, are averaged; a module with BatchNorm gets one more epoch without backward.
+def test_swa_final_weights_are_the_mean_of_the_epoch_start_weights(tmp_path):
     torch.manual_seed(0)
     module, recorder = LinearModule(), Recorder()
     swa = StochasticWeightAveraging(swa_lrs=0.01, swa_epoch_start=3, annealing_epochs=2)
-    quiet_trainer(tmp_path, max_epochs=5, callbacks=[recorder, swa]).fit(module, make_loader())
-    # swa_epoch_start=3 is the third epoch (index 2): epochs 2, 3 and 4 are averaged.
+    t = quiet_trainer(tmp_path, max_epochs=5, callbacks=[recorder, swa])
+    t.fit(module, make_loader())
+    # swa_epoch_start=3 is the third epoch (index 2): epochs 2, 3 and 4 start from the weights
+    # epochs 1, 2 and 3 ended with; the last epoch's own training is not in the average.
     assert swa.swa_start == 2 and swa.n_averaged == 3
-    assert_close(list(module.parameters()), mean_of(recorder.epoch_weights[2:]))
+    assert_close(list(module.parameters()), mean_of(recorder.epoch_weights[1:4]))
     assert not torch.equal(module.net.weight, recorder.epoch_weights[-1][0])
+    assert t.global_step == 5 * 8 and t.current_epoch == 5 and t.max_epochs == 5
 
 
 def test_swa_learning_rate_follows_swalr(tmp_path):
@@ -80,15 +85,43 @@ class BatchNormModule(LinearModule):
         )
 
 
-def test_swa_recomputes_batchnorm_statistics_for_the_averaged_weights(tmp_path):
+class BackwardCounter(Callback):
+    """Per epoch: backward passes, zero_grad calls and optimizer steps the fit made."""
+
+    def __init__(self) -> None:
+        self.counts: list[dict[str, int]] = []
+
+    def on_train_epoch_start(self, trainer, module):
+        self.counts.append({"backward": 0, "zero_grad": 0, "step": 0})
+
+    def on_after_backward(self, trainer, module):
+        self.counts[-1]["backward"] += 1
+
+    def on_before_zero_grad(self, trainer, module, optimizer):
+        self.counts[-1]["zero_grad"] += 1
+
+    def on_before_optimizer_step(self, trainer, module, optimizer):
+        self.counts[-1]["step"] += 1
+
+
+def test_swa_recomputes_batchnorm_statistics_in_one_more_epoch_without_backward(tmp_path):
     torch.manual_seed(0)
-    module, recorder = BatchNormModule(), Recorder()
+    module, recorder, counter = BatchNormModule(), Recorder(), BackwardCounter()
     swa = StochasticWeightAveraging(swa_lrs=0.02, swa_epoch_start=2)
     loader = make_loader(n=32, batch_size=8)
-    quiet_trainer(tmp_path, max_epochs=3, callbacks=[recorder, swa]).fit(module, loader)
-    assert_close(list(module.parameters()), mean_of(recorder.epoch_weights[1:]))
-    # update_bn: the cumulative mean over the 4 batches of each batch's statistics, computed
-    # with the averaged first layer.
+    t = quiet_trainer(tmp_path, max_epochs=3, callbacks=[recorder, counter, swa])
+    t.fit(module, loader)
+    # Epochs 1 and 2 start from the weights epochs 0 and 1 ended with; epoch 3 is the BatchNorm
+    # epoch: the average, training_step on every batch, no backward, one counted step that
+    # changes no weight.
+    assert_close(list(module.parameters()), mean_of(recorder.epoch_weights[0:2]))
+    assert_close(recorder.epoch_weights[3], list(module.parameters()), atol=0)
+    assert t.global_step == 3 * 4 + 1 and t.current_epoch == 4 and t.max_epochs == 3
+    assert counter.counts[3] == {"backward": 0, "zero_grad": 0, "step": 1}
+    assert counter.counts[2] == {"backward": 4, "zero_grad": 4, "step": 4}
+    assert t.accumulate_grad_batches == 1  # 4 during the BatchNorm epoch, then put back
+    # The cumulative mean over the 4 batches of each batch's statistics (momentum None),
+    # computed with the averaged first layer.
     with torch.no_grad():
         features = [module.net[0](x) for x, _ in loader]
     expected_mean = torch.stack([f.mean(0) for f in features]).mean(0)
@@ -97,7 +130,7 @@ def test_swa_recomputes_batchnorm_statistics_for_the_averaged_weights(tmp_path):
     torch.testing.assert_close(norm.running_mean, expected_mean, atol=1e-6, rtol=0)
     torch.testing.assert_close(norm.running_var, expected_var, atol=1e-6, rtol=0)
     assert int(norm.num_batches_tracked) == 4
-    assert norm.momentum == 0.1  # update_bn put the momentum back
+    assert norm.momentum == 0.1  # put back after the BatchNorm epoch
 
 
 def test_swa_resume_ends_like_an_uninterrupted_fit(tmp_path):
@@ -113,14 +146,30 @@ def test_swa_resume_ends_like_an_uninterrupted_fit(tmp_path):
     torch.manual_seed(0)
     first = LinearModule()
     t, swa = fit(tmp_path / "a", first, max_steps=20)  # stops in the middle of epoch 2
-    assert swa.n_averaged == 1 and t.current_epoch == 2
+    assert swa.n_averaged == 2 and t.current_epoch == 2  # the starts of epochs 1 and 2
     state = swa.state_dict()
-    assert state["n_averaged"] == 1 and set(state["average"]) == {"net.weight", "net.bias"}
+    assert state["n_averaged"] == 2 and set(state["average"]) == {"net.weight", "net.bias"}
     t.save_checkpoint(tmp_path / "ck")
     resumed = LinearModule()
     _, swa2 = fit(tmp_path / "b", resumed, ckpt_path=tmp_path / "ck")
-    assert swa2.n_averaged == 3
+    assert swa2.n_averaged == 3  # epoch 2, resumed inside, is not averaged twice
     assert_close(list(resumed.parameters()), list(full.parameters()), atol=1e-7)
+
+
+def test_swa_state_saved_before_epoch_start_averaging_resumes_on_the_same_epochs(tmp_path):
+    """A state from before 2026-11-27 counted the epoch whose end was averaged."""
+    torch.manual_seed(0)
+    module = LinearModule()
+    swa = StochasticWeightAveraging(swa_lrs=0.01, swa_epoch_start=1)
+    weights = {"net.weight": torch.zeros(1, 4), "net.bias": torch.zeros(1)}
+    swa.load_state_dict(
+        {"n_averaged": 1, "latest_update_epoch": 0, "scheduler": None, "average": weights}
+    )
+    t = quiet_trainer(tmp_path, max_epochs=2, callbacks=[swa])
+    t.fit(module, make_loader())
+    # Epoch 0's end = epoch 1's start is in the loaded average already: not folded in again.
+    assert swa.n_averaged == 1
+    assert_close(list(module.parameters()), [torch.zeros(1, 4), torch.zeros(1)])
 
 
 @pytest.mark.parametrize(
@@ -139,11 +188,13 @@ def test_swa_bad_arguments_name_the_argument(kwargs, argument):
         StochasticWeightAveraging(**kwargs)
 
 
-def test_swa_refuses_batchnorm_without_forward_before_training_not_after(tmp_path):
-    class NoForward(trainer.TrainModule):
-        def __init__(self, layers: list[torch.nn.Module]) -> None:
+def test_swa_batchnorm_epoch_needs_no_forward(tmp_path):
+    class NoForward(trainer.TrainModule):  # Lightning code often calls self.net(x) only
+        def __init__(self) -> None:
             super().__init__()
-            self.net = torch.nn.Sequential(*layers)
+            self.net = torch.nn.Sequential(
+                torch.nn.Linear(4, 3), torch.nn.BatchNorm1d(3), torch.nn.Linear(3, 1)
+            )
 
         def training_step(self, batch, batch_idx):
             x, y = batch
@@ -152,25 +203,29 @@ def test_swa_refuses_batchnorm_without_forward_before_training_not_after(tmp_pat
         def configure_optimizers(self):
             return torch.optim.SGD(self.parameters(), lr=0.05)
 
-    steps = Recorder()
-    batch_norm = NoForward([torch.nn.Linear(4, 3), torch.nn.BatchNorm1d(3), torch.nn.Linear(3, 1)])
-    t = quiet_trainer(tmp_path, max_epochs=2, callbacks=[steps, StochasticWeightAveraging(0.02)])
-    with pytest.raises(ConfigurationError, match=r"NoForward.forward\(batch\[0\]\).*no forward"):
-        t.fit(batch_norm, make_loader())
-    assert t.global_step == 0 and steps.epoch_weights == []  # refused before any training
-    # Without BatchNorm there is nothing to recompute: no forward needed.
-    plain = NoForward([torch.nn.Linear(4, 1)])
+    module = NoForward()
     t = quiet_trainer(tmp_path, max_epochs=2, callbacks=[StochasticWeightAveraging(0.02)])
-    t.fit(plain, make_loader())
-    assert t.global_step > 0
+    t.fit(module, make_loader())
+    assert t.global_step == 2 * 8 + 1
+    assert int(module.net[1].num_batches_tracked) == 8  # the BatchNorm epoch's batches
 
 
-def test_swa_needs_bounded_epochs(tmp_path):
+def test_swa_with_unbounded_epochs_needs_an_int_start(tmp_path):
     t = quiet_trainer(
         tmp_path, max_epochs=-1, max_steps=3, callbacks=[StochasticWeightAveraging(0.1)]
     )
-    with pytest.raises(ConfigurationError, match="max_epochs"):
+    with pytest.raises(ConfigurationError, match=r"swa_epoch_start=0.8.*max_epochs"):
         t.fit(LinearModule(), make_loader())
+
+
+def test_swa_with_unbounded_epochs_ends_with_the_average(tmp_path):
+    torch.manual_seed(0)
+    module, recorder = LinearModule(), Recorder()
+    swa = StochasticWeightAveraging(0.01, swa_epoch_start=2)
+    t = quiet_trainer(tmp_path, max_epochs=-1, max_steps=20, callbacks=[recorder, swa])
+    t.fit(module, make_loader())  # stops inside epoch 2; averaged: the starts of epochs 1, 2
+    assert swa.n_averaged == 2
+    assert_close(list(module.parameters()), mean_of(recorder.epoch_weights[0:2]))
 
 
 # ---- WeightAveraging (EMA) ---------------------------------------------------------------------

@@ -1,11 +1,13 @@
 """StochasticWeightAveraging: an average of the weights of the last epochs, with the SWA learning
-rate (WeightAveraging and EMAWeightAveraging, averaged after steps, are in ``step_averaging.py``).
+rate, on Lightning 2.6's schedule (WeightAveraging and EMAWeightAveraging, averaged after steps,
+are in ``step_averaging.py``).
 
-This module owns when the average is updated, where it lives, when it is swapped into the module
-(validation, end of fit) and how it travels in checkpoints. The arithmetic is torch's own:
-``torch.optim.swa_utils.AveragedModel`` (with ``get_ema_multi_avg_fn`` for the EMA), ``SWALR``
-and ``update_bn``. It does not own the loop: the Trainer steps the SWALR scheduler like any
-"epoch" scheduler, and the callbacks only read public attributes and answer hooks.
+This module owns when the average is updated, when it goes into the module (end of fit), the
+extra epoch that recomputes BatchNorm statistics, and how the average travels in checkpoints.
+The arithmetic is torch's own: ``torch.optim.swa_utils.AveragedModel`` and ``SWALR``. It does
+not own the loop: the Trainer steps the SWALR scheduler like any "epoch" scheduler; for the
+BatchNorm epoch the callback adds one epoch to ``max_epochs`` and turns the fit loop's backward
+off (``skip_backward``), as Lightning's callback does with its fit loop.
 
 The average itself (the ``AveragedModel`` and swapping it in and out) is a `ModuleAverage`
 (``trainer/callbacks/module_average.py``).
@@ -13,10 +15,11 @@ The average itself (the ``AveragedModel`` and swapping it in and out) is a `Modu
 
 from __future__ import annotations
 
+import math
 from typing import TYPE_CHECKING, Any
 
 import torch
-from torch.optim.swa_utils import SWALR, update_bn
+from torch.optim.swa_utils import SWALR
 
 from trainer.callbacks.arguments import bad_argument, check_device, is_int, is_number
 from trainer.callbacks.callback import Callback
@@ -34,15 +37,20 @@ __all__ = ["StochasticWeightAveraging"]
 
 
 class StochasticWeightAveraging(Callback):
-    """Stochastic Weight Averaging (Izmailov et al., 2018) with Lightning's arguments.
+    """Stochastic Weight Averaging (Izmailov et al., 2018) with Lightning 2.6's arguments and
+    schedule.
 
     From epoch ``swa_epoch_start`` on, the learning rate follows ``torch.optim.swa_utils.SWALR``
     (annealed from the current value to ``swa_lrs`` over ``annealing_epochs`` epochs; it replaces
-    the first scheduler of ``configure_optimizers``), and the weights at the end of each of these
-    epochs, the last one included, are averaged with ``AveragedModel``. When fit completes its
-    ``max_epochs``, the module receives the average and its BatchNorm statistics are recomputed
-    with ``update_bn`` over the train dataloader (the module's ``forward`` receives ``batch[0]``
-    when a batch is a list or tuple). A fit that stops earlier (``max_steps``, ``max_time``,
+    the first scheduler of ``configure_optimizers``), and at the start of each epoch from that
+    one to the last, the module's weights are folded into an ``AveragedModel`` (as in Lightning:
+    the weights the epoch starts from, so the last epoch's own training is not in the average).
+    When fit has run all its ``max_epochs``, the module receives the average. A module with
+    BatchNorm layers gets one more epoch (``max_epochs`` + 1 while fit runs, as in Lightning):
+    it starts from the average with the BatchNorm statistics reset, runs ``training_step`` on
+    every batch without backward, so the statistics become the cumulative mean over the train
+    data, and counts one optimizer step, which changes no weight (Lightning's takes one with
+    the last SWA step's gradients). A fit that stops earlier (``max_steps``, ``max_time``,
     ``should_stop``) keeps its trained weights, so it can be resumed; the average is saved in
     checkpoints (``state_dict``: the averaged tensors, ``n_averaged`` and the SWALR state).
 
@@ -57,14 +65,15 @@ class StochasticWeightAveraging(Callback):
         device: where the average lives ("cpu" saves accelerator memory); None: the module's.
 
     Raises:
-        ConfigurationError: an argument is out of range (the message names it), the Trainer has
-            no ``max_epochs`` bound, or ``configure_optimizers`` returned several optimizers.
+        ConfigurationError: an argument is out of range (the message names it), a float
+            ``swa_epoch_start`` with ``max_epochs=-1``, or ``configure_optimizers`` returned
+            several optimizers or schedulers.
 
     Examples:
         >>> swa = StochasticWeightAveraging(swa_lrs=0.01, swa_epoch_start=8)
         >>> Trainer(max_epochs=10, callbacks=[swa]).fit(module)
         >>> # epochs 8, 9 and 10 ran at lr 0.01 (annealed over 10 epochs with the defaults);
-        >>> # module now holds the mean of the weights at the end of those three epochs.
+        >>> # module now holds the mean of the weights those three epochs started from.
     """
 
     def __init__(
@@ -110,8 +119,13 @@ class StochasticWeightAveraging(Callback):
         self._scheduler: SWALR | None = None
         self._scheduler_state: dict[str, Any] | None = None
         self._swa_start = 0  # 0-based epoch index, resolved at on_fit_start
-        self._latest_update_epoch = -1  # the epoch whose end-of-epoch weights were last averaged
+        self._swa_end: float = math.inf  # the last averaged epoch, 0-based; inf: max_epochs=-1
+        self._latest_update_epoch = -1  # the epoch whose starting weights were last averaged
         self._pending: dict[str, Any] | None = None  # checkpoint state, applied at on_fit_start
+        self._has_batch_norm = False
+        self._added_epoch = False  # max_epochs + 1 for the BatchNorm epoch, during fit
+        self._momenta: dict[torch.nn.Module, float | None] = {}  # BatchNorm epoch: put back
+        self._accumulation: int | None = None  # accumulate_grad_batches before the BN epoch
 
     @property
     def swa_start(self) -> int:
@@ -120,15 +134,20 @@ class StochasticWeightAveraging(Callback):
 
     @property
     def n_averaged(self) -> int:
-        """How many end-of-epoch weights the average holds."""
+        """How many epochs' starting weights the average holds."""
         return 0 if self._average is None else self._average.n_averaged
 
     def on_fit_start(self, trainer: Trainer, module: TrainModule) -> None:
         self._check_trainer(trainer)
-        self._check_forward(module)
-        start = self.swa_epoch_start
-        first = start if isinstance(start, int) else int(start * trainer.max_epochs)
+        start, max_epochs = self.swa_epoch_start, trainer.max_epochs
+        first = start if isinstance(start, int) else int(start * max_epochs)
         self._swa_start = max(first - 1, 0)  # 0-based
+        self._swa_end = math.inf if max_epochs == -1 else max_epochs - 1
+        batch_norm = torch.nn.modules.batchnorm._BatchNorm  # noqa: SLF001 - what SWA resets
+        self._has_batch_norm = any(isinstance(layer, batch_norm) for layer in module.modules())
+        self._added_epoch = self._has_batch_norm and max_epochs != -1
+        if self._added_epoch:
+            trainer.max_epochs = max_epochs + 1  # the BatchNorm epoch; undone at on_train_end
         self._average = ModuleAverage(
             module, device=self.device, use_buffers=False, avg_fn=self.avg_fn
         )
@@ -137,13 +156,17 @@ class StochasticWeightAveraging(Callback):
         if pending is not None:
             self._average.load_averaged(pending["average"], pending["n_averaged"])
             self._latest_update_epoch = pending["latest_update_epoch"]
+            if "averages_epoch_starts" not in pending:  # saved before 2026-11-27: epoch ends
+                self._latest_update_epoch += 1
             self._scheduler_state = pending["scheduler"]
 
     def _check_trainer(self, trainer: Trainer) -> None:
         name, optimizers = type(self).__name__, len(trainer.optimizers)
-        if trainer.max_epochs in (None, -1):
+        if trainer.max_epochs in (None, -1) and isinstance(self.swa_epoch_start, float):
             raise ConfigurationError(
-                f"{name} averages up to max_epochs: set Trainer(max_epochs=...)."
+                f"{name}(swa_epoch_start={self.swa_epoch_start}) is a share of max_epochs, and "
+                "the Trainer has no max_epochs: set Trainer(max_epochs=...) or pass the epoch "
+                "as an int."
             )
         if optimizers != 1:
             raise ConfigurationError(
@@ -160,33 +183,33 @@ class StochasticWeightAveraging(Callback):
                 type(self).__name__, "swa_lrs", self.swa_lrs, f"one lr for each of {groups} groups"
             )
 
-    def _check_forward(self, module: TrainModule) -> None:
-        """Refuse now, not after the last epoch, a module whose BatchNorm statistics the end of
-        fit could not recompute (`_update_batch_norm` calls its ``forward``)."""
-        batch_norm = torch.nn.modules.batchnorm._BatchNorm  # noqa: SLF001 - what update_bn resets
-        has_batch_norm = any(isinstance(layer, batch_norm) for layer in module.modules())
-        if has_batch_norm and type(module).forward is torch.nn.Module.forward:
-            raise ConfigurationError(
-                f"{type(self).__name__} recomputes the BatchNorm statistics of the averaged "
-                f"weights when fit ends by calling {type(module).__name__}.forward(batch[0]) over "
-                "the train dataloader; the module has BatchNorm layers and no forward. Implement "
-                "forward(self, x) (Lightning runs training_step in an extra epoch instead)."
-            )
-
     def on_train_epoch_start(self, trainer: Trainer, module: TrainModule) -> None:
         epoch = trainer.current_epoch
-        if epoch >= self._swa_start and self._scheduler is None:
+        is_averaging = self._swa_start <= epoch <= self._swa_end
+        if is_averaging and self._scheduler is None:
             self._install_scheduler(trainer)
-        # Averaging at the start of the next epoch (not at the end of this one) counts only
-        # epochs that completed: a fit stopped mid-epoch and resumed averages that epoch once.
-        self._update(epoch - 1)
+        # The guard also keeps a fit resumed inside an epoch from averaging that epoch twice.
+        if is_averaging and epoch > self._latest_update_epoch and self._average is not None:
+            self._average.update()
+            self._latest_update_epoch = epoch
+        if epoch == self._swa_end + 1 and self._average is not None:
+            self._start_batch_norm_epoch(trainer)
 
     def _install_scheduler(self, trainer: Trainer) -> None:
+        optimizer = trainer.optimizers[0]
+        lrs = (
+            self.swa_lrs
+            if isinstance(self.swa_lrs, list)
+            else [self.swa_lrs] * len(optimizer.param_groups)
+        )
+        for lr, group in zip(lrs, optimizer.param_groups, strict=True):
+            group["initial_lr"] = lr  # Lightning's; SWALR's last_epoch below requires it
         self._scheduler = SWALR(
-            trainer.optimizers[0],
-            swa_lr=self.swa_lrs,
+            optimizer,
+            swa_lr=lrs,
             anneal_epochs=self.annealing_epochs,
             anneal_strategy=self.annealing_strategy,  # type: ignore[arg-type]  # checked in __init__
+            last_epoch=trainer.max_epochs if self.annealing_strategy == "cos" else -1,
         )
         if self._scheduler_state is not None:
             self._scheduler.load_state_dict(self._scheduler_state)
@@ -196,34 +219,52 @@ class StochasticWeightAveraging(Callback):
         else:
             trainer.lr_scheduler_configs.append(config)
 
-    def _update(self, finished_epoch: int) -> None:
-        if self._average is None or finished_epoch < self._swa_start:
-            return
-        if finished_epoch > self._latest_update_epoch:
-            self._average.update()
-            self._latest_update_epoch = finished_epoch
+    def _start_batch_norm_epoch(self, trainer: Trainer) -> None:
+        """The module takes the average; its BatchNorm statistics restart and, with momentum
+        None, become the cumulative mean over the epoch's batches; no backward, one optimizer
+        step for the whole epoch (which steps nothing)."""
+        assert self._average is not None
+        module = self._average.module
+        self._average.copy_to_module()
+        self._momenta = {}
+        for layer in module.modules():
+            if isinstance(layer, torch.nn.modules.batchnorm._BatchNorm):  # noqa: SLF001
+                if layer.running_mean is not None:
+                    layer.running_mean.zero_()
+                    layer.running_var.fill_(1)  # type: ignore[union-attr]
+                    layer.num_batches_tracked.zero_()  # type: ignore[union-attr]
+                self._momenta[layer] = layer.momentum
+                layer.momentum = None
+        loop = trainer._fit_loop  # noqa: SLF001 - Lightning's callback, too, drives its fit loop
+        if loop is not None:
+            loop.skip_backward = True
+        self._accumulation = trainer.accumulate_grad_batches
+        batches = trainer.num_training_batches
+        if isinstance(batches, int) and batches > 0:
+            trainer.accumulate_grad_batches = batches
+
+    def on_train_epoch_end(self, trainer: Trainer, module: TrainModule) -> None:
+        loop = trainer._fit_loop  # noqa: SLF001
+        if loop is not None:
+            loop.skip_backward = False
 
     def on_train_end(self, trainer: Trainer, module: TrainModule) -> None:
-        if self._average is None or trainer.current_epoch < trainer.max_epochs:
-            return  # stopped early: keep the trained weights (resumable); the average is saved
-        self._update(trainer.current_epoch - 1)
-        if self._average.n_averaged > 0:
-            self._average.copy_to_module()
-            self._update_batch_norm(trainer, module)
-
-    def _update_batch_norm(self, trainer: Trainer, module: TrainModule) -> None:
-        loader = trainer.train_dataloader
-        if loader is None:
+        if self._average is None:
             return
-        try:
-            with torch.no_grad(), trainer.accelerator.autocast():
-                update_bn(loader, module)
-        except NotImplementedError as err:
-            raise ConfigurationError(
-                f"StochasticWeightAveraging recomputes BatchNorm statistics by calling "
-                f"{type(module).__name__}.forward(batch[0]) over the train dataloader, and "
-                f"forward is not implemented ({err}). Implement forward(self, x)."
-            ) from err
+        finished = trainer.current_epoch - 1  # the fit counted its last epoch already
+        if self._added_epoch:
+            trainer.max_epochs -= 1  # type: ignore[operator]  # added in on_fit_start
+            self._added_epoch = False
+        if self._accumulation is not None:
+            trainer.accumulate_grad_batches = self._accumulation
+            self._accumulation = None
+        for layer, momentum in self._momenta.items():
+            layer.momentum = momentum
+        self._momenta = {}
+        if finished == self._swa_end + 1:
+            return  # the BatchNorm epoch ran from the average, which the module holds
+        if finished == self._swa_end or self._swa_end == math.inf:
+            self._average.copy_to_module()
 
     def state_dict(self) -> dict[str, Any]:
         if self._average is None:
@@ -231,6 +272,7 @@ class StochasticWeightAveraging(Callback):
         return {
             "n_averaged": self._average.n_averaged,
             "latest_update_epoch": self._latest_update_epoch,
+            "averages_epoch_starts": True,
             "scheduler": self._scheduler.state_dict()
             if self._scheduler is not None
             else self._scheduler_state,

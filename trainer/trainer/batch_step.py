@@ -96,6 +96,9 @@ class BatchStep:
             if optimizer is not None and is_overridden(module, "optimizer_step", TrainModule)
             else None
         )
+        # StochasticWeightAveraging's BatchNorm epoch: training_step and the hooks run, but
+        # no zero_grad, backward or optimizer step (the step is counted, as Lightning's is).
+        self.skip_backward = False
         self._closure_batch: tuple[Any, int] | None = None
         self._closure_loss: torch.Tensor | None = None
         # Read once per fit, not on every batch (the hot path): the hook lists (empty when
@@ -165,7 +168,12 @@ class BatchStep:
             with window:
                 return self._step_automatic(batch, batch_idx)
         trainer = self.trainer
-        if not self._is_plain or trainer.detect_anomaly or trainer.gradient_clip_val is not None:
+        if (
+            not self._is_plain
+            or trainer.detect_anomaly
+            or trainer.gradient_clip_val is not None
+            or self.skip_backward
+        ):
             return self._step_automatic(batch, batch_idx)
         # The plain step: `_step_automatic`'s parts in its order, inline (this runs every
         # batch), where none of them would call anything but the next.
@@ -195,7 +203,7 @@ class BatchStep:
                 if self._needs_closure:  # LBFGS: the closure's first call: this loss
                     self._closure_batch = (batch, batch_idx)
                     self._closure_loss = None if loss is None else loss.detach()
-                self._optimizer_step(loss is None)
+                self._optimizer_step(loss is None or self.skip_backward)
         return output, loss, is_stepping
 
     def end_batch(self, output: Any, batch: Any, batch_idx: int) -> None:
@@ -235,6 +243,8 @@ class BatchStep:
         else:
             output = self._training_step(batch, batch_idx)
         loss = loss_of(trainer, output, batch_idx)
+        if self.skip_backward:  # Lightning: neither zero_grad nor backward
+            return output, loss
         if batch_idx % trainer.accumulate_grad_batches == 0:
             self._zero_grad(batch_idx)
         if loss is not None:
