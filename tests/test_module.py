@@ -301,6 +301,52 @@ def test_save_hyperparameters_all_named_and_ignored():
         _ = hp.nope
 
 
+def test_save_hyperparameters_refuses_a_value_that_is_not_a_mapping():
+    class Scalar(trainer.TrainModule):
+        def __init__(self, lr: float = 0.1):
+            super().__init__()
+            self.save_hyperparameters(0.5)
+
+    with pytest.raises(trainer.ConfigurationError, match=r"Scalar.save_hyperparameters\(.*float"):
+        Scalar()
+
+
+def test_save_hyperparameters_chain_config_and_merges():
+    class Base(trainer.TrainModule):
+        def __init__(self, lr: float = 0.1, *layers: int):
+            super().__init__()
+            self.save_hyperparameters()
+
+    class Child(Base):
+        def __init__(self, width: int = 3, lr: float = 0.2):
+            super().__init__(lr * 2, 8, 4)  # the subclass's own lr wins, *args are not recorded
+
+    child = Child()
+    assert dict(child.hparams) == {"lr": 0.2, "width": 3} and child._hparams_name == "kwargs"
+
+    class Configured(trainer.TrainModule):
+        def __init__(self, config: dict, empty: tuple = ()):
+            super().__init__()
+            self.save_hyperparameters(empty)  # an empty container records nothing
+            assert "_hparams_name" not in self.__dict__
+            self.save_hyperparameters(config)
+            self.save_hyperparameters(logger=False, ignore="empty")  # merges, drops "empty"
+
+    config = {"lr": 0.5}
+    module = Configured(config)
+    assert dict(module.hparams) == {"lr": 0.5, "config": {"lr": 0.5}}
+    assert module._log_hyperparams is False
+    assert module.hparams_initial == module.hparams and module.hparams_initial is not module.hparams
+
+    class Holder(trainer.TrainModule):
+        def __init__(self, encoder: torch.nn.Module):
+            super().__init__()
+            self.save_hyperparameters()
+
+    with pytest.warns(UserWarning, match=r"'encoder' is a torch.nn.Module.*ignore=\['encoder'\]"):
+        Holder(torch.nn.Linear(1, 1))
+
+
 def test_context_properties(tmp_path):
     seen = {}
 

@@ -16,7 +16,7 @@ from trainer.checkpoint.schema import check_lightning
 
 __all__ = ["from_lightning", "is_lightning_checkpoint"]
 
-_LIGHTNING_ONLY_KEYS = ("loops", "callbacks", "pytorch-lightning_version", "hparams_name")
+_LIGHTNING_ONLY_KEYS = ("loops", "callbacks", "pytorch-lightning_version")
 
 
 def is_lightning_checkpoint(checkpoint: dict[str, Any]) -> bool:

@@ -78,6 +78,7 @@ def dump_checkpoint(trainer: Trainer, *, weights_only: bool = False) -> dict[str
         "state_dict": trainer.strategy.module_state_dict(module, full=False),
         "hyper_parameters": dict(module.hparams),
     }
+    _add_hparams_name(checkpoint, "hparams_name", module)
     if weights_only:
         return checkpoint
     train_loader = trainer.train_dataloader
@@ -107,7 +108,16 @@ def dump_checkpoint(trainer: Trainer, *, weights_only: bool = False) -> dict[str
             k: float(v) for k, v in trainer.callback_metrics.items() if v.numel() == 1
         },
     )
+    _add_hparams_name(checkpoint, "datamodule_hparams_name", trainer.datamodule)
     return checkpoint
+
+
+def _add_hparams_name(checkpoint: dict[str, Any], key: str, owner: Any) -> None:
+    """Lightning's ``hparams_name``: the ``__init__`` argument the hyperparameters came in as
+    (one dict or Namespace), or "kwargs"; `load_from_checkpoint` passes them back by it."""
+    name = getattr(owner, "_hparams_name", None) if owner is not None else None
+    if isinstance(name, str) and owner.hparams:
+        checkpoint[key] = name
 
 
 def resolve_ckpt_path(

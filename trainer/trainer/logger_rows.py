@@ -58,10 +58,11 @@ def eval_epoch_step(trainer: Trainer) -> int:
 
 
 def log_hyperparams(trainer: Trainer) -> None:
-    """At fit start, as Lightning: the module's and the datamodule's hyperparameters as
-    ``save_hyperparameters`` recorded them (``hparams_initial``), then the model graph
+    """As Lightning, at the start of every stage (after ``on_fit_start`` in fit): the module's
+    and the datamodule's hyperparameters as ``save_hyperparameters`` recorded them
+    (``hparams_initial``; each left out when saved with ``logger=False``), then the model graph
     (``log_graph``: TensorBoardLogger(log_graph=True) traces ``example_input_array``), to every
-    logger on rank zero.
+    logger on rank zero. ``Trainer(enable_autolog_hparams=False)`` skips this.
 
     Raises:
         ConfigurationError: a key both hold with different values (Lightning refuses to merge).
@@ -69,14 +70,15 @@ def log_hyperparams(trainer: Trainer) -> None:
     module = trainer.module
     if module is None or not trainer.is_global_zero or not trainer.loggers:
         return
-    params = dict(module.hparams_initial)
-    if trainer.datamodule is not None:
-        from_data = dict(trainer.datamodule.hparams_initial)
+    datamodule = trainer.datamodule
+    params = dict(module.hparams_initial) if getattr(module, "_log_hyperparams", True) else {}
+    if datamodule is not None and getattr(datamodule, "_log_hyperparams", True):
+        from_data = dict(datamodule.hparams_initial)
         clashing = sorted(k for k in params.keys() & from_data.keys() if params[k] != from_data[k])
         if clashing:
             raise ConfigurationError(
                 f"hyperparameters {clashing} are saved by both {type(module).__name__} and "
-                f"{type(trainer.datamodule).__name__} with different values; the loggers would "
+                f"{type(datamodule).__name__} with different values; the loggers would "
                 "get only one. Rename one of them, or save it in one place."
             )
         params.update(from_data)

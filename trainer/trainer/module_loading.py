@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any, Generic, TypeVar
 import torch
 
 from trainer.errors import CheckpointError, ConfigurationError, describe
+from trainer.trainer.hyperparameters import AttributeDict
 
 if TYPE_CHECKING:
     from trainer.trainer.module import DataModule, TrainModule
@@ -154,14 +155,22 @@ def _instantiate(cls: type[Any], hparams: dict[str, Any], source: str) -> Any:
 
 
 def _hparams(
+    cls: type[Any],
     checkpoint: dict[str, Any],
-    key: str,
+    keys: tuple[str, str],
     hparams_file: str | os.PathLike[str] | None,
     overrides: dict[str, Any],
 ) -> dict[str, Any]:
-    """The saved hyperparameters (replaced by ``hparams_file``'s), updated with ``overrides``."""
-    saved = checkpoint.get(key) or {}
+    """The keyword arguments to build ``cls`` with: the saved hyperparameters (replaced by
+    ``hparams_file``'s), updated with ``overrides``. Saved from one dict or Namespace argument
+    (``keys[1]``, Lightning's ``hparams_name``), they go back as that argument, a dict."""
+    saved = checkpoint.get(keys[0]) or {}
     hparams = dict(_hparams_file(hparams_file) if hparams_file is not None else saved)
+    holder = checkpoint.get(keys[1])
+    if isinstance(holder, str) and holder != "kwargs":
+        parameters = inspect.signature(cls.__init__).parameters
+        if holder in parameters and holder not in overrides:
+            hparams = {holder: AttributeDict(hparams)}
     hparams.update(overrides)
     return hparams
 
@@ -177,7 +186,9 @@ def load_module(
     """What `TrainModule.load_from_checkpoint` returns (see there)."""
     device = _device(map_location)
     checkpoint = read_checkpoint_anywhere(checkpoint_path, device)
-    hparams = _hparams(checkpoint, "hyper_parameters", hparams_file, overrides)
+    hparams = _hparams(
+        cls, checkpoint, ("hyper_parameters", "hparams_name"), hparams_file, overrides
+    )
     module = _instantiate(cls, hparams, os.fspath(checkpoint_path))
     module.on_load_checkpoint(checkpoint)
     weights = checkpoint.get("state_dict") or {}
@@ -213,7 +224,8 @@ def load_datamodule(
 ) -> DataModule:
     """What `DataModule.load_from_checkpoint` returns (see there)."""
     checkpoint = read_checkpoint_anywhere(checkpoint_path, "cpu")
-    hparams = _hparams(checkpoint, "datamodule_hyper_parameters", hparams_file, overrides)
+    keys = ("datamodule_hyper_parameters", "datamodule_hparams_name")
+    hparams = _hparams(cls, checkpoint, keys, hparams_file, overrides)
     datamodule = _instantiate(cls, hparams, os.fspath(checkpoint_path))
     # Lightning keeps it under the class's qualified name
     state = checkpoint.get("datamodule", checkpoint.get(cls.__qualname__))

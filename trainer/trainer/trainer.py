@@ -131,6 +131,7 @@ class Trainer(TrainerProperties):
         overfit_batches: int | float = 0.0,
         reload_dataloaders_every_n_epochs: int = 0,
         inference_mode: bool = True,
+        enable_autolog_hparams: bool = True,
     ) -> None:
         if barebones:  # Lightning's: everything that costs speed is off
             logger, enable_progress_bar, enable_model_summary = False, False, False
@@ -173,6 +174,7 @@ class Trainer(TrainerProperties):
             "reload_dataloaders_every_n_epochs", reload_dataloaders_every_n_epochs, allow_zero=True
         )
         self.inference_mode = check_bool("inference_mode", inference_mode)
+        self.enable_autolog_hparams = check_bool("enable_autolog_hparams", enable_autolog_hparams)
         self.deterministic = deterministic
         self.detect_anomaly = detect_anomaly
         self.use_distributed_sampler = use_distributed_sampler
@@ -428,8 +430,9 @@ class Trainer(TrainerProperties):
             self._pending_rng_state = resumed.rng_state
         profiling.expect_steps(self, stage)
         if stage == "fit":
-            log_hyperparams(self)
             self._call_hook("on_fit_start")
+        if self.enable_autolog_hparams:  # Lightning: every stage, after on_fit_start
+            log_hyperparams(self)
 
     def _teardown(self, stage: str, status: str, *, is_clean_exit: bool = False) -> None:
         if self.checkpoint_io is not None:  # return only once the save in flight is complete
