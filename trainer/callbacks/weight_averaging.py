@@ -235,7 +235,7 @@ class StochasticWeightAveraging(Callback):
                     layer.num_batches_tracked.zero_()  # type: ignore[union-attr]
                 self._momenta[layer] = layer.momentum
                 layer.momentum = None
-        loop = trainer._fit_loop  # noqa: SLF001 - Lightning's callback, too, drives its fit loop
+        loop = trainer.fit_loop  # Lightning's callback, too, drives its fit loop
         if loop is not None:
             loop.skip_backward = True
         self._accumulation = trainer.accumulate_grad_batches
@@ -244,7 +244,7 @@ class StochasticWeightAveraging(Callback):
             trainer.accumulate_grad_batches = batches
 
     def on_train_epoch_end(self, trainer: Trainer, module: TrainModule) -> None:
-        loop = trainer._fit_loop  # noqa: SLF001
+        loop = trainer.fit_loop
         if loop is not None:
             loop.skip_backward = False
 

@@ -319,6 +319,16 @@ class TrainerProperties:
         return loop is not None and loop.received_signal.signum == signal.SIGTERM
 
     @property
+    def fit_loop(self) -> Any:
+        """The running ``fit``'s loop (`trainer.trainer.fit_loop.FitLoop`), None outside ``fit``.
+
+        Lightning's ``trainer.fit_loop``; what callbacks may set on it: ``skip_backward``
+        (``training_step`` runs, zero_grad, backward and the optimizer step do not; the step is
+        counted), which StochasticWeightAveraging's BatchNorm epoch uses.
+        """
+        return self._fit_loop
+
+    @property
     def scaler(self) -> Any:
         """The gradient scaler of ``"16-mixed"`` (a ``torch.amp.GradScaler``), else None."""
         return getattr(self.precision_plugin, "scaler", None)
