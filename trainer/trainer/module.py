@@ -20,6 +20,7 @@ from trainer.trainer.data_hooks import DataHooks
 from trainer.trainer.datamodule import DataModule  # its own file; this path stays
 from trainer.trainer.hyperparameters import AttributeDict, HyperparameterMixin
 from trainer.trainer.mode_hooks import ModeHooks
+from trainer.trainer.module_export import ExportMixin
 from trainer.trainer.module_hooks import ModuleHooks
 from trainer.trainer.module_loading import load_module, restricted_classmethod
 
@@ -33,7 +34,9 @@ if TYPE_CHECKING:
 __all__ = ["AttributeDict", "DataModule", "TrainModule"]
 
 
-class TrainModule(HyperparameterMixin, ModuleHooks, ModeHooks, DataHooks, torch.nn.Module):
+class TrainModule(
+    HyperparameterMixin, ExportMixin, ModuleHooks, ModeHooks, DataHooks, torch.nn.Module
+):
     """A ``torch.nn.Module`` with its training logic.
 
     Required: ``training_step(batch, batch_idx)`` returning the loss (a Tensor, a dict with
@@ -55,14 +58,27 @@ class TrainModule(HyperparameterMixin, ModuleHooks, ModeHooks, DataHooks, torch.
         ...         return torch.optim.SGD(self.parameters(), lr=0.1)
     """
 
-    automatic_optimization: bool = True
-    prepare_data_per_node: bool = True  # False: prepare_data on global rank zero only
+    # No class annotations at run time: torch.jit.script reads them for the attributes a
+    # subclass sets (self.automatic_optimization = False) and cannot parse these strings.
+    if TYPE_CHECKING:
+        automatic_optimization: bool
+        prepare_data_per_node: bool
+        example_input_array: Any
+        strict_loading: bool
+    # Properties TorchScript must not compile (to_torchscript, torch.jit.script on the module).
+    __jit_unused_properties__ = [
+        *("current_epoch", "device", "device_mesh", "dtype", "global_rank", "global_step"),
+        *("hparams", "hparams_initial", "local_rank", "logger", "loggers", "metric_store"),
+        *("on_gpu", "trainer", "world_size"),
+    ]
+    automatic_optimization = True
+    prepare_data_per_node = True  # False: prepare_data on global rank zero only
     # Lightning's: an input for `forward`, traced by TensorBoardLogger(log_graph=True) at fit start
-    example_input_array: Any = None
+    example_input_array = None
     # Lightning's `strict_loading`: whether checkpoint weights must match this module's exactly
     # (resuming with ckpt_path, load_from_checkpoint with strict=None). Set False for a module
     # whose checkpoints leave out frozen weights.
-    strict_loading: bool = True
+    strict_loading = True
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -75,7 +91,7 @@ class TrainModule(HyperparameterMixin, ModuleHooks, ModeHooks, DataHooks, torch.
     @property
     def trainer(self) -> Trainer:
         """The Trainer running this module."""
-        if self._trainer is None:
+        if self._trainer is None and not self._jit_is_scripting:  # to_torchscript reads it
             raise ConfigurationError(
                 f"{type(self).__name__}.trainer: the module is not attached to a Trainer. Call "
                 "trainer.fit(module) (or validate/test/predict) first."
