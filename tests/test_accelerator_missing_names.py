@@ -320,3 +320,34 @@ def test_a_random_sampler_given_its_generator_is_kept_too():
     generator = torch.Generator().manual_seed(0)
     loader = DataLoader(range(6), sampler=RandomSampler(range(6), generator=generator))
     assert prepare_data_loader(loader).synchronized_generator is generator
+
+
+def test_free_memory_clear_and_the_smaller_facts_accelerate_scripts_read(tmp_path):
+    import accelerate as hf
+
+    def run(accelerator_class: type, **options) -> dict:
+        accelerator = accelerator_class(cpu=True, **options)
+        model, optimizer = accelerator.prepare(
+            torch.nn.Linear(2, 2), torch.optim.SGD(torch.nn.Linear(2, 2).parameters(), lr=0.1)
+        )
+        freed = accelerator.free_memory(model, optimizer)
+        model = accelerator.prepare(torch.nn.Linear(2, 2))
+        cleared = accelerator.clear(model)
+        dispatched = torch.nn.Linear(2, 2)
+        dispatched.hf_device_map = {"a": "cpu", "b": "disk"}
+        return {
+            "freed": freed,
+            "cleared": cleared,
+            "models_left": len(accelerator._models),
+            "multi_device": accelerator.multi_device,
+            "is_fsdp2": accelerator.is_fsdp2,
+            "save_iteration": accelerator.save_iteration,
+            "device_map": [
+                accelerator.verify_device_map(torch.nn.Sequential(dispatched)),
+                accelerator.verify_device_map(torch.nn.Linear(2, 2)),
+            ],
+        }
+
+    ours, theirs = run(Accelerator), run(hf.Accelerator)
+    assert ours == theirs
+    assert ours["freed"] == [None, None] and ours["device_map"] == [True, False]

@@ -9,6 +9,7 @@ Unlike Accelerate, each Accelerator honours its own arguments; only ``PartialSta
 from __future__ import annotations
 
 import contextlib
+import gc
 import os
 from collections import OrderedDict
 from collections.abc import Callable, Iterable
@@ -217,6 +218,10 @@ class Accelerator(ProcessAPI, CheckpointAPI, TrackerAPI):
     def scaler(self) -> torch.amp.GradScaler | None:
         """The gradient scaler of ``"fp16"`` mixed precision, else None."""
         return getattr(self.precision, "scaler", None)
+
+    save_iteration = property(lambda self: self.project_configuration.iteration)
+    is_fsdp2 = property(lambda self: self.distributed_type.value == "FSDP")  # FSDP is FSDP2 here
+    multi_device = property(lambda self: self.num_processes > 1 and self.device.type != "cpu")
 
     @property
     def project_dir(self) -> str | os.PathLike[str] | None:
@@ -464,15 +469,25 @@ class Accelerator(ProcessAPI, CheckpointAPI, TrackerAPI):
         self.trackers = []
         self.strategy.end_process_group()
 
-    def free_memory(self) -> None:
-        """Drop references to everything prepared and empty the device cache."""
+    def free_memory(self, *objects: Any) -> list[None]:
+        """Drop references to everything prepared and empty the device cache; returns one None
+        per object given, to rebind them (``model, opt = accelerator.free_memory(model, opt)``).
+        ``clear`` is the same."""
         self._models.clear()
         self._optimizers.clear()
         self._schedulers.clear()
         self._dataloaders.clear()
         self._replaced_parameters.clear()
+        gc.collect()
         if torch.cuda.is_available():
             torch.cuda.empty_cache()
+        return [None] * len(objects)
+
+    clear = free_memory
+
+    def verify_device_map(self, model: torch.nn.Module) -> bool:
+        """Whether ``model`` (or a submodule) was dispatched over several devices by a device map."""
+        return any(len(getattr(m, "hf_device_map", None) or ()) > 1 for m in model.modules())
 
     def __repr__(self) -> str:
         return (

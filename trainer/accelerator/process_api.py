@@ -4,7 +4,8 @@
 (``process_index``, ``num_processes``, ``is_main_process`` ...), the collectives over them
 (``gather``, ``gather_for_metrics``, ``reduce``, ``broadcast``, ``pad_across_processes``) and
 control (``wait_for_everyone``, ``split_between_processes``, ``main_process_first``, the
-``on_*_process`` decorators, ``set_trigger`` / ``check_trigger``, ``trigger_sync_in_backward``).
+``on_*_process`` decorators, ``set_trigger`` / ``check_trigger``, ``trigger_sync_in_backward``,
+``join_uneven_inputs``).
 Everything delegates to the Strategy (``trainer.accelerator.collectives``) or to
 ``PartialState``; nothing here prepares, trains or saves.
 """
@@ -13,13 +14,14 @@ from __future__ import annotations
 
 import contextlib
 import functools
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
 import torch
 
 from trainer.accelerator import collectives, triggers
 from trainer.accelerator.decorators import checked_index, run_only_where
+from trainer.data.sharding import BatchSamplerShard
 
 if TYPE_CHECKING:
     from trainer.runtime.gradient_state import GradientState
@@ -36,6 +38,7 @@ class ProcessAPI:
     state: PartialState
     gradient_state: GradientState
     flag_tensor: torch.Tensor | None = None  # set_trigger's flag (Accelerate's attribute)
+    _dataloaders: list[Any]  # the prepared dataloaders (the Accelerator's)
 
     # ---- facts ------------------------------------------------------------------------------
     @property
@@ -209,3 +212,48 @@ class ProcessAPI:
         return is_set
 
     trigger_sync_in_backward = staticmethod(triggers.trigger_sync_in_backward)
+
+    # ---- uneven inputs ------------------------------------------------------------------
+    @contextlib.contextmanager
+    def join_uneven_inputs(
+        self, joinables: list[Any], even_batches: bool | None = None
+    ) -> Iterator[None]:
+        """Inside the block, processes may run different numbers of batches: torch's
+        ``torch.distributed.algorithms.join.Join`` over ``joinables`` (the prepared DDP model,
+        a ``ZeroRedundancyOptimizer``) shadows the collectives of the processes that ran out.
+
+        Args:
+            joinables: the ``Joinable`` objects, e.g. ``[model]`` as ``prepare`` returned it.
+            even_batches: overrides the prepared dataloaders' ``even_batches`` inside the block
+                (``False``: no sample is repeated, so the processes get uneven batch counts).
+
+        Join is enabled when the loaders' ``even_batches`` is False and several processes run;
+        with one process the block runs as is. Unlike Accelerate's, it also works over gloo
+        (CPU processes): Accelerate does nothing there but warn.
+
+        Examples:
+            >>> with accelerator.join_uneven_inputs([model], even_batches=False):
+            ...     for x, y in loader:
+            ...         accelerator.backward(loss_fn(model(x), y))
+            ...         optimizer.step()
+            ...         optimizer.zero_grad()
+        """
+        if self.num_processes == 1:
+            yield
+            return
+        from torch.distributed.algorithms.join import Join
+
+        overridden = []
+        if even_batches is not None:
+            for loader in self._dataloaders:
+                sampler = getattr(loader, "batch_sampler", None)
+                if isinstance(sampler, BatchSamplerShard):
+                    overridden.append((sampler, sampler.even_batches))
+                    sampler.even_batches = even_batches
+        is_even = self.even_batches if even_batches is None else even_batches  # type: ignore[attr-defined]
+        try:
+            with Join(joinables, enable=not is_even, throw_on_early_termination=False):
+                yield
+        finally:
+            for sampler, value in overridden:
+                sampler.even_batches = value
