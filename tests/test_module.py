@@ -438,3 +438,30 @@ def test_datamodule_from_datasets_wraps_each_dataset_as_lightning_does():
     plain = trainer.DataModule.from_datasets(TensorDataset(torch.randn(8, 4), torch.randn(8, 1)))
     fit.fit(LinearModule(), datamodule=plain)
     assert fit.global_step == 8  # batch_size 1 by default
+
+
+def test_log_refuses_lightning_keywords_it_cannot_honour(tmp_path):
+    seen: dict[str, str] = {}
+
+    class Grouped(LinearModule):
+        def training_step(self, batch, batch_idx):
+            loss = super().training_step(batch, batch_idx)
+            for keyword in ({"sync_dist_group": object()}, {"enable_graph": True}):
+                try:
+                    self.log("x", loss, **keyword)
+                except trainer.ConfigurationError as err:
+                    seen[next(iter(keyword))] = str(err)
+            return loss
+
+    quiet_trainer(tmp_path, max_steps=1).fit(Grouped(), make_loader())
+    assert set(seen) == {"sync_dist_group", "enable_graph"}
+    assert all("reduced over every process" in message for message in seen.values())
+
+
+def test_fit_with_lightnings_model_keyword_and_two_modules_refused(tmp_path):
+    module = LinearModule()
+    run = quiet_trainer(tmp_path, max_steps=2)
+    run.fit(model=module, train_dataloaders=make_loader())
+    assert run.global_step == 2 and run.module is module
+    with pytest.raises(trainer.ConfigurationError, match=r"two modules.*pass one"):
+        run.validate(LinearModule(), make_loader(), model=module)

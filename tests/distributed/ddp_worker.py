@@ -211,6 +211,16 @@ def main(out: str) -> None:
     except trainer.ConfigurationError as err:
         facts["divergent_error"] = str(err)
 
+    # 5b. rank_zero_only=True (Lightning's): logged on rank 0 alone, with sync_dist=True, it is
+    # not reduced, so the other rank does not wait in a collective that never comes.
+    class RankZeroOnly(Net):
+        def validation_step(self, batch, batch_idx):
+            if self.global_rank == 0:
+                self.log("rank0_value", 7.0, sync_dist=True, rank_zero_only=True)
+
+    metrics = quiet().validate(RankZeroOnly(), DataLoader(regression(16), batch_size=4))
+    facts["rank_zero_only_metrics"] = metrics
+
     facts["ddp_kwargs_static_graph"] = DDPStrategy(static_graph=True).ddp_kwargs["static_graph"]
 
     # 6. prepare_data: once per machine, and no rank reaches setup before it is done.

@@ -93,9 +93,11 @@ def test_collectives_and_synced_metrics(ddp_run):
 
 def test_different_metric_names_on_ranks_raise_instead_of_hanging(ddp_run):
     _, facts = ddp_run
-    for f in facts:
+    for rank, f in enumerate(facts):
         assert "logged different metric names" in f["divergent_error"]
         assert "rank 0: ['only_rank0']; rank 1: ['only_rank1']" in f["divergent_error"]
+        # rank_zero_only: no reduction, no hang; the value is rank 0's alone
+        assert f["rank_zero_only_metrics"] == ([{"rank0_value": 7.0}] if rank == 0 else [{}])
 
 
 def test_an_exception_on_one_rank_ends_the_job_promptly_with_its_traceback():

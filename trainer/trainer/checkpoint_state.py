@@ -31,6 +31,7 @@ from trainer.checkpoint.training_state import (
 from trainer.errors import CheckpointError, ConfigurationError, describe
 
 if TYPE_CHECKING:
+    from trainer.plugins.async_checkpoint import PendingSave
     from trainer.trainer.hook_table import HookTable
     from trainer.trainer.trainer import Trainer
 
@@ -261,3 +262,34 @@ def _count(progress: dict[str, Any], key: str, default: int) -> int:
             "checkpoint was edited or written by another program: resume from another one."
         )
     return value
+
+
+def save_checkpoint(
+    trainer: Trainer,
+    hooks: HookTable | None,
+    filepath: str | os.PathLike[str],
+    *,
+    weights_only: bool = False,
+) -> PendingSave | None:
+    """What `Trainer.save_checkpoint` does: the pending step row to the loggers, the checkpoint
+    dict, ``on_save_checkpoint``, then the write (in the background during fit with
+    ``AsyncCheckpointIO``, after the save in flight ends)."""
+    if trainer.module is None or hooks is None:
+        raise ConfigurationError(
+            "trainer.save_checkpoint: no module is attached. Call trainer.fit(module, ...) first."
+        )
+    checkpoint_io = trainer.checkpoint_io
+    if checkpoint_io is not None:  # at most one save in flight: the previous ends first
+        checkpoint_io.wait()
+    fit_loop = trainer.fit_loop
+    if fit_loop is not None and fit_loop.is_step_row_due:  # the row the checkpoint covers
+        fit_loop.send_step_row()  # goes to the loggers first
+    checkpoint = dump_checkpoint(trainer, weights_only=weights_only)
+    hooks.call("on_save_checkpoint", checkpoint)
+    if checkpoint_io is not None:
+        is_fitting = trainer.state.stage == "fit" and trainer.state.status == "running"
+        return checkpoint_io.save_checkpoint(
+            checkpoint, filepath, strategy=trainer.strategy, in_background=is_fitting
+        )
+    trainer.strategy.save_checkpoint(filepath, checkpoint)
+    return None

@@ -85,7 +85,7 @@ def _run_epoch(trainer: Trainer, run: Run, stage: str, loaders: list[Any]) -> li
             call_batch_hook(f"on_{stage}_batch_start", batch, batch_idx, *extra)
             with trainer.accelerator.autocast():
                 output = run.run_step(step_name, batch, batch_idx, *extra)
-            if stage == "predict":
+            if stage == "predict" and run.keep_predictions:
                 predictions[dataloader_idx].append(output)
             call_batch_hook(f"on_{stage}_batch_end", output, batch, batch_idx, *extra)
             if is_logging:

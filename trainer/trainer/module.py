@@ -257,6 +257,10 @@ class TrainModule(
         sync_dist: bool = False,
         batch_size: int | None = None,
         add_dataloader_idx: bool = True,
+        rank_zero_only: bool = False,
+        sync_dist_group: Any = None,
+        metric_attribute: str | None = None,
+        enable_graph: bool = False,
     ) -> None:
         """Record a metric.
 
@@ -268,7 +272,19 @@ class TrainModule(
         ``on_epoch`` it appears as ``name_step`` and ``name_epoch``. With several validation /
         test dataloaders a name logged in a step or batch hook gets the suffix
         ``/dataloader_idx_N`` (unless ``add_dataloader_idx=False``), as in Lightning.
+
+        Lightning's other keywords: ``rank_zero_only=True`` (logged from one process only) skips
+        the ``sync_dist`` reduction, so it cannot hang; ``metric_attribute`` is accepted (the
+        Metric object itself is what is logged here); ``sync_dist_group`` and
+        ``enable_graph=True`` are refused (`ConfigurationError`): values are reduced over all
+        processes and logged detached.
         """
+        if sync_dist_group is not None or enable_graph:
+            raise ConfigurationError(
+                f"{type(self).__name__}.log({name!r}, sync_dist_group=..., enable_graph=True): not "
+                "supported; values are reduced over every process (sync_dist=True) and logged "
+                "detached from the graph. Reduce over a subgroup yourself and log the result."
+            )
         store = self._metric_store
         if store is None:
             raise ConfigurationError(
@@ -283,7 +299,7 @@ class TrainModule(
             prog_bar=prog_bar,
             logger=logger,
             reduce_fx=reduce_fx,
-            sync_dist=sync_dist,
+            sync_dist=sync_dist and not rank_zero_only,
             batch_size=batch_size,
             add_dataloader_idx=add_dataloader_idx,
         )
@@ -294,9 +310,14 @@ class TrainModule(
             self.log(name, value, **kwargs)
 
     # ---- manual optimization --------------------------------------------------------------
-    def optimizers(self) -> AcceleratedOptimizer | list[AcceleratedOptimizer]:
-        """The prepared optimizer (or list of them) from ``configure_optimizers``."""
+    def optimizers(
+        self, use_pl_optimizer: bool = True
+    ) -> AcceleratedOptimizer | list[AcceleratedOptimizer] | Any:
+        """The prepared optimizer (or list of them) from ``configure_optimizers``; the torch
+        optimizers themselves with ``use_pl_optimizer=False`` (Lightning's argument)."""
         optimizers = self.trainer.optimizers
+        if not use_pl_optimizer:
+            optimizers = [getattr(o, "optimizer", o) for o in optimizers]
         return optimizers[0] if len(optimizers) == 1 else optimizers
 
     def lr_schedulers(self) -> Any:

@@ -336,6 +336,22 @@ def warn_on_empty_epoch(epoch: int) -> None:
     )
 
 
+def module_argument(module: Any, model: Any, stage: str) -> Any:
+    """The module of ``trainer.<stage>(...)``: ``module``, or Lightning's keyword ``model=``.
+
+    Raises:
+        ConfigurationError: both were given, and they differ.
+    """
+    if model is None:
+        return module
+    if module is not None and module is not model:
+        raise ConfigurationError(
+            f"trainer.{stage}() received two modules, module= (a {type(module).__name__}) and "
+            f"model= (a {type(model).__name__}); pass one (model= is Lightning's name for module)."
+        )
+    return model
+
+
 def check_call_arguments(module: Any, datamodule: Any, stage: str) -> None:
     """The module and DataModule given to ``trainer.<stage>(...)``.
 

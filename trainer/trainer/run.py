@@ -78,3 +78,4 @@ class Run:
     start_time: float  # time.monotonic() at setup, for max_time
     # The dict ``trainer.callback_metrics`` returns (what callbacks put beside logged values).
     callback_metrics: dict[str, torch.Tensor]
+    keep_predictions: bool = True  # predict(return_predictions=False): outputs are not kept

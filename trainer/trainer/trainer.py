@@ -28,7 +28,7 @@ from trainer.precision import Precision
 from trainer.profilers import Profiler, resolve_profiler
 from trainer.strategies import Strategy
 from trainer.trainer import profiling
-from trainer.trainer.checkpoint_state import dump_checkpoint, restore_from
+from trainer.trainer.checkpoint_state import restore_from, save_checkpoint
 from trainer.trainer.evaluation_loop import STAGE_OF, run_eval_epoch
 from trainer.trainer.fit_loop import FitLoop, run_sanity_check
 from trainer.trainer.hook_table import HookTable
@@ -55,6 +55,7 @@ from trainer.trainer.options import (
     check_sync_batchnorm,
     check_val_interval,
     default_max_epochs,
+    module_argument,
     parse_max_time,
     resolve_plugins,
     resolve_root_dir,
@@ -237,18 +238,22 @@ class Trainer(TrainerProperties):
     # ---- entry points -------------------------------------------------------------------------
     def fit(
         self,
-        module: TrainModule,
+        module: TrainModule | None = None,
         train_dataloaders: DataLoader | None = None,
         val_dataloaders: EvalData = None,
         datamodule: DataModule | None = None,
         ckpt_path: str | None = None,
+        *,
+        model: TrainModule | None = None,
+        weights_only: bool | None = None,
     ) -> None:
         """Train ``module``; validate along the way when it has ``validation_step``.
 
-        Data comes from the arguments, else ``datamodule``, else the module's
-        ``*_dataloader`` methods. ``ckpt_path`` ("last", "best" or a path) resumes training
-        exactly where that checkpoint stopped.
-        """
+        Data comes from the arguments, else ``datamodule``, else the module's ``*_dataloader``
+        methods. ``ckpt_path`` ("last", "best" or a path) resumes training exactly where that
+        checkpoint stopped. Lightning's ``model=`` names the module; ``weights_only`` is
+        accepted (checkpoints are never unpickled here)."""
+        module = module_argument(module, model, "fit")
         self._attach(module, datamodule, "fit")
         try:
             with catch_preemption_signals() as received_signal:
@@ -275,9 +280,13 @@ class Trainer(TrainerProperties):
         ckpt_path: str | None = None,
         verbose: bool = True,
         datamodule: DataModule | None = None,
+        *,
+        model: TrainModule | None = None,
+        weights_only: bool | None = None,
     ) -> list[dict[str, float]]:
         """Run one validation epoch; return ``[{metric: value}]``, one dict per dataloader
         (with ``verbose``, also printed as Lightning's table on global rank zero)."""
+        module = module_argument(module, model, "validate")
         return self._run_eval("validation", module, dataloaders, ckpt_path, datamodule, verbose)
 
     def test(
@@ -287,9 +296,13 @@ class Trainer(TrainerProperties):
         ckpt_path: str | None = None,
         verbose: bool = True,
         datamodule: DataModule | None = None,
+        *,
+        model: TrainModule | None = None,
+        weights_only: bool | None = None,
     ) -> list[dict[str, float]]:
         """Run one test epoch; return ``[{metric: value}]``, one dict per dataloader
         (with ``verbose``, also printed as Lightning's table on global rank zero)."""
+        module = module_argument(module, model, "test")
         return self._run_eval("test", module, dataloaders, ckpt_path, datamodule, verbose)
 
     def predict(
@@ -298,10 +311,16 @@ class Trainer(TrainerProperties):
         dataloaders: EvalData = None,
         ckpt_path: str | None = None,
         datamodule: DataModule | None = None,
-    ) -> list[Any]:
+        *,
+        model: TrainModule | None = None,
+        return_predictions: bool | None = None,
+        weights_only: bool | None = None,
+    ) -> list[Any] | None:
         """Run ``predict_step`` over the data; return its outputs, one per batch (a list of such
-        lists with several dataloaders)."""
-        return self._run_eval("predict", module, dataloaders, ckpt_path, datamodule)
+        lists with several dataloaders); ``return_predictions=False``: keep none, return None."""
+        module = module_argument(module, model, "predict")
+        keep = return_predictions is not False
+        return self._run_eval("predict", module, dataloaders, ckpt_path, datamodule, keep=keep)
 
     def _run_eval(
         self,
@@ -311,6 +330,7 @@ class Trainer(TrainerProperties):
         ckpt_path: str | None,
         datamodule: DataModule | None,
         verbose: bool = False,
+        keep: bool = True,
     ) -> Any:
         run_stage = STAGE_OF[stage]
         module = module if module is not None else self.module
@@ -322,6 +342,7 @@ class Trainer(TrainerProperties):
         self._attach(module, datamodule, run_stage)
         try:
             self._setup(run_stage, {stage: dataloaders}, ckpt_path)
+            self._run.keep_predictions = keep
             result = run_eval_epoch(self, self._run, stage)
             if stage != "predict":  # floats; Lightning's table printed on rank zero
                 result = eval_results(result, run_stage, verbose=verbose and self.is_global_zero)
@@ -330,7 +351,7 @@ class Trainer(TrainerProperties):
             raise
         self._teardown(run_stage, "finished")
         if stage == "predict":  # one list of outputs per dataloader; Lightning unwraps one
-            return result[0] if len(result) == 1 else result
+            return None if not keep else result[0] if len(result) == 1 else result
         return result
 
     def save_checkpoint(
@@ -343,27 +364,9 @@ class Trainer(TrainerProperties):
             `trainer.plugins.PendingSave` being written in the background.
 
         Raises:
-            ConfigurationError: no module is attached yet (call fit/validate/... first).
-            CheckpointError: the write failed; an earlier checkpoint at ``filepath`` is intact.
+            ConfigurationError: no module is attached yet; CheckpointError: the write failed.
         """
-        if self.module is None:
-            raise ConfigurationError(
-                "trainer.save_checkpoint: no module is attached. Call trainer.fit(module, ...) first."
-            )
-        if self.checkpoint_io is not None:  # at most one save in flight: the previous ends first
-            self.checkpoint_io.wait()
-        fit_loop = self._fit_loop
-        if fit_loop is not None and fit_loop.is_step_row_due:  # the row the checkpoint covers
-            fit_loop.send_step_row()  # goes to the loggers first
-        checkpoint = dump_checkpoint(self, weights_only=weights_only)
-        self._call_hook("on_save_checkpoint", checkpoint)
-        if self.checkpoint_io is not None:
-            is_fitting = self.state.stage == "fit" and self.state.status == "running"
-            return self.checkpoint_io.save_checkpoint(
-                checkpoint, filepath, strategy=self.strategy, in_background=is_fitting
-            )
-        self.strategy.save_checkpoint(filepath, checkpoint)
-        return None
+        return save_checkpoint(self, self._hooks, filepath, weights_only=weights_only)
 
     # ---- setup and teardown -----------------------------------------------------------------
     def _attach(self, module: TrainModule, datamodule: DataModule | None, stage: str) -> None:
