@@ -133,6 +133,21 @@ def test_swa_recomputes_batchnorm_statistics_in_one_more_epoch_without_backward(
     assert norm.momentum == 0.1  # put back after the BatchNorm epoch
 
 
+def test_swa_puts_the_trainer_back_when_the_batchnorm_epoch_fails(tmp_path):
+    class FailsInBatchNormEpoch(BatchNormModule):
+        def training_step(self, batch, batch_idx):
+            if self.trainer.current_epoch == 2 and batch_idx == 1:
+                raise RuntimeError("data went away")
+            return super().training_step(batch, batch_idx)
+
+    module = FailsInBatchNormEpoch()
+    t = quiet_trainer(tmp_path, max_epochs=2, callbacks=[StochasticWeightAveraging(0.02)])
+    with pytest.raises(RuntimeError, match="data went away"):
+        t.fit(module, make_loader())
+    assert t.max_epochs == 2 and t.accumulate_grad_batches == 1
+    assert module.net[1].momentum == 0.1
+
+
 def test_swa_resume_ends_like_an_uninterrupted_fit(tmp_path):
     def fit(root, module, ckpt_path=None, **kwargs):
         swa = StochasticWeightAveraging(swa_lrs=0.01, swa_epoch_start=2, annealing_epochs=2)

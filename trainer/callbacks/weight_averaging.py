@@ -252,6 +252,17 @@ class StochasticWeightAveraging(Callback):
         if self._average is None:
             return
         finished = trainer.current_epoch - 1  # the fit counted its last epoch already
+        self._put_back(trainer)
+        if finished == self._swa_end + 1:
+            return  # the BatchNorm epoch ran from the average, which the module holds
+        if finished == self._swa_end or self._swa_end == math.inf:
+            self._average.copy_to_module()
+
+    def on_exception(self, trainer: Trainer, module: TrainModule, exception: BaseException) -> None:
+        self._put_back(trainer)  # the Trainer may fit again
+
+    def _put_back(self, trainer: Trainer) -> None:
+        """Undo what the BatchNorm epoch changed: max_epochs, accumulation, BatchNorm momenta."""
         if self._added_epoch:
             trainer.max_epochs -= 1  # type: ignore[operator]  # added in on_fit_start
             self._added_epoch = False
@@ -261,10 +272,9 @@ class StochasticWeightAveraging(Callback):
         for layer, momentum in self._momenta.items():
             layer.momentum = momentum
         self._momenta = {}
-        if finished == self._swa_end + 1:
-            return  # the BatchNorm epoch ran from the average, which the module holds
-        if finished == self._swa_end or self._swa_end == math.inf:
-            self._average.copy_to_module()
+        loop = trainer.fit_loop
+        if loop is not None:
+            loop.skip_backward = False
 
     def state_dict(self) -> dict[str, Any]:
         if self._average is None:
