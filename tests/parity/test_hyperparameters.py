@@ -166,3 +166,26 @@ def test_load_from_checkpoint_passes_a_dict_config_back_by_its_argument(tmp_path
     assert t_lr == l_lr == 0.5
     for key, value in l_weights.items():
         torch.testing.assert_close(t_weights[key], value)
+
+
+def test_a_lightning_checkpoint_whose_config_has_no_argument_name_loads(tmp_path):
+    """Lightning writes ``hparams_name: None`` for a dict that is not an ``__init__`` argument."""
+    lightning, ours = BOTH
+
+    def literal(base: type) -> type:
+        class Literal(_classes(base)["Configured"].__mro__[1]):  # Plain
+            def __init__(self) -> None:
+                super().__init__()
+                self.save_hyperparameters({"lr": 0.25, "layers": [2]})
+
+        return Literal
+
+    module = literal(lightning.Module)()
+    run = lightning.trainer(**quiet(max_epochs=1, default_root_dir=tmp_path))
+    run.fit(module, loader(8))
+    path = tmp_path / "lightning.ckpt"
+    run.save_checkpoint(path)
+    assert torch.load(path, weights_only=False)["hparams_name"] is None
+    loaded = literal(ours.Module).load_from_checkpoint(path)
+    assert dict(loaded.hparams) == {"lr": 0.25, "layers": [2]}
+    torch.testing.assert_close(loaded.net.weight, module.net.weight)

@@ -271,8 +271,8 @@ _STATE = _record(
         "callbacks": _optional(_mapping_of(_anything)),
         "hyper_parameters": _optional(_mapping_of(_anything)),
         "datamodule_hyper_parameters": _optional(_mapping_of(_anything)),
-        "hparams_name": _STRING,
-        "datamodule_hparams_name": _STRING,
+        "hparams_name": _optional(_STRING),  # Lightning writes None for a config it cannot name
+        "datamodule_hparams_name": _optional(_STRING),
         "loops": _optional(_record(optional={"train_loader": _optional(_LOADER)})),
         "rng_states": _list_of(_RNG),
         "loggers": _list_of(_record(required={"class": _STRING})),
