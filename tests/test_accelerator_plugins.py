@@ -403,6 +403,25 @@ def test_autocast_kwargs_reach_autocast():
         assert torch.is_autocast_cache_enabled() is True
 
 
+def test_autocast_with_a_handler_for_one_block_as_accelerate():
+    hf = pytest.importorskip("accelerate")
+
+    def seen(accelerator, handler_class) -> list:
+        x = torch.ones(2, 2)
+        facts = []
+        for handler in (None, handler_class(enabled=False), handler_class(cache_enabled=False)):
+            with accelerator.autocast(handler):
+                facts.append(((x @ x).dtype, torch.is_autocast_cache_enabled()))
+        return facts
+
+    ours = seen(Accelerator(cpu=True, mixed_precision="bf16"), AutocastKwargs)
+    theirs = seen(hf.Accelerator(cpu=True, mixed_precision="bf16"), hf.utils.AutocastKwargs)
+    assert ours == theirs
+    assert [dtype for dtype, _ in ours] == [torch.bfloat16, torch.float32, torch.bfloat16]
+    assert ours[2][1] is False  # cache_enabled=False for that block only
+    assert seen(Accelerator(cpu=True), AutocastKwargs)[1][0] == torch.float32  # fp32: no autocast
+
+
 def test_profile_writes_a_trace_and_follows_the_schedule(tmp_path):
     handler = ProfileKwargs(
         output_trace_dir=str(tmp_path / "traces"), activities=["cpu"], record_shapes=True

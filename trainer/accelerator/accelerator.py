@@ -20,7 +20,7 @@ from torch.utils.data import DataLoader
 
 from trainer.accelerator.checkpoint_api import CheckpointAPI
 from trainer.accelerator.engine_setup import setup_engine
-from trainer.accelerator.handler_setup import profile_session
+from trainer.accelerator.handler_setup import autocast_context, profile_session
 from trainer.accelerator.model_wrappers import AutocastForward
 from trainer.accelerator.optimizer import (
     AcceleratedOptimizer,
@@ -41,7 +41,7 @@ from trainer.runtime.configs import (
     ProjectConfiguration,
 )
 from trainer.runtime.gradient_state import GradientState
-from trainer.runtime.kwargs_handlers import ProfileKwargs
+from trainer.runtime.kwargs_handlers import AutocastKwargs, ProfileKwargs
 from trainer.runtime.state import PartialState
 from trainer.strategies import Strategy
 
@@ -395,9 +395,11 @@ class Accelerator(ProcessAPI, CheckpointAPI, TrackerAPI):
         """Skip the gradient synchronisation of ``model`` inside the block."""
         return self.strategy.no_backward_sync(model)
 
-    def autocast(self) -> contextlib.AbstractContextManager[Any]:
-        """Run the block under the precision plugin's autocast (no-op for true precisions)."""
-        return self.precision.autocast()
+    def autocast(
+        self, autocast_handler: AutocastKwargs | None = None
+    ) -> contextlib.AbstractContextManager[Any]:
+        """The precision's autocast (none for true ones); ``AutocastKwargs`` overrides it here."""
+        return autocast_context(self.precision, autocast_handler)
 
     def profile(
         self, profile_handler: ProfileKwargs | None = None

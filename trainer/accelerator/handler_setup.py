@@ -5,7 +5,7 @@ plugin (grad scaler, autocast, fp8 recipe) and ``Accelerator.profile()``.
 `handler_strategy_options` gives the strategy arguments of ``DistributedDataParallelKwargs`` and
 ``InitProcessGroupKwargs`` (``engine_setup`` passes them to engines that take them);
 `build_precision` applies ``GradScalerKwargs``, ``AutocastKwargs`` and the fp8 recipes;
-`profile_session` runs ``ProfileKwargs``. The handler classes themselves live in
+`profile_session` runs ``ProfileKwargs``; `autocast_context` is ``accelerator.autocast(handler)``. The handler classes themselves live in
 ``trainer.runtime.kwargs_handlers``.
 """
 
@@ -35,6 +35,7 @@ from trainer.runtime.kwargs_handlers import (
 
 __all__ = [
     "HANDLER_ATTRIBUTES",
+    "autocast_context",
     "build_precision",
     "collect_handlers",
     "handler_strategy_options",
@@ -208,3 +209,18 @@ def profile_session(
         os.path.join(handler.output_trace_dir, f"profile_{process_index}.json")
     )
     barrier()
+
+
+def autocast_context(
+    precision: Precision, handler: AutocastKwargs | None
+) -> contextlib.AbstractContextManager[Any]:
+    """The precision's autocast, or with ``handler`` (Accelerate's ``autocast(autocast_handler)``)
+    a ``torch.autocast`` of the mixed precision's dtype with the handler's ``enabled`` and
+    ``cache_enabled``. True precisions have no autocast either way (Accelerate: none without
+    native AMP); fp8 keeps its own region."""
+    if handler is None or type(precision) is not MixedPrecision:
+        return precision.autocast()
+    options: dict[str, Any] = {"enabled": handler.enabled}
+    if handler.cache_enabled is not None:
+        options["cache_enabled"] = handler.cache_enabled
+    return torch.autocast(precision.device_type, dtype=precision.compute_dtype, **options)
