@@ -348,6 +348,13 @@ def test_free_memory_clear_and_the_smaller_facts_accelerate_scripts_read(tmp_pat
             ],
         }
 
-    ours, theirs = run(Accelerator), run(hf.Accelerator)
+    from accelerate.state import AcceleratorState
+
+    ours = run(Accelerator)
+    AcceleratorState._reset_state(True)  # Accelerate's singleton: another test's settings
+    try:
+        theirs = run(hf.Accelerator)
+    finally:
+        AcceleratorState._reset_state(True)
     assert ours == theirs
     assert ours["freed"] == [None, None] and ours["device_map"] == [True, False]

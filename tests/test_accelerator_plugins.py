@@ -415,7 +415,13 @@ def test_autocast_with_a_handler_for_one_block_as_accelerate():
         return facts
 
     ours = seen(Accelerator(cpu=True, mixed_precision="bf16"), AutocastKwargs)
-    theirs = seen(hf.Accelerator(cpu=True, mixed_precision="bf16"), hf.utils.AutocastKwargs)
+    from accelerate.state import AcceleratorState
+
+    AcceleratorState._reset_state(True)  # Accelerate's process-wide singleton: another test's
+    try:  # Accelerator may have fixed its mixed_precision in this worker
+        theirs = seen(hf.Accelerator(cpu=True, mixed_precision="bf16"), hf.utils.AutocastKwargs)
+    finally:
+        AcceleratorState._reset_state(True)
     assert ours == theirs
     assert [dtype for dtype, _ in ours] == [torch.bfloat16, torch.float32, torch.bfloat16]
     assert ours[2][1] is False  # cache_enabled=False for that block only
