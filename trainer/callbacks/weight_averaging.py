@@ -35,6 +35,8 @@ if TYPE_CHECKING:
 
 __all__ = ["StochasticWeightAveraging"]
 
+_BatchNorm = torch.nn.modules.batchnorm._BatchNorm  # noqa: SLF001 - what SWA resets
+
 
 class StochasticWeightAveraging(Callback):
     """Stochastic Weight Averaging (Izmailov et al., 2018) with Lightning 2.6's arguments and
@@ -122,7 +124,6 @@ class StochasticWeightAveraging(Callback):
         self._swa_end: float = math.inf  # the last averaged epoch, 0-based; inf: max_epochs=-1
         self._latest_update_epoch = -1  # the epoch whose starting weights were last averaged
         self._pending: dict[str, Any] | None = None  # checkpoint state, applied at on_fit_start
-        self._has_batch_norm = False
         self._added_epoch = False  # max_epochs + 1 for the BatchNorm epoch, during fit
         self._momenta: dict[torch.nn.Module, float | None] = {}  # BatchNorm epoch: put back
         self._accumulation: int | None = None  # accumulate_grad_batches before the BN epoch
@@ -143,9 +144,8 @@ class StochasticWeightAveraging(Callback):
         first = start if isinstance(start, int) else int(start * max_epochs)
         self._swa_start = max(first - 1, 0)  # 0-based
         self._swa_end = math.inf if max_epochs == -1 else max_epochs - 1
-        batch_norm = torch.nn.modules.batchnorm._BatchNorm  # noqa: SLF001 - what SWA resets
-        self._has_batch_norm = any(isinstance(layer, batch_norm) for layer in module.modules())
-        self._added_epoch = self._has_batch_norm and max_epochs != -1
+        has_batch_norm = any(isinstance(layer, _BatchNorm) for layer in module.modules())
+        self._added_epoch = has_batch_norm and max_epochs != -1
         if self._added_epoch:
             trainer.max_epochs = max_epochs + 1  # the BatchNorm epoch; undone at on_train_end
         self._average = ModuleAverage(
@@ -228,7 +228,7 @@ class StochasticWeightAveraging(Callback):
         self._average.copy_to_module()
         self._momenta = {}
         for layer in module.modules():
-            if isinstance(layer, torch.nn.modules.batchnorm._BatchNorm):  # noqa: SLF001
+            if isinstance(layer, _BatchNorm):
                 if layer.running_mean is not None:
                     layer.running_mean.zero_()
                     layer.running_var.fill_(1)  # type: ignore[union-attr]
