@@ -115,6 +115,53 @@ def test_hyperparams_with_metrics_and_without_default_hp_metric(tmp_path: Path) 
     assert read_hparams(without.log_dir) == {"lr": 0.1, "scheduler": "None"}
 
 
+def test_hparams_yaml_beside_the_events_nested_and_merged(tmp_path: Path) -> None:
+    """As Lightning's TensorBoardLogger: ``hparams.yaml`` in log_dir, the values as logged."""
+    yaml = pytest.importorskip("yaml")
+    logger = TensorBoardLogger(tmp_path, sub_dir="fold_1")
+    logger.log_hyperparams({"lr": 0.1, "optimizer": {"name": "sgd"}, "layers": (4, 2)})
+    logger.log_hyperparams(argparse.Namespace(lr=0.2, seed=3))  # later calls merge
+    path = Path(logger.log_dir) / "hparams.yaml"
+    expected = {"lr": 0.2, "optimizer": {"name": "sgd"}, "layers": [4, 2], "seed": 3}
+    assert yaml.safe_load(path.read_text()) == expected  # written at once, not at the end
+    logger.finalize("success")
+    assert yaml.safe_load(path.read_text()) == expected
+    assert sorted(os.listdir(logger.log_dir))[-1] == "hparams.yaml"  # no temporary file left
+
+    resumed = TensorBoardLogger(tmp_path, sub_dir="fold_1", version=0)
+    resumed.log_hyperparams({"epochs": 5})  # a resumed run merges into the earlier file
+    assert yaml.safe_load(path.read_text()) == {**expected, "epochs": 5}
+
+
+def test_hparams_yaml_after_a_successful_run_even_without_hyperparameters(
+    tmp_path: Path,
+) -> None:
+    """Lightning leaves ``{}`` in a finished run's folder; not in a failed one's, nor without one."""
+    finished = TensorBoardLogger(tmp_path, version=0)
+    finished.log_metrics({"loss": 1.0}, step=0)
+    finished.finalize("success")
+    assert (Path(finished.log_dir) / "hparams.yaml").read_text() == "{}\n"
+
+    failed = TensorBoardLogger(tmp_path, version=1)
+    failed.log_metrics({"loss": 1.0}, step=0)
+    failed.finalize("failed")
+    assert not (Path(failed.log_dir) / "hparams.yaml").exists()
+
+    nothing_logged = TensorBoardLogger(tmp_path, version=2)
+    nothing_logged.finalize("success")
+    assert not Path(nothing_logged.log_dir).exists()
+
+
+def test_a_broken_hparams_yaml_of_a_resumed_version_is_named(tmp_path: Path) -> None:
+    folder = tmp_path / "trainer_logs" / "version_0"
+    folder.mkdir(parents=True)
+    (folder / "hparams.yaml").write_text("lr: [unclosed\n")
+    logger = TensorBoardLogger(tmp_path, version=0)
+    with pytest.raises(ConfigurationError, match=r"TensorBoardLogger.*hparams\.yaml"):
+        logger.log_hyperparams({"lr": 0.1})
+    assert (folder / "hparams.yaml").read_text() == "lr: [unclosed\n"  # left as it was
+
+
 def test_log_graph_only_when_asked(tmp_path: Path) -> None:
     model = torch.nn.Sequential(torch.nn.Linear(3, 2), torch.nn.ReLU())
     model.example_input_array = torch.zeros(1, 3)
@@ -160,7 +207,8 @@ def test_resume_drops_the_points_logged_after_the_checkpoint(tmp_path: Path) -> 
     resumed.finalize("success")
 
     assert resumed.log_dir == crashed.log_dir
-    assert len(os.listdir(resumed.log_dir)) == 2  # one event file per session
+    events = [name for name in os.listdir(resumed.log_dir) if name.startswith("events.")]
+    assert len(events) == 2  # one event file per session
     scalars = read_scalars(resumed.log_dir)
     kept = [(step, float(step)) for step in range(5)]
     assert scalars["loss"] == [*kept, (5, 105.0), (6, 106.0), (7, 107.0)]

@@ -23,7 +23,7 @@ import io
 import operator
 import os
 import warnings
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any, TextIO
 
 from trainer.errors import CheckpointError, ConfigurationError, describe
@@ -32,13 +32,12 @@ from trainer.loggers._versioned import (
     argument_error,
     check_folder_arguments,
 )
+from trainer.loggers.hparams_file import HparamsFile, atomic_open
 from trainer.loggers.logger import metric_as_float
-from trainer.loggers.params import to_yaml_safe
 
 __all__ = ["CSVLogger"]
 
 _METRICS_FILE = "metrics.csv"
-_HPARAMS_FILE = "hparams.yaml"
 _STEP_KEY = "step"
 
 
@@ -107,7 +106,7 @@ class CSVLogger(VersionedFolderLogger):
         self._flushed_step = -1  # last step written to metrics.csv
         self._last_step: int | None = None
         self._rows_on_disk: int | None = None  # data rows in metrics.csv after our last write
-        self._hparams: dict[str, Any] | None = None
+        self._hparams_file = HparamsFile("CSVLogger")
         # The last step logged, and the rows metrics.csv had, when the checkpoint being resumed
         # was saved (load_state_dict; no row count in checkpoints of earlier versions).
         self._checkpoint_step: int | None = None
@@ -173,8 +172,6 @@ class CSVLogger(VersionedFolderLogger):
             >>> logger.log_hyperparams({"lr": 0.1, "layers": (64, 64)})  # doctest: +SKIP
             >>> # hparams.yaml: "lr: 0.1\\nlayers:\\n- 64\\n- 64\\n"
         """
-        import yaml  # lazily: importing `trainer` should not pay for PyYAML
-
         if isinstance(params, argparse.Namespace):
             params = vars(params)
         if not isinstance(params, Mapping):
@@ -182,13 +179,7 @@ class CSVLogger(VersionedFolderLogger):
                 f"CSVLogger.log_hyperparams expected a dict or an argparse.Namespace, received "
                 f"{describe(params)}. Pass e.g. {{'lr': 0.1}}."
             )
-        path = os.path.join(self._ensure_log_dir(), _HPARAMS_FILE)
-        if self._hparams is None:
-            self._hparams = _read_hparams(path)
-        self._hparams.update(to_yaml_safe(dict(params)))
-        text = yaml.safe_dump(self._hparams, sort_keys=False, allow_unicode=True)
-        with _atomic_open(path) as file:
-            file.write(text)
+        self._hparams_file.merge(self._ensure_log_dir(), params)
 
     def save(self) -> None:
         """Write the buffered rows to ``metrics.csv`` (atomically); a no-op when none are."""
@@ -210,7 +201,7 @@ class CSVLogger(VersionedFolderLogger):
             if self._disk_columns is None:
                 old_rows = self._rows_to_keep(old_rows)
                 self._columns = _merge_columns(old_columns, self._columns)
-            with _atomic_open(path) as file:
+            with atomic_open(path) as file:
                 _write_rows(file, self._columns, [*old_rows, *self._pending], header=True)
             self._rows_on_disk = len(old_rows) + len(self._pending)
         self._disk_columns = list(self._columns)
@@ -342,21 +333,6 @@ def _check_arguments(
         )
 
 
-@contextlib.contextmanager
-def _atomic_open(path: str) -> Iterator[TextIO]:
-    """Write to a sibling temporary file, then ``os.replace``: a crash leaves the old file whole."""
-    tmp = f"{path}.{os.getpid()}.tmp"
-    try:
-        with open(tmp, "w", newline="", encoding="utf-8") as file:
-            yield file
-            file.flush()
-            os.fsync(file.fileno())
-        os.replace(tmp, path)
-    finally:
-        with contextlib.suppress(FileNotFoundError):
-            os.remove(tmp)
-
-
 def _write_rows(
     file: TextIO, columns: list[str], rows: Iterable[Mapping[str, Any]], *, header: bool
 ) -> None:
@@ -399,20 +375,3 @@ def _is_at_or_after(row: Mapping[str, str], step: int) -> bool:
         return float(text) >= step
     except ValueError:
         return False
-
-
-def _read_hparams(path: str) -> dict[str, Any]:
-    """Hyperparameters an earlier run of this version wrote, so a resumed run merges into them."""
-    import yaml
-
-    if not os.path.isfile(path):
-        return {}
-    with open(path, encoding="utf-8") as file:
-        try:
-            loaded = yaml.safe_load(file)
-        except yaml.YAMLError as err:
-            raise ConfigurationError(
-                f"CSVLogger could not read the existing {path} ({err}). Fix or delete the file, "
-                f"or log to another version."
-            ) from err
-    return dict(loaded) if isinstance(loaded, Mapping) else {}

@@ -1,4 +1,5 @@
-"""The TensorBoard logger: event files with scalars, hyperparameters and the model graph.
+"""The TensorBoard logger: event files with scalars, hyperparameters and the model graph, and
+``hparams.yaml`` beside them (as Lightning's).
 
 This module owns the run folder layout (``<save_dir>/<name>/version_<N>[/<sub_dir>]``, the same
 numbering as CSVLogger), the ``torch.utils.tensorboard.SummaryWriter`` (created at the first
@@ -37,6 +38,7 @@ from trainer.loggers._versioned import (
     argument_error,
     check_folder_arguments,
 )
+from trainer.loggers.hparams_file import HparamsFile
 from trainer.loggers.logger import metric_as_float
 from trainer.loggers.params import as_dict, flatten_params
 
@@ -112,7 +114,8 @@ class TensorBoardLogger(VersionedFolderLogger):
         self._writer_kwargs = writer_kwargs
         self._experiment: Any = None
         self._last_step: int | None = None
-        self._hparams: dict[str, Any] = {}
+        self._hparams: dict[str, Any] = {}  # flat, for the hparams plugin
+        self._hparams_file = HparamsFile("TensorBoardLogger")  # nested, as logged
         self._metric_names: list[str] = []
         # Set by load_state_dict: the next log_metrics step starts a session that supersedes
         # the older events from that step on; hyperparameters wait until then (see module doc).
@@ -179,7 +182,8 @@ class TensorBoardLogger(VersionedFolderLogger):
 
         Nested dicts are flattened with ``"/"`` (``{"opt": {"lr": 0.1}}`` -> ``opt/lr``); values
         other than bool, int, float and str are stored as their ``str()``. Later calls merge
-        into the earlier parameters.
+        into the earlier parameters. ``hparams.yaml`` in `log_dir` gets them as given (nested),
+        as Lightning's TensorBoardLogger writes it (see `trainer.loggers.hparams_file`).
 
         Args:
             params: a mapping or an ``argparse.Namespace``.
@@ -194,7 +198,9 @@ class TensorBoardLogger(VersionedFolderLogger):
         Examples:
             >>> logger.log_hyperparams({"lr": 0.1}, metrics={"val/loss": 0.0})  # doctest: +SKIP
         """
-        self._hparams.update(_hparams_values(flatten_params(as_dict(params, "log_hyperparams"))))
+        params = as_dict(params, "TensorBoardLogger.log_hyperparams")
+        self._hparams.update(_hparams_values(flatten_params(params)))
+        self._hparams_file.merge(self.log_dir, params)
         if metrics is None:
             is_placeholder_due = self._default_hp_metric and not self._is_resuming
             metrics = {_HP_METRIC: -1.0} if is_placeholder_due else {}
@@ -245,8 +251,14 @@ class TensorBoardLogger(VersionedFolderLogger):
             self._experiment.flush()
 
     def finalize(self, status: str) -> None:
-        """Flush and close the event file; a later write opens a new file in the same folder."""
+        """Flush and close the event file; a later write opens a new file in the same folder.
+
+        After a successful run whose folder exists, ``hparams.yaml`` exists too (``{}`` when no
+        hyperparameters were logged), as Lightning's TensorBoardLogger leaves it.
+        """
         self.save()
+        if status == "success":
+            self._hparams_file.write_if_missing(self.log_dir)
         if self._experiment is not None:
             self._experiment.close()
             self._experiment = None
