@@ -129,7 +129,10 @@ class Net(trainer.TrainModule):
         self.seen: dict[int, torch.Tensor] = {}
 
     def training_step(self, batch, batch_idx):
-        x, y = batch
+        if isinstance(batch, dict):  # several train loaders read together: one batch of each
+            x, y = (torch.cat(parts) for parts in zip(*batch.values(), strict=True))
+        else:
+            x, y = batch
         self.seen[self.global_step + 1] = x.detach().clone()
         return torch.nn.functional.mse_loss(self.net(x), y)
 

@@ -4,9 +4,9 @@ Args: output folder. For each scenario of ``SCENARIOS`` (tests/data/augment_job.
 every rank trains uninterrupted, then stopped at step 13 and resumed from ``last``, and writes
 ``rank<N>.json``: per scenario, the resumed steps whose batch differs from the uninterrupted
 run's, whether the final weights are equal, the samples this rank's resumed run consumed and the
-samples produced, and the first batch it saw (the ranks must see different data); and for an
+samples produced, and the first batch it saw (the ranks must see different data); for an
 Accelerator loop with ``use_stateful_dataloader``, whether ``load_state`` continues each rank's
-loader where it stood.
+loader where it stood; and the same facts for two train loaders read together.
 """
 
 from __future__ import annotations
@@ -54,6 +54,29 @@ def scenario(out: Path, kind: str, workers: int, persistent: bool, stateful: boo
     }
 
 
+def combined_scenario(out: Path) -> dict:
+    """Two shuffled map-style loaders read together ("max_size_cycle"): 5 and 2 batches an
+    epoch per rank, so at step 13 (the third epoch's third batch) the short one is in its second
+    pass."""
+
+    def loaders():
+        return {
+            "long": make_loader("map", num_workers=2),
+            "short": make_loader("map", batch_size=12),
+        }
+
+    full, full_weights = run(out / "full", loaders(), **OPTIONS)
+    run(out / "resumed", loaders(), stop_at=13, **OPTIONS)
+    resumed, resumed_weights = run(out / "resumed", loaders(), ckpt_path="last", **OPTIONS)
+    return {
+        "resumed_steps": sorted(resumed),
+        "differing_steps": differing_steps(full, resumed),
+        "weights_equal": not differing_weights(full_weights, resumed_weights),
+        "first_batch": full[1].tolist(),
+        "batch_sizes": sorted({len(x) for x in full.values()}),
+    }
+
+
 def accelerator_scenario(out: Path) -> dict:
     """A hand-written loop with ``use_stateful_dataloader``: save after 2 of 5 batches, load in
     a fresh Accelerator: the remaining 3 batches again, and only those are read."""
@@ -85,6 +108,7 @@ def main(out: Path) -> None:
     rank = int(os.environ["RANK"])
     facts = {name: scenario(out / name, *spec) for name, spec in SCENARIOS.items()}
     facts["accelerator"] = accelerator_scenario(out)
+    facts["combined"] = combined_scenario(out / "combined")
     (out / f"rank{rank}.json").write_text(json.dumps(facts))
 
 

@@ -3,7 +3,8 @@
 Each rank's resumed run sees, at every step, the batch the uninterrupted run saw, bit for bit,
 and ends with equal weights: map-style data with 2 workers (persistent or not), an iterable
 stream read in the main process, and torchdata's StatefulDataLoader sharded across the ranks;
-and an Accelerator's save_state / load_state carrying each rank's StatefulDataLoader position.
+an Accelerator's save_state / load_state carrying each rank's StatefulDataLoader position; and
+two train loaders read together (a dict), resumed while the shorter one is in its second pass.
 """
 
 from __future__ import annotations
@@ -48,3 +49,15 @@ def test_accelerator_carries_each_ranks_stateful_loader_position(facts):
     for rank_facts in facts:
         assert rank_facts["accelerator"]["batches_equal"]
         assert rank_facts["accelerator"]["produced"] == 3 * 4  # nothing read again
+
+
+def test_two_train_loaders_read_together_resume_exactly_on_every_rank(facts):
+    """A dict of train loaders ("max_size_cycle"), stopped while the shorter one is in its second
+    pass of the epoch: every resumed step sees the uninterrupted run's batches on every rank."""
+    for rank_facts in facts:
+        found = rank_facts["combined"]
+        assert found["resumed_steps"] == list(range(14, 21))
+        assert found["differing_steps"] == []
+        assert found["weights_equal"]
+        assert found["batch_sizes"] == [16]  # 4 + 12 (even_batches fills each rank's last 12)
+    assert facts[0]["combined"]["first_batch"] != facts[1]["combined"]["first_batch"]

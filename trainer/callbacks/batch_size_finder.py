@@ -21,7 +21,8 @@ from trainer.accelerator.memory import is_out_of_memory
 from trainer.callbacks.arguments import bad_argument, is_int, is_number
 from trainer.callbacks.callback import Callback
 from trainer.callbacks.finder_steps import TrainingState, run_training_steps
-from trainer.errors import ConfigurationError
+from trainer.data.combined import CombinedLoader
+from trainer.errors import ConfigurationError, describe
 
 if TYPE_CHECKING:
     from trainer.trainer.module import DataModule, TrainModule
@@ -298,6 +299,12 @@ def _build_loader(module: TrainModule, datamodule: DataModule | None) -> Any:
     for source in (datamodule, module):
         function = getattr(source, "train_dataloader", None)
         loader = function() if callable(function) else None
+        if isinstance(loader, dict | list | tuple | CombinedLoader):
+            raise ConfigurationError(
+                f"BatchSizeFinder scales one train dataloader; train_dataloader() of "
+                f"{type(source).__name__} returned several ({describe(loader)}). Find the size "
+                "with one of them, or set the batch sizes yourself."
+            )
         if loader is not None:
             return loader
     raise ConfigurationError(

@@ -258,7 +258,18 @@ _RNG = _record(
         "cuda": _list_of(_tensor(torch.uint8)),
     }
 )
-_LOADER = _record(optional={"seed": _optional(_integer(0, 2**63 - 1 - MAX_COUNT)), "epoch": _COUNT})
+_ONE_LOADER = _record(
+    optional={"seed": _optional(_integer(0, 2**63 - 1 - MAX_COUNT)), "epoch": _COUNT}
+)
+# Several train loaders read together (trainer/data/combined.py): each one's state, and the mode.
+_COMBINED = _record(required={"mode": _STRING, "loaders": _list_of(_ONE_LOADER)})
+_LOADER = _record(
+    optional={
+        "seed": _optional(_integer(0, 2**63 - 1 - MAX_COUNT)),
+        "epoch": _COUNT,
+        "combined": _COMBINED,
+    }
+)
 _STATE = _record(
     optional={
         "trainer_checkpoint_version": _equal(1),

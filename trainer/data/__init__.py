@@ -5,6 +5,7 @@ dataset draws is a function of the batch's place), ``generators.py`` (the global
 states), ``rebuild.py`` (loader copies; torchdata's StatefulDataLoader).
 """
 
+from trainer.data.combined import CombinedLoader
 from trainer.data.loader import (
     DataLoaderShard,
     SkipBatchSampler,
@@ -12,4 +13,10 @@ from trainer.data.loader import (
     skip_first_batches,
 )
 
-__all__ = ["DataLoaderShard", "SkipBatchSampler", "send_to_device", "skip_first_batches"]
+__all__ = [
+    "CombinedLoader",
+    "DataLoaderShard",
+    "SkipBatchSampler",
+    "send_to_device",
+    "skip_first_batches",
+]

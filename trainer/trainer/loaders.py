@@ -24,10 +24,18 @@ from typing import TYPE_CHECKING, Any
 from torch.utils.data import BatchSampler, DataLoader, IterableDataset, SequentialSampler
 
 from trainer._warnings import warn_user
+from trainer.data.combined import (
+    TRAINING_MODES,
+    CombinedLoader,
+    PreparedCombinedLoader,
+    check_mode,
+    iterables_of,
+)
 from trainer.data.loader import DataLoaderShard
 from trainer.data.rebuild import rebuild_loader
 from trainer.errors import ConfigurationError
 from trainer.runtime.seed import get_rng_states, set_rng_states
+from trainer.trainer.data_hooks import batch_transfer
 from trainer.trainer.prepare import find_loader, prepare_loader
 
 if TYPE_CHECKING:
@@ -49,10 +57,21 @@ _COUNT_ATTRIBUTE = {
 def load_stage(trainer: Trainer, name: str, given: Any, *, required: bool) -> Any:
     """The prepared ``name`` loader ("train"), or list of loaders (an evaluation stage), or None.
 
+    Several train loaders (a dict, list or tuple, or a `CombinedLoader`) become one
+    `PreparedCombinedLoader`, as Lightning combines them.
+
     Raises:
-        ConfigurationError: none was found and ``required``; an item is not a DataLoader.
+        ConfigurationError: none was found and ``required``; an item is not a DataLoader; an
+            evaluation stage got a CombinedLoader in a mode other than "sequential".
     """
     source = given if given is not None else find_loader(name, trainer.datamodule, trainer.module)
+    if name == "train" and source is not None:
+        several = iterables_of(source)
+        if several is not None and several[0]:
+            return _load_combined(trainer, *several)
+    if isinstance(source, CombinedLoader):  # an evaluation stage: Lightning's sequential reading
+        check_mode(source.mode, f"the {name} CombinedLoader", ("sequential",))
+        source = source.flattened
     if isinstance(source, dict):
         source = list(source.values())
     if source is None or (isinstance(source, list | tuple) and not source):
@@ -81,6 +100,46 @@ def load_stage(trainer: Trainer, name: str, given: Any, *, required: bool) -> An
         steps = trainer.num_sanity_val_steps
         trainer.num_sanity_val_batches = [c if steps == -1 else min(steps, c) for c in counts]
     return prepared[0] if name == "train" else prepared
+
+
+def _load_combined(
+    trainer: Trainer, items: list[Any], spec: Any, mode: str
+) -> PreparedCombinedLoader:
+    """Several train loaders, each prepared alone, read together in ``mode``; the batch-transfer
+    hooks get the whole batch with ``dataloader_idx=0`` (as in Lightning)."""
+    check_mode(mode, "trainer.fit(train_dataloaders=CombinedLoader(...))", TRAINING_MODES)
+    prepared, counts = [], []
+    for dataloader_idx, item in enumerate(items):
+        if trainer.overfit_batches > 0 and isinstance(item, DataLoader):
+            item = _in_order(item, "train")
+        loader, count = prepare_loader(
+            trainer, "train", item, dataloader_idx, with_transfer_hooks=False
+        )
+        prepared.append(loader)
+        counts.append(count)
+    transfer = batch_transfer(trainer.module, trainer.datamodule, trainer.accelerator.device, 0)
+    combined = PreparedCombinedLoader(
+        prepared,
+        spec,
+        mode,
+        counts,
+        gradient_state=trainer.accelerator.gradient_state,
+        transform=transfer,
+    )
+    trainer.num_training_batches = math.inf if combined.limit is None else combined.limit
+    return combined
+
+
+def keep_seeds(new: Any, old: Any) -> None:
+    """Give the reloaded train loader(s) ``new`` the shuffle seeds of ``old``."""
+    if isinstance(new, PreparedCombinedLoader) and isinstance(old, PreparedCombinedLoader):
+        pairs = list(zip(new.loaders, old.loaders, strict=False))
+    elif isinstance(new, DataLoaderShard) and isinstance(old, DataLoaderShard):
+        pairs = [(new, old)]
+    else:
+        return
+    for new_loader, old_loader in pairs:
+        new_loader.load_state_dict({"seed": old_loader.state_dict()["seed"]})
 
 
 def prepare_data(trainer: Trainer) -> None:
@@ -133,7 +192,7 @@ def reload_stage(trainer: Trainer, name: str, run: Run) -> None:
     set_rng_states(rng)
     end_workers([old])
     if name == "train" and old is not None and new is not None:
-        new.load_state_dict({"seed": old.state_dict()["seed"]})
+        keep_seeds(new, old)
 
 
 def reset_train_loader(trainer: Trainer, loaders: dict[str, Any], given_stages: Set[str]) -> None:

@@ -172,12 +172,19 @@ def configure_optimizers(
 
 
 def prepare_loader(
-    trainer: Trainer, name: str, loader: Any, dataloader_idx: int = 0
+    trainer: Trainer,
+    name: str,
+    loader: Any,
+    dataloader_idx: int = 0,
+    *,
+    with_transfer_hooks: bool = True,
 ) -> tuple[Any, float]:
     """``loader`` prepared for the ``name`` stage, and its batch count under ``limit_*_batches``.
 
     Its batches go through the batch-transfer hooks when the module or DataModule overrides one
-    (`trainer.trainer.data_hooks`); the loader then leaves the move to them.
+    (`trainer.trainer.data_hooks`); the loader then leaves the move to them. With
+    ``with_transfer_hooks=False`` (one of several train loaders read together, whose whole batch
+    goes through the hooks) it leaves the move to the hooks but does not call them.
 
     Raises:
         ConfigurationError: ``loader`` is not a DataLoader.
@@ -200,7 +207,7 @@ def prepare_loader(
         device_placement=False if transfer is not None else None,
         shard=trainer.use_distributed_sampler,
     )
-    if transfer is not None:  # after the precision's input cast, as in Lightning
+    if transfer is not None and with_transfer_hooks:  # after the precision's cast, as Lightning
         cast = prepared.transform
         prepared.transform = transfer if cast is None else lambda batch: transfer(cast(batch))
     length = safe_len(prepared)

@@ -239,7 +239,7 @@ class Trainer(TrainerProperties):
     def fit(
         self,
         module: TrainModule | None = None,
-        train_dataloaders: DataLoader | None = None,
+        train_dataloaders: EvalData = None,
         val_dataloaders: EvalData = None,
         datamodule: DataModule | None = None,
         ckpt_path: str | None = None,
@@ -250,9 +250,9 @@ class Trainer(TrainerProperties):
         """Train ``module``; validate along the way when it has ``validation_step``.
 
         Data comes from the arguments, else ``datamodule``, else the module's ``*_dataloader``
-        methods. ``ckpt_path`` ("last", "best" or a path) resumes training exactly where that
-        checkpoint stopped. Lightning's ``model=`` names the module; ``weights_only`` is
-        accepted (checkpoints are never unpickled here)."""
+        methods; several train loaders (a dict, list or `CombinedLoader`) are read together, as
+        in Lightning. ``ckpt_path`` ("last", "best" or a path) resumes training exactly where it
+        stopped. ``model=`` names the module; ``weights_only`` is accepted (nothing unpickled)."""
         module = module_argument(module, model, "fit")
         self._attach(module, datamodule, "fit")
         try:
