@@ -220,7 +220,18 @@ class DataLoaderShard:
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore `state_dict`; a StatefulDataLoader's position is taken by the next pass,
-        which then ignores ``skip_batches`` (nothing is read again)."""
+        which then ignores ``skip_batches`` (nothing is read again).
+
+        Raises:
+            CheckpointError: ``state`` is several train loaders' (``trainer/data/combined.py``).
+        """
+        combined = state.get("combined")
+        if combined is not None:
+            count = len(combined.get("loaders") or []) if isinstance(combined, dict) else "?"
+            raise CheckpointError(
+                f"the checkpoint's train loader state is for {count} train loaders read "
+                "together, not one. Resume with the train loaders the checkpoint was saved with."
+            )
         self.seed = state.get("seed", self.seed)
         self.set_epoch(state.get("epoch", self._epoch))
         self._draws.load_state_dict(state, self._epoch)
