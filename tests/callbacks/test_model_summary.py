@@ -15,6 +15,7 @@ from trainer.callbacks.model_summary import (
     format_count,
     summarize,
     total_size_bytes,
+    trace_example,
 )
 from trainer.errors import ConfigurationError
 
@@ -124,11 +125,13 @@ def test_lazy_parameters_count_zero() -> None:
         (999, "999"),
         (1000, "1.0 K"),
         (1234, "1.2 K"),
-        (999_940, "999.9 K"),
-        (999_960, "1.0 M"),
+        (99_949, "99.9 K"),
+        (123_456, "123 K"),  # from 100 on, no decimal (Lightning's rule)
+        (999_960, "999 K"),
         (3_400_000, "3.4 M"),
         (7_000_000_000, "7.0 B"),
         (2 * 10**12, "2.0 T"),
+        (5 * 10**15, "5,000 T"),
     ],
 )
 def test_format_count(number: int, text: str) -> None:
@@ -181,3 +184,64 @@ def test_bad_max_depth_names_the_fix(bad: object) -> None:
         ModelSummary(max_depth=bad)  # type: ignore[arg-type]  # the wrong type is the test
     with pytest.raises(ConfigurationError, match=r"summarize\(max_depth"):
         summarize(make_mlp(), max_depth=bad)  # type: ignore[arg-type]  # the wrong type is the test
+
+
+class _Counted(torch.nn.Module):
+    """Linear(4, 8) -> BatchNorm1d (kept in eval) -> Linear(8, 2); counts its forwards."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.body = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.BatchNorm1d(8))
+        self.head = torch.nn.Linear(8, 2)
+        self.body[1].eval()
+        self.forwards: list[bool] = []
+
+    def forward(self, x: torch.Tensor, scale: float = 1.0) -> torch.Tensor:
+        self.forwards.append(torch.is_grad_enabled())
+        return self.head(self.body(x)) * scale
+
+
+def test_trace_example_records_sizes_flops_and_puts_modes_back() -> None:
+    model = _Counted()
+    trace = trace_example(model, {"x": torch.zeros(5, 4), "scale": 2.0}, max_depth=2)
+    assert trace.in_sizes == {"body": [5, 4], "body.0": [5, 4], "body.1": [5, 8], "head": [5, 8]}
+    assert trace.out_sizes["head"] == [5, 2]
+    assert trace.flops == {"body": 2 * 5 * 4 * 8, "body.0": 2 * 5 * 4 * 8, "body.1": 0, "head": 160}
+    assert trace.total_flops == 320 + 160
+    assert model.forwards == [False]  # one forward, under no_grad
+    assert model.training and model.body[0].training and not model.body[1].training
+
+
+def test_printed_table_has_lightnings_columns_and_totals_with_an_example() -> None:
+    console, buffer = captured_console()
+    model = _Counted()
+    model.example_input_array = torch.zeros(3, 4)
+    ModelSummary(max_depth=2, console=console).print_summary(model)
+    out = buffer.getvalue()
+    for text in ("Mode", "FLOPs", "In sizes", "Out sizes", "[3, 8]", "eval"):
+        assert text in out
+    assert "Modules in train mode: 3\n" in out  # body, body.0, head
+    assert "Modules in eval mode: 1\n" in out
+    assert "Total FLOPs: 288\n" in out  # 2*3*4*8 + 2*3*8*2
+    assert "Total estimated model params size (MB): 0.000\n" in out
+
+
+def test_the_example_forward_runs_on_every_rank_and_prints_on_rank_zero() -> None:
+    """A sharded model's forward needs every process: each runs it, rank zero alone prints."""
+    console, buffer = captured_console()
+    model = _Counted()
+    model.example_input_array = torch.zeros(3, 4)
+    callback = ModelSummary(console=console)
+    callback.on_fit_start(types.SimpleNamespace(is_global_zero=False), model)
+    assert buffer.getvalue() == "" and len(model.forwards) == 1
+    callback.on_fit_start(types.SimpleNamespace(is_global_zero=True), model)
+    assert "In sizes" in buffer.getvalue() and len(model.forwards) == 2
+
+
+def test_parameters_of_the_module_itself_get_an_other_params_row() -> None:
+    console, buffer = captured_console()
+    model = make_mlp()
+    model.register_parameter("scale", torch.nn.Parameter(torch.ones(7)))
+    ModelSummary(console=console).print_summary(model)
+    row = next(line for line in buffer.getvalue().splitlines() if "Other params" in line)
+    assert [cell.strip() for cell in row.split("│")[1:-1]][2:4] == ["n/a", "7"]
