@@ -32,6 +32,7 @@ PUBLIC_PACKAGES = (
     "trainer.checkpoint",
     "trainer.profilers",
     "trainer.plugins",
+    "trainer.data",
 )
 
 
@@ -51,7 +52,7 @@ PAGES = (
         "Trainer and TrainModule",
         "The managed loop ([guide](../trainer.md)) and the classes you subclass for it "
         "([guide](../trainmodule.md)).",
-        ("trainer.trainer", "trainer.runtime.seed"),
+        ("trainer.trainer", "trainer.runtime.seed", "trainer.data.combined"),
         ("trainer.cli.trainer_cli.TrainerCLI",),
     ),
     Page(

@@ -15,7 +15,7 @@ import torch
 from rich.console import Console
 
 from trainer.callbacks import progress as progress_module
-from trainer.callbacks.progress import RichProgressBar, _format_plain_line
+from trainer.callbacks.progress import RichProgressBar, RichProgressBarTheme, _format_plain_line
 from trainer.errors import ConfigurationError
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -228,11 +228,72 @@ def test_exception_stops_the_live_display() -> None:
         ({"refresh_rate_s": "fast"}, "refresh_rate_s"),
         ({"plain_every_n_steps": 0}, "plain_every_n_steps"),
         ({"plain_every_n_steps": True}, "plain_every_n_steps"),
+        ({"refresh_rate": -1}, "refresh_rate"),
+        ({"refresh_rate": True}, "refresh_rate"),
+        ({"refresh_rate": 0.5}, "refresh_rate"),
+        ({"theme": "dark"}, "theme"),
     ],
 )
 def test_bad_arguments_name_the_fix(kwargs: dict[str, Any], name: str) -> None:
     with pytest.raises(ConfigurationError, match=rf"{name}=.* expected .* Pass e\.g\. {name}="):
         RichProgressBar(**kwargs)
+
+
+def test_console_with_console_kwargs_is_refused() -> None:
+    console, _ = make_console()
+    with pytest.raises(ConfigurationError, match=r"console_kwargs=.*Pass one of them"):
+        RichProgressBar(console=console, console_kwargs={"width": 90})
+
+
+def test_lightning_refresh_rate_redraws_every_n_batches(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Lightning's ``refresh_rate`` counts batches: the clock does not matter."""
+    clock = [1000.0]
+    monkeypatch.setattr(progress_module, "monotonic", lambda: clock[0])
+    console, buffer = make_console(is_terminal=True)
+    bar = RichProgressBar(console=console, refresh_rate=10)
+    trainer = FakeTrainer(batches=35)
+    bar.on_train_epoch_start(trainer, None)
+    for batch_idx in range(35):
+        bar.on_train_batch_end(trainer, None, None, None, batch_idx)
+    assert trainer.reads == 1 + 3  # the first draw, then after batches 10, 20 and 30
+    run_eval(bar, trainer, 25, "validation")  # its batches read no metric
+    assert trainer.reads == 1 + 3 + 2  # its end: its bar, and the train bar's new metrics
+    bar.on_train_epoch_end(trainer, None)
+    bar.teardown(trainer, None, "fit")
+    assert "35/35" in buffer.getvalue()
+
+
+def test_refresh_rate_zero_shows_nothing_even_after_enable() -> None:
+    console, buffer = make_console(is_terminal=True)
+    bar = RichProgressBar(console=console, refresh_rate=0)
+    assert bar.is_disabled and not bar.is_enabled
+    bar.enable()
+    assert bar.is_disabled
+    trainer = FakeTrainer(batches=4)
+    run_epoch(bar, trainer, val_batches=2)
+    bar.teardown(trainer, None, "fit")
+    assert buffer.getvalue() == "" and trainer.reads == 0
+
+
+def test_theme_styles_the_live_bar_and_formats_the_metrics() -> None:
+    console, buffer = make_console(is_terminal=True)
+    theme = RichProgressBarTheme(metrics="green", metrics_text_delimiter=" | ", description="red")
+    bar = RichProgressBar(console=console, theme=theme, refresh_rate_s=0.0)
+    trainer = FakeTrainer(batches=3, metrics={"loss": 0.43124, "acc": 0.5})
+    run_epoch(bar, trainer)
+    bar.teardown(trainer, None, "fit")
+    out = buffer.getvalue()
+    assert "loss: 0.431 | acc: 0.500" in out  # metrics_format ".3f", the delimiter
+    assert "\x1b[32m" in out and "\x1b[31m" in out  # green metrics, red description
+    assert "3/3" in out
+
+
+def test_console_kwargs_build_the_console() -> None:
+    bar = RichProgressBar(console_kwargs={"file": io.StringIO(), "width": 97})
+    trainer = FakeTrainer(batches=2)
+    run_epoch(bar, trainer)
+    bar.teardown(trainer, None, "fit")
+    assert bar._console.width == 97  # the bar's own console, built from the arguments
 
 
 def test_importing_does_not_import_rich() -> None:

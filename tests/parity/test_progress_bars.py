@@ -145,3 +145,24 @@ def test_a_tqdm_bar_replaces_the_default_bar(tmp_path: Path) -> None:
     fit = trainer.Trainer(callbacks=[trainer.callbacks.TQDMProgressBar()], logger=False)
     bars = [cb for cb in fit.callbacks if isinstance(cb, trainer.callbacks.ProgressBar)]
     assert len(bars) == 1
+
+
+def test_rich_bar_takes_lightnings_arguments_and_theme() -> None:
+    """A Lightning project's RichProgressBar call ports unchanged: the same keywords, and a
+    RichProgressBarTheme with Lightning's fields and defaults."""
+    import dataclasses
+
+    from lightning.pytorch.callbacks.progress.rich_progress import RichProgressBarTheme
+
+    ours = trainer.callbacks.RichProgressBarTheme
+    fields = {f.name: f.default for f in dataclasses.fields(ours)}
+    assert fields == {f.name: f.default for f in dataclasses.fields(RichProgressBarTheme)}
+    options = dict(refresh_rate=5, leave=False, console_kwargs={"width": 90})
+    lightning_bar = pl.callbacks.RichProgressBar(theme=RichProgressBarTheme(), **options)
+    bar = trainer.callbacks.RichProgressBar(theme=ours(metrics="green"), **options)
+    assert bar.refresh_rate == lightning_bar.refresh_rate
+    disabled = [
+        pl.callbacks.RichProgressBar(refresh_rate=0),
+        trainer.callbacks.RichProgressBar(refresh_rate=0),
+    ]
+    assert [b.is_disabled for b in disabled] == [True, True]

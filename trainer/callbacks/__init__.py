@@ -23,7 +23,7 @@ if TYPE_CHECKING:
     from trainer.callbacks.model_checkpoint import ModelCheckpoint, OnExceptionCheckpoint
     from trainer.callbacks.model_summary import ModelSummary, RichModelSummary
     from trainer.callbacks.prediction_writer import BasePredictionWriter
-    from trainer.callbacks.progress import RichProgressBar
+    from trainer.callbacks.progress import RichProgressBar, RichProgressBarTheme
     from trainer.callbacks.progress_bar import ProgressBar
     from trainer.callbacks.pruning import ModelPruning
     from trainer.callbacks.spike import LossSpikeError, SpikeDetection
@@ -57,6 +57,7 @@ __all__ = [
     "ProgressBar",
     "RichModelSummary",
     "RichProgressBar",
+    "RichProgressBarTheme",
     "SpikeDetection",
     "StochasticWeightAveraging",
     "TQDMProgressBar",
@@ -73,6 +74,7 @@ _LAZY = {
     "ModelPruning": "trainer.callbacks.pruning",
     "RichModelSummary": "trainer.callbacks.model_summary",
     "RichProgressBar": "trainer.callbacks.progress",
+    "RichProgressBarTheme": "trainer.callbacks.progress",
     "ProgressBar": "trainer.callbacks.progress_bar",
     "TQDMProgressBar": "trainer.callbacks.tqdm_progress",
     "BaseFinetuning": "trainer.callbacks.finetuning",

@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 import sys
 from collections.abc import Mapping
+from dataclasses import dataclass
 from time import monotonic
 from typing import TYPE_CHECKING, Any
 
@@ -25,12 +26,42 @@ if TYPE_CHECKING:
     from trainer.trainer.module import TrainModule
     from trainer.trainer.trainer import Trainer
 
-__all__ = ["RichProgressBar"]
+__all__ = ["RichProgressBar", "RichProgressBarTheme"]
 
 _NEVER = sys.maxsize  # a batch count no run reaches: turns the per-batch check off
 _RICH = {"extra": "all", "feature": "RichProgressBar"}  # rich is a core dependency of every extra
 _EVAL_NAMES = {"validate": "Validation", "test": "Testing", "predict": "Predicting"}
 _EVAL_TOTALS = {"test": "num_test_batches", "predict": "num_predict_batches"}
+
+
+@dataclass
+class RichProgressBarTheme:
+    """Styles of the live bar's parts (Lightning's ``RichProgressBarTheme``, same fields and
+    defaults). Each style is a rich style string (``"bold magenta"``, ``"#6206E0"``, ``"dim"``).
+
+    Args:
+        description: the stage name ("Epoch 1/3").
+        progress_bar: the bar while running.
+        progress_bar_finished: the bar when done.
+        progress_bar_pulse: the bar when the total is unknown.
+        batch_progress: the "12/300" count.
+        time: elapsed and remaining time.
+        processing_speed: the "it/s" rate.
+        metrics: the metrics' text.
+        metrics_text_delimiter: between two metrics.
+        metrics_format: the format of a float metric (``".3f"``).
+    """
+
+    description: str = ""
+    progress_bar: str = "#6206E0"
+    progress_bar_finished: str = "#6206E0"
+    progress_bar_pulse: str = "#6206E0"
+    batch_progress: str = ""
+    time: str = "dim"
+    processing_speed: str = "dim underline"
+    metrics: str = "italic"
+    metrics_text_delimiter: str = " "
+    metrics_format: str = ".3f"
 
 
 class RichProgressBar(ProgressBar):
@@ -47,9 +78,16 @@ class RichProgressBar(ProgressBar):
             ``is_terminal`` chooses between the live bar and plain lines.
         plain_every_n_steps: batches between two plain lines; None uses the Trainer's
             ``log_every_n_steps`` (50 by default).
+        refresh_rate: Lightning's argument: batches between two redraws of the live bar instead
+            of ``refresh_rate_s`` seconds; 0 shows no bar at all (as in Lightning).
+        theme: the live bar's styles (`RichProgressBarTheme`); None keeps rich's defaults.
+        console_kwargs: arguments of the ``rich.console.Console`` built when ``console`` is
+            None (Lightning's argument), e.g. ``{"force_terminal": True}``.
 
     Raises:
-        ConfigurationError: ``refresh_rate_s`` is negative or ``plain_every_n_steps`` is below 1.
+        ConfigurationError: ``refresh_rate_s`` is negative, ``plain_every_n_steps`` is below 1,
+            ``refresh_rate`` is not an int >= 0, ``theme`` is not a `RichProgressBarTheme`, or
+            both ``console`` and ``console_kwargs`` are given.
 
     Examples:
         >>> bar = RichProgressBar(refresh_rate_s=0.5, plain_every_n_steps=100)
@@ -63,6 +101,9 @@ class RichProgressBar(ProgressBar):
         leave: bool = True,
         console: Console | None = None,
         plain_every_n_steps: int | None = None,
+        refresh_rate: int | None = None,
+        theme: RichProgressBarTheme | None = None,
+        console_kwargs: dict[str, Any] | None = None,
     ) -> None:
         if type(refresh_rate_s) not in (int, float) or refresh_rate_s < 0:  # bool is refused
             raise ConfigurationError(
@@ -75,21 +116,36 @@ class RichProgressBar(ProgressBar):
                 f"RichProgressBar(plain_every_n_steps=...) expected an int >= 1 or None, received "
                 f"{describe(every_n)}. Pass e.g. plain_every_n_steps=50."
             )
+        _check_lightning_arguments(refresh_rate, theme, console, console_kwargs)
         super().__init__()
         self.refresh_rate_s = float(refresh_rate_s)
+        self.refresh_rate = refresh_rate
         self.leave = leave
         self.plain_every_n_steps = plain_every_n_steps
+        self.theme = theme
         self._console = console
+        self._console_kwargs = dict(console_kwargs or {})
         self._every_n = 50
-        self._is_enabled = True
+        self._is_enabled = refresh_rate != 0
         self._reset()
+
+    @property
+    def is_enabled(self) -> bool:
+        """Whether the bar shows anything (Lightning's property)."""
+        return self._is_enabled
+
+    @property
+    def is_disabled(self) -> bool:
+        """``not is_enabled``."""
+        return not self._is_enabled
 
     def disable(self) -> None:
         """Show nothing from the next stage on (the Trainer disables it off rank zero)."""
         self._is_enabled = False
 
     def enable(self) -> None:
-        self._is_enabled = True
+        """Show again from the next stage on (not a bar built with ``refresh_rate=0``)."""
+        self._is_enabled = self.refresh_rate != 0
 
     def _reset(self) -> None:
         """Forget the running stage; the next stage start chooses the mode again."""
@@ -196,19 +252,26 @@ class RichProgressBar(ProgressBar):
             self._mode = self._mode or "off"  # other ranks show nothing
             return
         if self._console is None:
-            self._console = require("rich.console", **_RICH).Console()
+            self._console = require("rich.console", **_RICH).Console(**self._console_kwargs)
         self._every_n = max(1, int(self.plain_every_n_steps or trainer.log_every_n_steps))
         if not self._console.is_terminal:
             self._mode, self._due_time = "plain", -math.inf
             return
-        self._mode, self._due_time = "live", 0.0
-        self._progress = _make_progress(self._console)
+        # With Lightning's refresh_rate the redraws follow batch counts, not the clock.
+        self._mode, self._due_time = "live", -math.inf if self.refresh_rate else 0.0
+        self._progress = _make_progress(self._console, self.theme)
         self._progress.start()
 
     def _refresh(self, trainer: Trainer, *, is_train: bool) -> None:
         """Redraw the live bar, or print a plain line; runs once per refresh, not per batch."""
         if self._mode == "live":
-            self._due_time = monotonic() + self.refresh_rate_s
+            if self.refresh_rate:
+                if is_train:
+                    self._due_count = self._count + self.refresh_rate
+                else:
+                    self._eval_due_count = self._eval_count + self.refresh_rate
+            else:
+                self._due_time = monotonic() + self.refresh_rate_s
             if is_train:
                 self._update_live(trainer, self._train_task, self._count)
             else:  # evaluation metrics exist only once the evaluation ends
@@ -243,7 +306,7 @@ class RichProgressBar(ProgressBar):
         return {} if self._eval_name == "Predicting" else trainer.progress_bar_metrics
 
     def _update_live(self, trainer: Trainer, task: TaskID, count: int) -> None:
-        metrics = _format_metrics(self._metrics(trainer))
+        metrics = _format_metrics(self._metrics(trainer), self.theme)
         self._progress.update(task, completed=count, metrics=metrics)
 
     def _finish_task(self, task: TaskID, *, keep: bool) -> None:
@@ -280,14 +343,19 @@ def _format_plain_line(
     return "  ".join(parts)
 
 
-def _format_value(value: Any) -> str:
+def _format_value(value: Any, float_format: str = ".4g") -> str:
     if hasattr(value, "item"):  # a 0-dim tensor or numpy scalar that slipped through
         value = value.item()
-    return f"{value:.4g}" if isinstance(value, float) else str(value)
+    return format(value, float_format) if isinstance(value, float) else str(value)
 
 
-def _format_metrics(metrics: Mapping[str, Any]) -> str:
-    return "  ".join(f"{name}={_format_value(value)}" for name, value in metrics.items())
+def _format_metrics(metrics: Mapping[str, Any], theme: RichProgressBarTheme | None = None) -> str:
+    """``name=value`` pairs; with a theme, in its float format and joined by its delimiter."""
+    if theme is None:
+        return "  ".join(f"{name}={_format_value(value)}" for name, value in metrics.items())
+    return theme.metrics_text_delimiter.join(
+        f"{name}: {_format_value(value, theme.metrics_format)}" for name, value in metrics.items()
+    )
 
 
 def _format_duration(seconds: float) -> str:
@@ -300,19 +368,55 @@ def _epoch_name(trainer: Trainer) -> str:
     return f"Epoch {epoch}/{max_epochs}" if max_epochs and max_epochs > 0 else f"Epoch {epoch}"
 
 
-def _make_progress(console: Console) -> Progress:
-    """Build the Progress: no auto refresh, so no thread reads our state between redraws."""
+def _make_progress(console: Console, theme: RichProgressBarTheme | None = None) -> Progress:
+    """Build the Progress: no auto refresh, so no thread reads our state between redraws.
+
+    With a theme, each part takes its style; rich's own styles name the parts otherwise."""
     rp, text = require("rich.progress", **_RICH), require("rich.text", **_RICH)
+    speed_style = theme.processing_speed if theme is not None else "progress.data.speed"
 
     class _RateColumn(rp.ProgressColumn):
         def render(self, task: Any) -> Any:
             speed = task.finished_speed or task.speed
-            return text.Text(
-                "" if speed is None else f"{speed:.1f} it/s", style="progress.data.speed"
-            )
+            return text.Text("" if speed is None else f"{speed:.1f} it/s", style=speed_style)
 
-    columns = [rp.TextColumn("[progress.description]{task.description}"), rp.BarColumn()]
-    columns += [rp.MofNCompleteColumn(), rp.TimeElapsedColumn(), rp.TextColumn("ETA")]
-    columns += [rp.TimeRemainingColumn(), _RateColumn()]
-    columns.append(rp.TextColumn("{task.fields[metrics]}", markup=False))
+    if theme is None:
+        columns = [rp.TextColumn("[progress.description]{task.description}"), rp.BarColumn()]
+        columns += [rp.MofNCompleteColumn(), rp.TimeElapsedColumn(), rp.TextColumn("ETA")]
+        columns += [rp.TimeRemainingColumn(), _RateColumn()]
+        columns.append(rp.TextColumn("{task.fields[metrics]}", markup=False))
+        return rp.Progress(*columns, console=console, auto_refresh=False)
+    columns = [
+        rp.TextColumn("{task.description}", style=theme.description, markup=False),
+        rp.BarColumn(
+            complete_style=theme.progress_bar,
+            finished_style=theme.progress_bar_finished,
+            pulse_style=theme.progress_bar_pulse,
+        ),
+        rp.TextColumn("{task.completed}/{task.total}", style=theme.batch_progress),
+        rp.TextColumn("{task.elapsed:.0f}s", style=theme.time),
+        _RateColumn(),
+        rp.TextColumn("{task.fields[metrics]}", style=theme.metrics, markup=False),
+    ]
     return rp.Progress(*columns, console=console, auto_refresh=False)
+
+
+def _check_lightning_arguments(
+    refresh_rate: object, theme: object, console: object, console_kwargs: object
+) -> None:
+    if refresh_rate is not None and (type(refresh_rate) is not int or refresh_rate < 0):
+        raise ConfigurationError(
+            f"RichProgressBar(refresh_rate=...) expected an int >= 0 (batches between redraws; "
+            f"0 shows no bar), received {describe(refresh_rate)}. Pass e.g. refresh_rate=10."
+        )
+    if theme is not None and not isinstance(theme, RichProgressBarTheme):
+        raise ConfigurationError(
+            f"RichProgressBar(theme=...) expected a RichProgressBarTheme, received "
+            f"{describe(theme)}. Pass e.g. theme=RichProgressBarTheme(metrics='green')."
+        )
+    if console_kwargs is not None and (console is not None or not isinstance(console_kwargs, dict)):
+        raise ConfigurationError(
+            f"RichProgressBar(console_kwargs=...) expected a dict of Console arguments, given "
+            f"without console=, received {describe(console_kwargs)} (console={describe(console)})."
+            " Pass one of them."
+        )
