@@ -1,5 +1,6 @@
 """Tests of trainer/callbacks/throughput.py: the logged rates agree with each other and with the
-real step time, validation time is left out, MFU, the peak-FLOPs table, argument checks."""
+real step time, validation time is left out, evaluation stages, MFU, the peak-FLOPs table,
+argument checks. (Names and log steps against Lightning: tests/parity/test_throughput.py.)"""
 
 from __future__ import annotations
 
@@ -36,8 +37,8 @@ class RecordingLogger(Logger):
     def log_hyperparams(self, params: dict[str, Any]) -> None:
         pass
 
-    def throughput(self) -> list[tuple[int, dict[str, float]]]:
-        return [(s, m) for s, m in self.records if "throughput/batches_per_sec" in m]
+    def throughput(self, stage: str = "train") -> list[tuple[int, dict[str, float]]]:
+        return [(s, m) for s, m in self.records if f"{stage}/batches" in m]
 
 
 class SleepyModule(LinearModule):
@@ -78,16 +79,23 @@ def test_rates_are_positive_and_consistent(tmp_path):
     )
     _, logger = fit(tmp_path, monitor, SleepyModule(train_s=0.002))
     records = logger.throughput()
-    assert [step for step, _ in records] == [2, 4, 6, 8]
-    for _, metrics in records:
-        batches = metrics["throughput/batches_per_sec"]
+    assert [step for step, _ in records] == [1, 3, 5, 7]  # the Trainer's step rows
+    assert [m["train/batches"] for _, m in records] == [2, 4, 6, 8]
+    assert "train/device/batches_per_sec" not in records[0][1]  # the window is not full yet
+    for _, metrics in records[1:]:
+        batches = metrics["train/device/batches_per_sec"]
         assert 0 < batches <= 1 / 0.002
-        assert metrics["throughput/samples_per_sec"] == pytest.approx(4 * batches)
-        assert metrics["throughput/items_per_sec"] == pytest.approx(16 * batches)
-        assert metrics["throughput/flops_per_sec"] == pytest.approx(1000.0 * batches)
-        assert metrics["throughput/mfu"] == pytest.approx(1000.0 * batches / 1e6)
-    assert monitor.metrics == records[-1][1]
+        assert metrics["train/device/samples_per_sec"] == pytest.approx(4 * batches)
+        assert metrics["train/device/items_per_sec"] == pytest.approx(16 * batches)
+        assert metrics["train/device/flops_per_sec"] == pytest.approx(1000.0 * batches)
+        assert metrics["train/device/mfu"] == pytest.approx(1000.0 * batches / 1e6)
+        assert "train/batches_per_sec" not in metrics  # global rates: several processes only
+    assert {k: v for k, v in monitor.metrics.items() if k != "epoch"} == {
+        k: v for k, v in records[-1][1].items() if k != "epoch"
+    }
     assert (monitor.total_batches, monitor.total_samples, monitor.total_items) == (8, 32, 128)
+    assert records[-1][1]["train/samples"] == 32 and records[-1][1]["train/lengths"] == 128
+    assert 0 < records[-1][1]["train/time"] <= monitor.train_time
 
 
 class Clock(Callback):
@@ -112,9 +120,9 @@ class Clock(Callback):
         self.pauses.append((self._begun, time.perf_counter()))
 
     def window(self, step: int, size: int) -> tuple[int, float, float]:
-        """Batches, wall seconds and validation seconds of the monitor's window at ``step``
-        (its last ``size`` points: the batch ends ``step - size + 1 .. step``, or from the start)."""
-        first = max(0, step - size + 1)
+        """Batches, wall seconds and validation seconds of the monitor's window at batch ``step``
+        (its last ``size`` updates: the batch ends ``step - size + 1 .. step``)."""
+        first = step - size + 1
         begin, end = self.batch_ends[first], self.batch_ends[step]
         paused = sum(b - a for a, b in self.pauses if a >= begin and b <= end)
         return step - first, end - begin, paused
@@ -129,47 +137,74 @@ def test_rate_matches_the_real_step_time(tmp_path):
         callbacks=[monitor, clock],
     )  # fmt: skip
     records = logger.throughput()
-    assert [step for step, _ in records] == [4, 8]
+    assert [step for step, _ in records] == [3, 7]
     for step, metrics in records:
-        batches, wall, _ = clock.window(step, 3)
-        rate = metrics["throughput/batches_per_sec"]
+        batches, wall, _ = clock.window(step + 1, 3)
+        rate = metrics["train/device/batches_per_sec"]
         assert rate <= 50  # each batch sleeps 20 ms
         assert rate == pytest.approx(batches / wall, rel=0.1), (step, batches, wall)
 
 
 def test_validation_time_is_left_out(tmp_path):
-    monitor, clock = ThroughputMonitor(batch_size_fn=batch_size, window_size=8), Clock()
+    monitor, clock = ThroughputMonitor(batch_size_fn=batch_size, window_size=4), Clock()
     module = SleepyModule(train_s=0.01, val_s=0.1)
     _, logger = fit(
         tmp_path, monitor, module, val=make_loader(4, 4), val_check_interval=0.25,
         log_every_n_steps=1, callbacks=[monitor, clock],
     )  # fmt: skip
-    records = logger.throughput()
-    assert len(records) == 8 and len(clock.pauses) == 4  # a 0.1 s validation every 2 batches
+    records = [(s, m) for s, m in logger.throughput() if "train/device/batches_per_sec" in m]
+    assert len(records) == 5 and len(clock.pauses) == 4  # a 0.1 s validation every 2 batches
     paused_steps = []
     for step, metrics in records:
-        batches, wall, paused = clock.window(step, 8)
-        rate = metrics["throughput/batches_per_sec"]
+        batches, wall, paused = clock.window(step + 1, 4)
+        rate = metrics["train/device/batches_per_sec"]
         assert rate == pytest.approx(batches / (wall - paused), rel=0.1), (step, wall, paused)
         if paused:
-            paused_steps.append(step)
+            paused_steps.append(step + 1)
             # with the validation counted, the rate would be batches / wall
             assert rate > 1.5 * batches / wall, (step, wall, paused)
-    assert paused_steps == [3, 4, 5, 6, 7, 8]  # the validations after batches 2, 4 and 6
+    assert paused_steps == [4, 5, 6, 7, 8]  # the windows holding a validation (after 2, 4, 6)
+    validations = logger.throughput("validate")
+    # each validation counted alone; its rows numbered by the epoch's validation batches so far
+    assert [(step, m["validate/batches"]) for step, m in validations] == [
+        (i, 1) for i in range(1, 5)
+    ]
 
 
 def test_no_mfu_without_a_known_peak(tmp_path):
-    monitor = ThroughputMonitor(batch_size_fn=batch_size, flops_per_batch=500.0)
+    monitor = ThroughputMonitor(batch_size_fn=batch_size, flops_per_batch=500.0, window_size=2)
     fit(tmp_path, monitor)
-    assert "throughput/flops_per_sec" in monitor.metrics
-    assert "throughput/mfu" not in monitor.metrics
-    assert "throughput/items_per_sec" not in monitor.metrics
+    assert "train/device/flops_per_sec" in monitor.metrics
+    assert "train/device/mfu" not in monitor.metrics
+    assert "train/device/items_per_sec" not in monitor.metrics
+
+
+def test_flops_from_the_module_attribute_as_in_lightning(tmp_path):
+    module = LinearModule()
+    module.flops_per_batch = 250.0
+    monitor = ThroughputMonitor(batch_size_fn=batch_size, window_size=2, available_flops=1e3)
+    fit(tmp_path, monitor, module)
+    rate = monitor.metrics["train/device/batches_per_sec"]
+    assert monitor.metrics["train/device/flops_per_sec"] == pytest.approx(250.0 * rate)
+    assert monitor.metrics["train/device/mfu"] == pytest.approx(250.0 * rate / 1e3)
+
+
+def test_test_and_predict_stages_log_their_own_prefix(tmp_path):
+    monitor = ThroughputMonitor(batch_size_fn=batch_size, window_size=2)
+    run, logger = fit(tmp_path, monitor, log_every_n_steps=3)
+    run.test(run.module, make_loader(28, 4))  # 7 batches: logged after 3 and 6
+    assert [(s, m["test/batches"]) for s, m in logger.throughput("test")] == [(3, 3), (6, 6)]
+    run.predict(run.module, make_loader(12, 4))  # 3 batches
+    assert monitor.stages["predict"].samples == 12
+    run.test(run.module, make_loader(12, 4))  # a second test run adds up, as Lightning's
+    assert logger.throughput("test")[-1][1]["test/batches"] == 10
 
 
 def test_accumulation_counts_every_batch_and_logs_on_steps(tmp_path):
     monitor = ThroughputMonitor(batch_size_fn=batch_size, window_size=8)
     _, logger = fit(tmp_path, monitor, accumulate_grad_batches=2, log_every_n_steps=1)
-    assert [step for step, _ in logger.throughput()] == [1, 2, 3, 4]
+    assert [step for step, _ in logger.throughput()] == [0, 1, 2, 3]
+    assert [m["train/batches"] for _, m in logger.throughput()] == [2, 4, 6, 8]
     assert monitor.total_batches == 8
 
 
@@ -196,7 +231,7 @@ def test_peak_flops_of_this_gpu_reach_mfu(tmp_path):
     fit(tmp_path, monitor, accelerator="cuda", precision="bf16-mixed")
     expected = get_available_flops(torch.cuda.get_device_name(), "bf16-mixed")
     assert monitor.available_flops == expected
-    assert ("throughput/mfu" in monitor.metrics) == (expected is not None)
+    assert ("train/device/mfu" in monitor.metrics) == (expected is not None)
 
 
 @pytest.mark.parametrize(
@@ -208,6 +243,7 @@ def test_peak_flops_of_this_gpu_reach_mfu(tmp_path):
         ({"window_size": 1}, "window_size=1"),
         ({"flops_per_batch": -1.0}, "flops_per_batch=-1.0"),
         ({"available_flops": 0}, "available_flops=0"),
+        ({"separator": 1}, "separator=1"),
     ],
 )
 def test_bad_arguments(kwargs, fragment):

@@ -1,9 +1,11 @@
-"""ThroughputMonitor: samples, batches, items (tokens) per second and MFU during training.
+"""ThroughputMonitor: batches, samples, items (tokens), FLOPs per second and MFU, per stage.
 
-This module owns the sliding window of (wall time, batches, samples, items) points, the rates
-computed from it, the table of known device peak FLOPs (`get_available_flops`), and when
-the rates are written to ``trainer.loggers``. It counts what the user's ``batch_size_fn`` and
-``length_fn`` say; it does not measure FLOPs (pass ``flops_per_batch``).
+This module owns, for each stage (train, validate, test, predict), the totals and the sliding
+window of the last updates (`StageThroughput`), the metrics computed from them under Lightning's
+names (``train/device/samples_per_sec``, ...), when they are written to ``trainer.loggers``,
+and the table of known device peak FLOPs (`get_available_flops`). It counts what the user's
+``batch_size_fn`` and ``length_fn`` say; it does not measure FLOPs (``flops_per_batch``, or the
+module's ``flops_per_batch`` attribute, as in Lightning).
 """
 
 from __future__ import annotations
@@ -12,18 +14,20 @@ import math
 import time
 from collections import deque
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import torch
 
 from trainer.callbacks.callback import Callback
 from trainer.errors import ConfigurationError, describe
+from trainer.trainer.logger_rows import send_to_loggers
 
 if TYPE_CHECKING:
     from trainer.trainer.module import TrainModule
     from trainer.trainer.trainer import Trainer
 
-__all__ = ["ThroughputMonitor", "get_available_flops"]
+__all__ = ["StageThroughput", "ThroughputMonitor", "get_available_flops"]
 
 # Dense peak FLOP/s per device from the vendors' data sheets (no sparsity). "tf32" is float32
 # matmuls on tensor cores (torch.backends.cuda.matmul.allow_tf32 / "high" matmul precision).
@@ -75,26 +79,99 @@ def get_available_flops(device_name: str, precision: str = "32-true") -> float |
     return _PEAK_FLOPS[chip].get(dtype) if dtype is not None else None
 
 
+@dataclass
+class StageThroughput:
+    """One stage's counts and its window of the last ``window_size`` updates (Lightning's
+    ``Throughput``): what `compute` turns into metrics.
+
+    Args:
+        window_size: updates in the window; rates appear once it is full.
+        world_size: processes; with more than one, global rates (device rate x world size).
+        available_flops: one device's peak FLOP/s, for ``device/mfu``; None: no MFU.
+        separator: between ``device`` and a rate's name.
+    """
+
+    window_size: int
+    world_size: int = 1
+    available_flops: float | None = None
+    separator: str = "/"
+    t0: float = 0.0  # the stage's start; moved later by the validations inside fit
+    batches: int = 0
+    samples: int = 0
+    lengths: int = 0
+    times: deque[float] = field(default_factory=deque)
+    window: deque[tuple[int, int, int]] = field(default_factory=deque)  # batches, samples, lengths
+    flops: deque[float] = field(default_factory=deque)
+
+    def reset(self, now: float) -> None:
+        """Start counting again from ``now``."""
+        self.t0, self.batches, self.samples, self.lengths = now, 0, 0, 0
+        self.times, self.window, self.flops = (deque(maxlen=self.window_size) for _ in range(3))
+
+    def update(self, now: float, samples: int, lengths: int | None, flops: float | None) -> None:
+        """Count one batch of ``samples`` (``lengths`` items; ``flops`` on this device)."""
+        self.batches += 1
+        self.samples += samples
+        if lengths is not None:
+            self.lengths += lengths
+        self.times.append(now - self.t0)
+        self.window.append((self.batches, self.samples, self.lengths))
+        if flops is not None:
+            self.flops.append(flops * self.world_size)
+
+    def compute(self, has_lengths: bool) -> dict[str, float]:
+        """Totals (``time``, ``batches``, ``samples``, ``lengths``), and the window's rates per
+        device (``device/...``) and, on several processes, over all of them."""
+        if not self.times:
+            return {}
+        metrics = {"time": self.times[-1], "batches": self.batches, "samples": self.samples}
+        if has_lengths:
+            metrics["lengths"] = self.lengths
+        device = f"device{self.separator}"
+        is_global = self.world_size > 1
+        elapsed = self.times[-1] - self.times[0]
+        if len(self.times) == self.window_size and elapsed > 0:
+            (b0, s0, l0), (b1, s1, l1) = self.window[0], self.window[-1]
+            rates = {"batches_per_sec": (b1 - b0) / elapsed, "samples_per_sec": (s1 - s0) / elapsed}
+            if has_lengths:
+                rates["items_per_sec"] = (l1 - l0) / elapsed
+            for name, rate in rates.items():
+                metrics[device + name] = rate
+                if is_global:
+                    metrics[name] = rate * self.world_size
+        if len(self.flops) == self.window_size and elapsed > 0:
+            flops_per_sec = (sum(self.flops) - self.flops[0]) / elapsed
+            if is_global:
+                metrics["flops_per_sec"] = flops_per_sec
+            metrics[device + "flops_per_sec"] = flops_per_sec / self.world_size
+            if self.available_flops:
+                metrics[device + "mfu"] = flops_per_sec / self.world_size / self.available_flops
+        return {k: v for k, v in metrics.items() if math.isfinite(v)}
+
+
 class ThroughputMonitor(Callback):
-    """Log training throughput: samples/s, batches/s, items/s and model FLOPs utilization.
+    """Log throughput per stage under Lightning's names, as Lightning's ``ThroughputMonitor``.
 
-    After each training batch it records ``time.perf_counter()`` and the running counts of
-    batches, samples (``batch_size_fn(batch)``) and items (``length_fn(batch)``, e.g. tokens) in
-    a window of the last ``window_size`` batches: a few additions per batch, no device sync.
-    When the Trainer logs (every ``log_every_n_steps`` optimizer steps) it computes the rates
-    over the window and writes, to every logger at ``step=global_step``:
+    Each training batch (and, outside the sanity check, each validation, test and predict
+    batch) adds its samples (``batch_size_fn(batch)``), items (``length_fn(batch)``, e.g.
+    tokens) and FLOPs to its stage's counts and to a window of the last ``window_size``
+    batches: a few additions, no device sync. Written, with the stage as prefix
+    (``train/``, ``validate/``, ``test/``, ``predict/``):
 
-    - ``throughput/batches_per_sec`` and ``throughput/samples_per_sec``;
-    - ``throughput/items_per_sec`` when ``length_fn`` is given;
-    - ``throughput/flops_per_sec`` when ``flops_per_batch`` is given, and ``throughput/mfu``
-      (= flops_per_batch × batches/s ÷ peak FLOP/s) when the peak is known as well: from
-      ``available_flops``, else from `get_available_flops` for the CUDA device and the
-      Trainer's precision.
+    - ``time`` (seconds since the stage started; validation inside fit left out of training's),
+      ``batches``, ``samples`` and, with ``length_fn``, ``lengths``: the totals;
+    - once the window is full: ``device/batches_per_sec``, ``device/samples_per_sec``,
+      ``device/items_per_sec`` (with ``length_fn``), ``device/flops_per_sec`` and ``device/mfu``
+      (with FLOPs, and a known peak for MFU); on several processes also the rates over all of
+      them (``batches_per_sec``, ...: the device rate x the world size).
 
-    Rates are per process: each counts its own batches. Before a log the device is synchronized
-    once, so queued GPU work is counted; the time spent in validation inside fit is left out.
-    The latest values are also in ``self.metrics``; ``total_samples`` and ``train_time`` count
-    the whole run (``FitSummary`` reads them).
+    When (as Lightning): training after each optimizer step the Trainer writes a row for (every
+    ``log_every_n_steps``, at that row's step, with ``epoch``); evaluation after every
+    ``log_every_n_steps``-th batch of the run, at that batch count. FLOPs per batch are
+    ``flops_per_batch``, else the module's ``flops_per_batch`` attribute (Lightning's way); the
+    peak is ``available_flops``, else `get_available_flops` for the CUDA device and precision.
+    Before a log the device is synchronized once. The latest values are in ``self.metrics``;
+    ``total_samples`` and ``train_time`` count the fit (``FitSummary`` reads them).
 
     Args:
         batch_size_fn: samples in a batch, e.g. ``lambda batch: batch[0].shape[0]``.
@@ -102,6 +179,7 @@ class ThroughputMonitor(Callback):
         flops_per_batch: FLOPs of one training batch (forward + backward) on one device.
         window_size: batches in the sliding window (>= 2).
         available_flops: the device's peak FLOP/s, overriding the table.
+        separator: between ``device`` and a rate's name (Lightning's argument).
 
     Raises:
         ConfigurationError: an argument has the wrong type or value.
@@ -112,7 +190,7 @@ class ThroughputMonitor(Callback):
         ...     flops_per_batch=6 * 124e6 * 32 * 1024,  # 6 · params · tokens
         ...     available_flops=989.4e12,
         ... )
-        >>> # at 4 batches/s: samples_per_sec 128.0, mfu = 2.44e13 * 4 / 9.894e14 = 0.0985
+        >>> # at 4 batches/s: train/device/samples_per_sec 128.0, train/device/mfu 0.0985
     """
 
     def __init__(
@@ -122,6 +200,7 @@ class ThroughputMonitor(Callback):
         flops_per_batch: float | None = None,
         window_size: int = 100,
         available_flops: float | None = None,
+        separator: str = "/",
     ) -> None:
         for name, function in (("batch_size_fn", batch_size_fn), ("length_fn", length_fn)):
             if function is not None and not callable(function):
@@ -149,98 +228,175 @@ class ThroughputMonitor(Callback):
                     f"ThroughputMonitor({name}={describe(value)}): expected a positive number "
                     "of FLOPs or None."
                 )
+        if not isinstance(separator, str):
+            raise ConfigurationError(
+                f"ThroughputMonitor(separator={describe(separator)}): expected a str, e.g. '/'."
+            )
         self.batch_size_fn = batch_size_fn
         self.length_fn = length_fn
         self.flops_per_batch = flops_per_batch
         self.window_size = window_size
         self.available_flops = available_flops
+        self.separator = separator
         self.metrics: dict[str, float] = {}
-        self.total_samples = 0
-        self.total_batches = 0
-        self.total_items = 0
-        self._window: deque[tuple[float, int, int, int]] = deque(maxlen=window_size)
-        self._paused_s = 0.0  # validation time inside fit, left out of the rates
-        self._pause_start: float | None = None
-        self._train_start = 0.0
-        self._last_logged_step = -1
+        self.stages: dict[str, StageThroughput] = {}
+        self._world_size = 1
+        self._eval_batches = 0  # batches of the running evaluation
+        self._epoch_val_batches = 0  # validation batches since the train epoch started
+        self._validation_start: float | None = None
+
+    @property
+    def total_samples(self) -> int:
+        """Training samples counted since fit started."""
+        stage = self.stages.get("train")
+        return stage.samples if stage is not None else 0
+
+    @property
+    def total_batches(self) -> int:
+        """Training batches counted since fit started."""
+        stage = self.stages.get("train")
+        return stage.batches if stage is not None else 0
+
+    @property
+    def total_items(self) -> int:
+        """Training items (``length_fn``) counted since fit started."""
+        stage = self.stages.get("train")
+        return stage.lengths if stage is not None else 0
 
     @property
     def train_time(self) -> float:
         """Seconds of training since fit started, without the validation inside it."""
-        return self._now() - self._train_start if self._train_start else 0.0
+        stage = self.stages.get("train")
+        return time.perf_counter() - stage.t0 if stage is not None and stage.t0 else 0.0
 
     def setup(self, trainer: Trainer, module: TrainModule, stage: str) -> None:
-        if stage == "fit" and self.available_flops is None:
+        self._world_size = trainer.world_size
+        if self.available_flops is None:
             device = trainer.strategy.root_device
             if device.type == "cuda":
                 name = torch.cuda.get_device_name(device)
                 self.available_flops = get_available_flops(name, trainer.precision)
 
     def on_train_start(self, trainer: Trainer, module: TrainModule) -> None:
-        self._window.clear()
-        self.total_samples = self.total_batches = self.total_items = 0
-        self._paused_s = 0.0
-        self._train_start = self._now()
-        self._window.append((self._train_start, 0, 0, 0))
-        self._last_logged_step = -1
+        self._start("train", reset=True)
+
+    def on_train_epoch_start(self, trainer: Trainer, module: TrainModule) -> None:
+        self._epoch_val_batches = 0
 
     def on_train_batch_end(
         self, trainer: Trainer, module: TrainModule, outputs: Any, batch: Any, batch_idx: int
     ) -> None:
-        self.total_batches += 1
-        self.total_samples += int(self.batch_size_fn(batch))
-        if self.length_fn is not None:
-            self.total_items += int(self.length_fn(batch))
-        step = trainer.global_step
-        is_log_due = step % trainer.log_every_n_steps == 0 and step != self._last_logged_step
-        if is_log_due and trainer.accelerator.sync_gradients:
-            self._last_logged_step = step
-            _synchronize(trainer.strategy.root_device)
-            self._record()
-            self.metrics = self.compute()
-            if self.metrics and trainer.is_global_zero:
-                for logger in trainer.loggers:
-                    logger.log_metrics(dict(self.metrics), step=step)
-        else:
-            self._record()
+        self._update("train", module, batch)
+        if not trainer.accelerator.sync_gradients:  # inside an accumulation window
+            return
+        is_due = trainer.progress.batches_stepped % trainer.log_every_n_steps == 0
+        if is_due or trainer.should_stop:  # the Trainer writes a step row now
+            self._log(trainer, "train", step=None)
 
     def on_validation_start(self, trainer: Trainer, module: TrainModule) -> None:
-        if trainer.state.stage == "fit" and not trainer.sanity_checking:
-            self._pause_start = time.perf_counter()
+        if trainer.sanity_checking:
+            return
+        is_fitting = trainer.state.stage == "fit"
+        if is_fitting:
+            self._validation_start = time.perf_counter()
+        self._start("validate", reset=is_fitting)
+
+    def on_validation_batch_end(
+        self,
+        trainer: Trainer,
+        module: TrainModule,
+        outputs: Any,
+        batch: Any,
+        batch_idx: int,
+        dataloader_idx: int = 0,
+    ) -> None:
+        if trainer.sanity_checking:
+            return
+        if self._validation_start is None:  # a stand-alone validate: its own batches
+            self._eval_batch_end(trainer, module, batch, "validate")
+            return
+        # Inside fit Lightning numbers the rows by the validation batches of the epoch so far.
+        self._epoch_val_batches += 1
+        self._eval_batch_end(trainer, module, batch, "validate", step=self._epoch_val_batches)
 
     def on_validation_end(self, trainer: Trainer, module: TrainModule) -> None:
-        if self._pause_start is not None:
-            self._paused_s += time.perf_counter() - self._pause_start
-            self._pause_start = None
+        train = self.stages.get("train")
+        if self._validation_start is not None and train is not None:
+            train.t0 += time.perf_counter() - self._validation_start  # not training time
+        self._validation_start = None
 
-    def compute(self) -> dict[str, float]:
-        """The rates over the current window (empty until it holds two points)."""
-        if len(self._window) < 2:
+    def on_test_start(self, trainer: Trainer, module: TrainModule) -> None:
+        self._start("test", reset=False)
+
+    def on_test_batch_end(
+        self,
+        trainer: Trainer,
+        module: TrainModule,
+        outputs: Any,
+        batch: Any,
+        batch_idx: int,
+        dataloader_idx: int = 0,
+    ) -> None:
+        self._eval_batch_end(trainer, module, batch, "test")
+
+    def on_predict_start(self, trainer: Trainer, module: TrainModule) -> None:
+        self._start("predict", reset=False)
+
+    def on_predict_batch_end(
+        self,
+        trainer: Trainer,
+        module: TrainModule,
+        outputs: Any,
+        batch: Any,
+        batch_idx: int,
+        dataloader_idx: int = 0,
+    ) -> None:
+        self._eval_batch_end(trainer, module, batch, "predict")
+
+    def compute(self, stage: str = "train") -> dict[str, float]:
+        """The metrics of ``stage`` now, with its prefix (empty before its first batch)."""
+        counts = self.stages.get(stage)
+        if counts is None:
             return {}
-        (t0, b0, s0, i0), (t1, b1, s1, i1) = self._window[0], self._window[-1]
-        elapsed = t1 - t0
-        if elapsed <= 0:
-            return {}
-        batches_per_sec = (b1 - b0) / elapsed
-        metrics = {
-            "throughput/batches_per_sec": batches_per_sec,
-            "throughput/samples_per_sec": (s1 - s0) / elapsed,
-        }
-        if self.length_fn is not None:
-            metrics["throughput/items_per_sec"] = (i1 - i0) / elapsed
-        if self.flops_per_batch is not None:
-            flops_per_sec = self.flops_per_batch * batches_per_sec
-            metrics["throughput/flops_per_sec"] = flops_per_sec
-            if self.available_flops:
-                metrics["throughput/mfu"] = flops_per_sec / self.available_flops
-        return {k: v for k, v in metrics.items() if math.isfinite(v)}
+        values = counts.compute(has_lengths=self.length_fn is not None)
+        return {f"{stage}{self.separator}{key}": value for key, value in values.items()}
 
-    def _record(self) -> None:
-        point = (self._now(), self.total_batches, self.total_samples, self.total_items)
-        self._window.append(point)
+    def _start(self, stage: str, *, reset: bool) -> None:
+        """A stage starts: its clock and window start again; its totals too when ``reset`` or
+        first seen (a stand-alone evaluation run again adds to them, as Lightning's does)."""
+        self._eval_batches = 0
+        old = self.stages.get(stage)
+        counts = self.stages[stage] = StageThroughput(
+            self.window_size, self._world_size, self.available_flops, self.separator
+        )
+        counts.reset(time.perf_counter())
+        if old is not None and not reset:
+            counts.batches, counts.samples, counts.lengths = old.batches, old.samples, old.lengths
 
-    def _now(self) -> float:
-        return time.perf_counter() - self._paused_s
+    def _update(self, stage: str, module: Any, batch: Any) -> None:
+        flops = self.flops_per_batch
+        if flops is None:
+            flops = getattr(module, "flops_per_batch", None)
+        lengths = int(self.length_fn(batch)) if self.length_fn is not None else None
+        counts = self.stages[stage]
+        counts.update(time.perf_counter(), int(self.batch_size_fn(batch)), lengths, flops)
+
+    def _eval_batch_end(
+        self, trainer: Trainer, module: Any, batch: Any, stage: str, step: int | None = None
+    ) -> None:
+        """Count an evaluation batch; log after every ``log_every_n_steps``-th of the run."""
+        self._update(stage, module, batch)
+        self._eval_batches += 1
+        if self._eval_batches % trainer.log_every_n_steps == 0 or trainer.should_stop:
+            self._log(trainer, stage, step=step if step is not None else self._eval_batches)
+
+    def _log(self, trainer: Trainer, stage: str, *, step: int | None) -> None:
+        """Compute ``stage``'s metrics (after one device sync) and write them on rank zero:
+        training's at the Trainer's step row (with ``epoch``), evaluation's at ``step``."""
+        _synchronize(trainer.strategy.root_device)
+        self.metrics = self.compute(stage)
+        if self.metrics and trainer.is_global_zero:
+            send_to_loggers(trainer, dict(self.metrics), step, has_epoch=step is None)
 
 
 def _synchronize(device: torch.device) -> None:
