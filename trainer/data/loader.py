@@ -225,12 +225,10 @@ class DataLoaderShard:
         Raises:
             CheckpointError: ``state`` is several train loaders' (``trainer/data/combined.py``).
         """
-        combined = state.get("combined")
-        if combined is not None:
-            count = len(combined.get("loaders") or []) if isinstance(combined, dict) else "?"
+        if state.get("combined") is not None:
             raise CheckpointError(
-                f"the checkpoint's train loader state is for {count} train loaders read "
-                "together, not one. Resume with the train loaders the checkpoint was saved with."
+                "the checkpoint's train loader state is for several train loaders read together"
+                ", not one. Resume with the train loaders the checkpoint was saved with."
             )
         self.seed = state.get("seed", self.seed)
         self.set_epoch(state.get("epoch", self._epoch))
