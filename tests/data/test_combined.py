@@ -159,7 +159,7 @@ def test_a_checkpoint_of_other_train_loaders_is_refused_naming_them(tmp_path: Pa
             Trainer(max_epochs=2, **QUIET).fit(Several(), other, ckpt_path=tmp_path / "ckpt")
 
 
-def test_evaluation_takes_a_sequential_combined_loader_as_a_list() -> None:
+def test_evaluation_takes_a_combined_loader_sequential_as_a_list_else_together() -> None:
     module = Several()
     loaders = [DataLoader(_data(4, 5), batch_size=2), DataLoader(_data(2, 6), batch_size=2)]
     results = Trainer(**QUIET).validate(module, CombinedLoader(loaders, "sequential"))
@@ -167,8 +167,20 @@ def test_evaluation_takes_a_sequential_combined_loader_as_a_list() -> None:
         ["val_loss/dataloader_idx_0"],
         ["val_loss/dataloader_idx_1"],
     ]
-    with pytest.raises(ConfigurationError, match=r"validation CombinedLoader: mode='min_size'"):
-        Trainer(**QUIET).validate(module, CombinedLoader(loaders, "min_size"))
+
+    class Together(Several):
+        def validation_step(self, batch, batch_idx):  # [batch of loader 0, batch of loader 1]
+            self.log("val_loss", sum(self.net(x).pow(2).mean() for x, _ in batch))
+
+    together = Trainer(**QUIET)
+    assert [
+        sorted(r) for r in together.validate(Together(), CombinedLoader(loaders, "min_size"))
+    ] == [
+        ["val_loss"]  # one batch of each per step: one loader, no dataloader_idx
+    ]
+    assert together.num_val_batches == 1
+    with pytest.raises(ConfigurationError, match=r"predict\(CombinedLoader.*'min_size'"):
+        Trainer(**QUIET).predict(module, CombinedLoader(loaders, "min_size"))
 
 
 def test_the_batch_size_finder_refuses_several_train_loaders_by_name() -> None:

@@ -134,3 +134,45 @@ def test_a_combined_loader_read_on_its_own_yields_what_lightnings_yields() -> No
         actual = list(trainer.data.CombinedLoader(loaders, mode))
         assert actual == expected, mode
         assert len(trainer.data.CombinedLoader(loaders, mode)) == len(expected), mode
+
+
+@pytest.mark.parametrize("mode", ["max_size_cycle", "min_size", "max_size"])
+def test_evaluation_reads_a_combined_loader_together_as_lightning(mode: str) -> None:
+    """validate / test with a CombinedLoader read together: one batch of each loader per step,
+    no dataloader_idx, one result; predict refuses it (Lightning does)."""
+
+    def run(fw: Any) -> Any:
+        seen: list[Any] = []
+
+        class Evaluated(fw.Module):  # type: ignore[misc, valid-type]
+            def __init__(self) -> None:
+                super().__init__()
+                torch.manual_seed(0)
+                self.net = torch.nn.Linear(4, 1)
+
+            def _loss(self, batch: Any) -> torch.Tensor:
+                parts = [leaf for _, leaf in _leaves(batch) if leaf is not None]
+                seen.append(tuple(round(float(leaf[0][0, 0]), 5) for leaf in parts))
+                return sum(torch.nn.functional.mse_loss(self.net(x), y) for x, y in parts)
+
+            def validation_step(self, batch, batch_idx):
+                self.log("val_loss", self._loss(batch))
+
+            def test_step(self, batch, batch_idx):
+                self.log("test_loss", self._loss(batch))
+
+            def predict_step(self, batch, batch_idx):
+                return float(self._loss(batch))
+
+        module = Evaluated()
+        fit = fw.trainer(**quiet())
+        results = [
+            fit.validate(module, _loaders(fw, "dict", mode), **fw.eval_options),
+            fit.test(module, _loaders(fw, "nested", mode), **fw.eval_options),
+        ]
+        results = [[{k: round(v, 5) for k, v in r.items()} for r in rs] for rs in results]
+        with pytest.raises(ValueError, match="sequential"):  # both refuse it for predict
+            fit.predict(module, _loaders(fw, "list", mode))
+        return seen, results  # num_*_batches: one number here, a list in Lightning (documented)
+
+    assert run(TRAINER) == run(LIGHTNING)

@@ -13,8 +13,8 @@ Iterated on its own it yields ``(batch, batch_idx, dataloader_idx)``, as Lightni
 batch has the structure of ``iterables`` with one batch at each leaf.
 
 `PreparedCombinedLoader` is what ``Trainer.fit`` trains on when it is given several train
-loaders: each one prepared alone (sharded, seeded, moved), read together in one of the first
-three modes. To the fit loop and the Accelerator's `GradientState` it is one loader (its last
+loaders (and what an evaluation reads for a `CombinedLoader` in one of those modes): each one
+prepared alone (sharded, seeded, moved), read together in one of the first three modes. To the fit loop and the Accelerator's `GradientState` it is one loader (its last
 batch ends the epoch, not a shorter loader's), it applies the batch-transfer hooks to the whole
 batch (Lightning calls them once, with ``dataloader_idx=0``), and a resumed fit continues each
 loader where it stood: batch ``k`` of the epoch is batch ``k`` of each loader (``k`` modulo its
@@ -255,7 +255,7 @@ class PreparedCombinedLoader:
         transform: Callable[[Any], Any] | None = None,
     ) -> None:
         self.loaders = loaders
-        self.mode = check_mode(mode, "trainer.fit(train_dataloaders=...)", TRAINING_MODES)
+        self.mode = check_mode(mode, "PreparedCombinedLoader", TRAINING_MODES)
         self._spec = spec
         self.gradient_state = gradient_state
         self.transform = transform

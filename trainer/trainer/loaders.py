@@ -58,19 +58,25 @@ def load_stage(trainer: Trainer, name: str, given: Any, *, required: bool) -> An
     """The prepared ``name`` loader ("train"), or list of loaders (an evaluation stage), or None.
 
     Several train loaders (a dict, list or tuple, or a `CombinedLoader`) become one
-    `PreparedCombinedLoader`, as Lightning combines them.
+    `PreparedCombinedLoader`, as Lightning combines them; so does an evaluation stage's
+    `CombinedLoader` in a mode other than "sequential" (a list of that one loader). Its
+    "sequential" CombinedLoader is a list of its loaders, as a plain list is.
 
     Raises:
-        ConfigurationError: none was found and ``required``; an item is not a DataLoader; an
-            evaluation stage got a CombinedLoader in a mode other than "sequential".
+        ConfigurationError: none was found and ``required``; an item is not a DataLoader; a
+            "sequential" CombinedLoader for training, or another mode for predict (as Lightning).
     """
     source = given if given is not None else find_loader(name, trainer.datamodule, trainer.module)
-    if name == "train" and source is not None:
-        several = iterables_of(source)
-        if several is not None and several[0]:
-            return _load_combined(trainer, *several)
-    if isinstance(source, CombinedLoader):  # an evaluation stage: Lightning's sequential reading
-        check_mode(source.mode, f"the {name} CombinedLoader", ("sequential",))
+    if name == "predict" and isinstance(source, CombinedLoader):  # Lightning refuses the others
+        check_mode(source.mode, "trainer.predict(CombinedLoader(...))", ("sequential",))
+    is_read_together = name == "train" or (
+        isinstance(source, CombinedLoader) and source.mode != "sequential"
+    )
+    several = iterables_of(source) if is_read_together and source is not None else None
+    if several is not None and several[0]:
+        combined = _load_combined(trainer, name, *several)
+        return combined if name == "train" else [combined]
+    if isinstance(source, CombinedLoader):  # evaluation: one loader after the other
         source = source.flattened
     if isinstance(source, dict):
         source = list(source.values())
@@ -103,17 +109,21 @@ def load_stage(trainer: Trainer, name: str, given: Any, *, required: bool) -> An
 
 
 def _load_combined(
-    trainer: Trainer, items: list[Any], spec: Any, mode: str
+    trainer: Trainer, name: str, items: list[Any], spec: Any, mode: str
 ) -> PreparedCombinedLoader:
-    """Several train loaders, each prepared alone, read together in ``mode``; the batch-transfer
-    hooks get the whole batch with ``dataloader_idx=0`` (as in Lightning)."""
-    check_mode(mode, "trainer.fit(train_dataloaders=CombinedLoader(...))", TRAINING_MODES)
+    """Several ``name`` loaders, each prepared alone, read together in ``mode``; the
+    batch-transfer hooks get the whole batch with ``dataloader_idx=0`` (as in Lightning)."""
+    where = "trainer.fit(train_dataloaders=...)" if name == "train" else f"the {name} loader"
+    check_mode(mode, where, TRAINING_MODES)
+    is_overfitting = trainer.overfit_batches > 0 and (
+        name == "train" or (name == "validation" and trainer.state.stage == "fit")
+    )
     prepared, counts = [], []
     for dataloader_idx, item in enumerate(items):
-        if trainer.overfit_batches > 0 and isinstance(item, DataLoader):
-            item = _in_order(item, "train")
+        if is_overfitting and isinstance(item, DataLoader):
+            item = _in_order(item, name)
         loader, count = prepare_loader(
-            trainer, "train", item, dataloader_idx, with_transfer_hooks=False
+            trainer, name, item, dataloader_idx, with_transfer_hooks=False
         )
         prepared.append(loader)
         counts.append(count)
@@ -126,7 +136,11 @@ def _load_combined(
         gradient_state=trainer.accelerator.gradient_state,
         transform=transfer,
     )
-    trainer.num_training_batches = math.inf if combined.limit is None else combined.limit
+    count = math.inf if combined.limit is None else combined.limit
+    setattr(trainer, _COUNT_ATTRIBUTE[name], count)
+    if name == "validation" and trainer.state.stage == "fit":
+        steps = trainer.num_sanity_val_steps
+        trainer.num_sanity_val_batches = [count if steps == -1 else min(steps, count)]
     return combined
 
 
