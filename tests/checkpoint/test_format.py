@@ -114,6 +114,22 @@ def test_sharded_model_files_with_index(tmp_path):
         parse_size("lots")
 
 
+def test_sets_and_the_other_plain_values_round_trip(tmp_path):
+    """What a module's on_save_checkpoint commonly adds, as Lightning keeps it (it pickles)."""
+    extra = {
+        "seen": {3, "a", (1, 2)},
+        "frozen": frozenset({1.5}),
+        "pairs": {(1, "x"): [b"raw", None]},
+        "nested": [{"w": torch.ones(2)}, (1, 2.5, "x")],
+    }
+    path = write_checkpoint(tmp_path / "ck", {"callbacks": {"mine": extra}})
+    back = read_checkpoint(path)["callbacks"]["mine"]
+    assert back["seen"] == {3, "a", (1, 2)} and type(back["seen"]) is set
+    assert back["frozen"] == frozenset({1.5}) and type(back["frozen"]) is frozenset
+    assert back["pairs"] == {(1, "x"): [b"raw", None]}
+    assert torch.equal(back["nested"][0]["w"], torch.ones(2)) and back["nested"][1] == (1, 2.5, "x")
+
+
 def test_values_that_cannot_be_stored_are_refused_with_their_path(tmp_path):
     with pytest.raises(
         CheckpointError,

@@ -366,6 +366,8 @@ def test_ckpt_path_of_the_wrong_type_is_a_configuration_error(tmp_path, ckpt_pat
         ({"a": {"__ndarray__": 5}}, "a"),
         ({"a": {"b": {"__tensor__": 5}}}, "a.b"),
         ({"a": {"__dict__": [[{"__dict__": []}, 1]]}}, "a"),
+        ({"a": {"__set__": [{"k": 1}]}}, "a"),  # a dict cannot be a set's element
+        ({"a": {"__frozenset__": "ab"}}, "a"),
     ],
 )
 def test_a_malformed_encoded_value_is_refused_naming_its_path(encoded, field):

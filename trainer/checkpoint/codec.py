@@ -1,6 +1,7 @@
 """JSON with tensors by reference: how ``state.json`` holds everything that is not a weight.
 
-`encode` turns a nest of dicts, lists, tuples, numbers, strings, tensors and numpy arrays into
+`encode` turns a nest of dicts, lists, tuples, sets, numbers, strings, bytes, tensors and numpy
+arrays into
 JSON-able data, moving every tensor into a ``sink`` dict (later written as safetensors) and leaving
 ``{"__tensor__": key}`` in its place. `decode` reverses it. Nothing here ever unpickles:
 a type it does not know is refused with the path to the value.
@@ -20,15 +21,18 @@ from trainer.errors import CheckpointError, describe
 
 __all__ = ["decode", "encode"]
 
-_TENSOR, _TUPLE, _DICT, _NDARRAY, _BYTES, _FLOAT = (
+_TENSOR, _TUPLE, _DICT, _NDARRAY, _BYTES, _FLOAT, _SET, _FROZENSET = (
     "__tensor__",
     "__tuple__",
     "__dict__",
     "__ndarray__",
     "__bytes__",
     "__float__",
+    "__set__",
+    "__frozenset__",
 )
-_MARKERS = {_TENSOR, _TUPLE, _DICT, _NDARRAY, _BYTES, _FLOAT}
+_MARKERS = {_TENSOR, _TUPLE, _DICT, _NDARRAY, _BYTES, _FLOAT, _SET, _FROZENSET}
+_SETS = {_SET: set, _FROZENSET: frozenset}
 _FIX = "The file is corrupt or was edited after saving; resume from another checkpoint or re-save."
 
 
@@ -53,6 +57,9 @@ def encode(value: Any, sink: dict[str, torch.Tensor], path: str) -> Any:
         }
     if isinstance(value, tuple):
         return {_TUPLE: [encode(v, sink, f"{path}.{i}") for i, v in enumerate(value)]}
+    if isinstance(value, set | frozenset):  # as Lightning keeps them (it pickles)
+        marker = _FROZENSET if isinstance(value, frozenset) else _SET
+        return {marker: [encode(v, sink, f"{path}.{i}") for i, v in enumerate(value)]}
     if isinstance(value, list):
         return [encode(v, sink, f"{path}.{i}") for i, v in enumerate(value)]
     if isinstance(value, bytes):
@@ -66,7 +73,8 @@ def encode(value: Any, sink: dict[str, torch.Tensor], path: str) -> Any:
             return encode(value.item(), sink, path)
     raise CheckpointError(
         f"cannot store a {type(value).__name__} at {path!r} in a checkpoint: values must be "
-        "numbers, strings, lists, dicts, tuples, tensors or numpy arrays (nothing is pickled). "
+        "numbers, strings, bytes, lists, dicts, tuples, sets, tensors or numpy arrays (nothing "
+        "is pickled). "
         "Convert it in state_dict() / on_save_checkpoint."
     )
 
@@ -120,6 +128,11 @@ def _decode_marked(
     if marker == _TUPLE:
         return tuple(
             decode(v, tensors, source=source, path=_join(path, i)) for i, v in enumerate(inner)
+        )
+    if marker in _SETS:  # an unhashable element (a dict) is a TypeError: refused by the caller
+        return _SETS[marker](
+            _hashable(decode(v, tensors, source=source, path=_join(path, i)))
+            for i, v in enumerate(inner)
         )
     if marker == _DICT:
         if not all(isinstance(pair, list) and len(pair) == 2 for pair in inner):
