@@ -1,14 +1,18 @@
 """SpikeDetection: notice a training loss far above its recent mean, then raise or undo the step.
 
-This module owns the spike rule (running mean of the last ``window`` good losses, tolerances,
-non-finite values), `LossSpikeError`, and in ``mode="skip"`` the copy of the last good
-weights and optimizer state that a spiked step is rolled back to. It reads the loss from
-``training_step``'s output in ``on_train_batch_end``; it never changes the loss or gradients.
+This module owns the spike rules (running mean of the last ``window`` good losses, tolerances,
+non-finite values; and Lightning's rule for its modes "min" / "max"), `LossSpikeError`, the file
+of batches to exclude (Lightning's ``skip_batches.json``), and in ``mode="skip"`` the copy of
+the last good weights and optimizer state that a spiked step is rolled back to. It reads the
+loss from ``training_step``'s output in ``on_train_batch_end``; it never changes the loss or
+gradients.
 """
 
 from __future__ import annotations
 
+import json
 import math
+import os
 import warnings
 from collections import deque
 from typing import TYPE_CHECKING, Any
@@ -24,7 +28,8 @@ if TYPE_CHECKING:
 
 __all__ = ["LossSpikeError", "SpikeDetection"]
 
-_MODES = ("raise", "skip", "warn")
+_MODES = ("raise", "skip", "warn", "min", "max")
+_LIGHTNING_MODES = ("min", "max")  # Lightning's: the direction that is better; a spike raises
 
 
 class LossSpikeError(AnomalyError):
@@ -50,17 +55,26 @@ class SpikeDetection(Callback):
       copy of the module's state and of the optimizer state (≈ 3× the parameters for Adam),
       refreshed after every step (a device-to-device copy of that size per step); meant for
       single-device and DDP runs, not sharded ones.
-    - ``"warn"``: warn and go on (Lightning's mode of the same name).
+    - ``"warn"``: warn and go on.
+    - ``"min"`` / ``"max"``: Lightning's ``SpikeDetection`` (a loss to minimize / maximize), its
+      rule and action: from batch ``warmup`` of each epoch on, a loss that is not better than the
+      previous good one and is ``atol`` and ``rtol × |m|`` away from the mean ``m`` (either
+      side) is a spike; the batch and the one before it are added to ``exclude_batches_path``
+      (default ``<default_root_dir>/skip_batches.json``) and `LossSpikeError` is raised.
 
+    With ``exclude_batches_path`` set, every spike's batch and the one before it are written
+    to that JSON file (rank zero; a folder gets ``skip_batches.json``), as Lightning writes them.
     Reading the loss syncs the device once per batch. Every process acts when any one spiked,
     so replicas stay identical. Spikes are listed in ``self.spikes``.
 
     Args:
-        mode: ``"raise"``, ``"skip"`` or ``"warn"``.
+        mode: ``"raise"``, ``"skip"``, ``"warn"``, or Lightning's ``"min"`` / ``"max"``.
         window: how many recent good losses the mean covers.
-        warmup: good batches to see before checking.
+        warmup: good batches to see before checking (Lightning's modes: the batch index in the
+            epoch from which on it checks); None: 5, or 1 in Lightning's modes (its default).
         atol: absolute margin above the mean, or None.
         rtol: margin above the mean relative to it, or None.
+        exclude_batches_path: the JSON file (or folder) the spiking batches are written to.
         finite_only: treat NaN/inf losses as spikes (False: ignore them, for runs where the
             16-mixed GradScaler already skips such steps).
 
@@ -78,19 +92,25 @@ class SpikeDetection(Callback):
         self,
         mode: str = "raise",
         window: int = 10,
-        warmup: int = 5,
+        warmup: int | None = None,
         atol: float | None = None,
         rtol: float | None = 2.0,
+        exclude_batches_path: str | os.PathLike[str] | None = None,
         finite_only: bool = True,
     ) -> None:
+        if warmup is None:
+            warmup = 1 if mode in _LIGHTNING_MODES else 5
         _check_arguments(mode, window, warmup, atol, rtol)
         self.mode = mode
         self.window = window
         self.warmup = warmup
         self.atol = atol
         self.rtol = rtol
+        self.exclude_batches_path = exclude_batches_path
         self.finite_only = finite_only
         self.spikes: list[dict[str, Any]] = []
+        self.bad_batches: list[int] = []  # each spike's batch and the one before (Lightning's)
+        self._last_value = 0.0  # the last good loss (Lightning's modes compare with it)
         self._losses: deque[float] = deque(maxlen=window)
         self._num_good = 0
         self._is_window_bad = False  # a spike in the current accumulation window
@@ -99,12 +119,22 @@ class SpikeDetection(Callback):
 
     # ---- state ----------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
-        return {"losses": list(self._losses), "num_good": self._num_good, "spikes": self.spikes}
+        return {
+            "losses": list(self._losses),
+            "num_good": self._num_good,
+            "spikes": self.spikes,
+            "bad_batches": self.bad_batches,
+            "last_value": self._last_value,
+        }
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         self._losses = deque((float(x) for x in state_dict["losses"]), maxlen=self.window)
         self._num_good = int(state_dict["num_good"])
         self.spikes = list(state_dict.get("spikes", []))
+        self.bad_batches = [int(x) for x in state_dict.get("bad_batches", [])]
+        self._last_value = float(
+            state_dict.get("last_value", self._losses[-1] if self._losses else 0.0)
+        )
 
     # ---- hooks ----------------------------------------------------------------------------
     def on_train_start(self, trainer: Trainer, module: TrainModule) -> None:
@@ -132,14 +162,18 @@ class SpikeDetection(Callback):
 
     def _observe(self, trainer: Trainer, value: float, batch_idx: int) -> None:
         mean = sum(self._losses) / len(self._losses) if self._losses else math.nan
-        is_warm = self._num_good >= max(self.warmup, 1)
-        is_local = self.is_spike(value, mean) if is_warm or not math.isfinite(value) else False
+        if self.mode in _LIGHTNING_MODES:
+            is_local = batch_idx >= self.warmup and self._is_lightning_spike(value, mean)
+        else:
+            is_warm = self._num_good >= max(self.warmup, 1)
+            is_local = self.is_spike(value, mean) if is_warm or not math.isfinite(value) else False
         # any process's spike is every process's
         is_spike = trainer.strategy.reduce_boolean_decision(is_local, all=False)
         if not is_spike:
             if math.isfinite(value):
                 self._losses.append(value)
                 self._num_good += 1
+                self._last_value = value
             return
         record = {
             "epoch": trainer.current_epoch,
@@ -151,7 +185,9 @@ class SpikeDetection(Callback):
         }
         self.spikes.append(record)
         message = self._describe(record)
-        if self.mode == "raise":
+        self.bad_batches.extend([batch_idx - 1, batch_idx])
+        self._write_bad_batches(trainer)
+        if self.mode in ("raise", *_LIGHTNING_MODES):
             raise LossSpikeError(message)
         if self.mode == "warn":
             warnings.warn(message, stacklevel=2)
@@ -177,6 +213,34 @@ class SpikeDetection(Callback):
             return False
         return self.rtol is None or excess >= abs(self.rtol * mean)
 
+    def _is_lightning_spike(self, loss: float, mean: float) -> bool:
+        """Lightning's rule: not better than the last good loss, and ``atol`` and ``rtol`` away
+        from the running mean on either side; a non-finite loss with ``finite_only``."""
+        if not math.isfinite(loss):
+            return self.finite_only
+        change = loss - self._last_value
+        if (change <= 0) if self.mode == "min" else (change >= 0):
+            return False
+        distance = abs(loss - mean)  # nan before any good loss: no spike
+        is_atol = self.atol is None or distance >= abs(self.atol)
+        return is_atol and (self.rtol is None or distance >= abs(self.rtol * mean))
+
+    def _write_bad_batches(self, trainer: Trainer) -> None:
+        """Write ``bad_batches`` to the JSON file on rank zero (atomically), when there is one."""
+        path = self.exclude_batches_path
+        if path is None and self.mode in _LIGHTNING_MODES:
+            path = os.path.join(trainer.default_root_dir, "skip_batches.json")
+        if path is None or not trainer.is_global_zero:
+            return
+        path = os.fspath(path)
+        if not path.endswith(".json"):
+            path = os.path.join(path, "skip_batches.json")
+        os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+        temporary = f"{path}.{os.getpid()}.tmp"
+        with open(temporary, "w", encoding="utf-8") as file:
+            json.dump(self.bad_batches, file, indent=4)
+        os.replace(temporary, path)
+
     def _describe(self, record: dict[str, Any]) -> str:
         where = f"step {record['step']} (epoch {record['epoch']}, batch {record['batch_idx']})"
         if not record["is_local"]:
@@ -197,7 +261,7 @@ class SpikeDetection(Callback):
             "or pass SpikeDetection(mode='skip') to undo such steps.",
             "skip": "The step was undone.",
             "warn": "Training goes on.",
-        }[self.mode]
+        }.get(self.mode, "Resume without the batches listed in the exclude_batches_path file.")
         return f"SpikeDetection: {what}. {action}"
 
     # ---- the copy of the last good state (mode="skip") ----------------------------------
@@ -245,8 +309,8 @@ def _check_arguments(
 ) -> None:
     if mode not in _MODES:
         raise ConfigurationError(
-            f"SpikeDetection(mode={describe(mode)}): expected 'raise', 'skip' (undo the step) "
-            "or 'warn'."
+            f"SpikeDetection(mode={describe(mode)}): expected 'raise', 'skip' (undo the step), "
+            "'warn', or Lightning's 'min' / 'max' (the better direction; raise at a spike)."
         )
     for name, value, low in (("window", window, 1), ("warmup", warmup, 0)):
         if isinstance(value, bool) or not isinstance(value, int) or value < low:
