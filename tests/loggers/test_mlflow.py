@@ -92,6 +92,28 @@ def test_metrics_wait_in_memory_until_due(store: dict[str, str]) -> None:
         logger.finalize("success")
 
 
+def test_asynchronous_writes_are_complete_at_each_checkpoint_and_at_the_end(
+    store: dict[str, str],
+) -> None:
+    """Lightning's ``synchronous=False``: MLflow writes on its own thread; a checkpoint's state
+    and finalize wait for every queued point."""
+    logger = make_logger(store, experiment_name="async", flush_interval_s=0, synchronous=False)
+    for step in range(50):
+        logger.log_metrics({"loss": float(step)}, step=step)  # each one its own log_batch
+    assert logger._operations  # MLflow handed back handles: the writes run on its thread
+    state = logger.state_dict()  # what a checkpoint saves: every point before it is stored
+    assert logger._operations == []
+    assert history(logger, "loss") == [(step, float(step)) for step in range(50)]
+    assert state["step"] == 49
+    logger.log_metrics({"loss": 99.0}, step=50)
+    logger.finalize("success")
+    assert history(logger, "loss")[-1] == (50, 99.0)
+    run = MlflowClient(store["tracking_uri"]).get_run(logger.run_id)
+    assert run.info.status == "FINISHED"
+    with pytest.raises(ConfigurationError, match=r"synchronous='no'"):
+        make_logger(store, synchronous="no")
+
+
 def test_run_id_reopens_the_run_and_keeps_first_param_values(store: dict[str, str]) -> None:
     first = make_logger(store, experiment_name="reopen")
     first.log_hyperparams({"lr": 0.1})

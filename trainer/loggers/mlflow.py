@@ -90,6 +90,10 @@ class MLFlowLogger(Logger):
             a relative folder is made absolute now).
         run_id: reopen this run instead of creating one.
         flush_interval_s: the longest time metrics wait in memory before they are written.
+        synchronous: Lightning's argument, passed to each ``log_batch``: False lets MLflow
+            write the periodic batches on its own thread (training does not wait for the
+            store); `state_dict` (each checkpoint) and `finalize` still wait until everything
+            queued is written. None: MLflow's default (``MLFLOW_ENABLE_ASYNC_LOGGING``).
 
     Raises:
         ConfigurationError: an argument has the wrong type or value; at the first write, a
@@ -120,8 +124,14 @@ class MLFlowLogger(Logger):
         artifact_location: str | None = None,
         run_id: str | None = None,
         flush_interval_s: float = 5.0,
+        synchronous: bool | None = None,
     ) -> None:
         _check_arguments(experiment_name, tracking_uri, tags, log_model, prefix, flush_interval_s)
+        if synchronous is not None and not isinstance(synchronous, bool):
+            raise ConfigurationError(
+                f"MLFlowLogger(synchronous={describe(synchronous)}): expected True, False or "
+                "None. Pass synchronous=False to let MLflow write on its own thread."
+            )
         _check_installed()
         tracking_uri = tracking_uri or os.environ.get("MLFLOW_TRACKING_URI") or None
         if tracking_uri is None:
@@ -145,6 +155,8 @@ class MLFlowLogger(Logger):
         self._is_run_from_checkpoint = False
         self._checkpoint_step: int | None = None  # last step logged when it was saved
         self._flush_interval_s = flush_interval_s
+        self._synchronous = synchronous
+        self._operations: list[Any] = []  # MLflow's handles of writes still running (async)
         self._client: Any = None
         self._experiment_id: str | None = None
         self._pending: list[tuple[str, float, int, int]] = []  # key, value, timestamp ms, step
@@ -287,7 +299,8 @@ class MLFlowLogger(Logger):
             client.log_batch(self._run_id, params=new[start : start + _MAX_PARAMS_PER_BATCH])
 
     def save(self) -> None:
-        """Write the queued metrics (one ``log_batch`` per 1,000)."""
+        """Write the queued metrics (one ``log_batch`` per 1,000); with ``synchronous=False``
+        MLflow finishes them on its own thread (`state_dict` and `finalize` wait for them)."""
         self._last_flush = time.monotonic()
         if not self._pending:
             return
@@ -295,8 +308,12 @@ class MLFlowLogger(Logger):
 
         client = self.experiment
         metrics = [Metric(key, value, time_ms, step) for key, value, time_ms, step in self._pending]
+        options = {} if self._synchronous is None else {"synchronous": self._synchronous}
         for start in range(0, len(metrics), _MAX_METRICS_PER_BATCH):
-            client.log_batch(self._run_id, metrics=metrics[start : start + _MAX_METRICS_PER_BATCH])
+            batch = metrics[start : start + _MAX_METRICS_PER_BATCH]
+            operation = client.log_batch(self._run_id, metrics=batch, **options)
+            if operation is not None:  # an asynchronous write
+                self._operations.append(operation)
         # Dropped only once written: a failed request keeps them for the next try (MLflow stores
         # a point sent twice once).
         del self._pending[: len(metrics)]
@@ -316,9 +333,17 @@ class MLFlowLogger(Logger):
         if self._client is None and not self._pending and not has_uploads:
             return  # never started: nothing to close
         self.save()
+        self._wait_for_writes()
         if has_uploads:
             self._upload_checkpoints(self._checkpoint_callback)
         self.experiment.set_terminated(self._run_id, status=_STATUSES.get(status, "FAILED"))
+
+    def _wait_for_writes(self) -> None:
+        """Wait until MLflow has written every asynchronous batch (and raise its error if one
+        failed), so a checkpoint or the end of the run never precedes its points."""
+        operations, self._operations = self._operations, []
+        for operation in operations:
+            operation.wait()
 
     # ---- resuming ------------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
@@ -329,6 +354,7 @@ class MLFlowLogger(Logger):
         metrics are queued (the run id is None before).
         """
         self.save()
+        self._wait_for_writes()
         return {"name": self._experiment_name, "version": self._run_id, "step": self._last_step}
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
@@ -401,6 +427,7 @@ def _save_at_exit(reference: weakref.ReferenceType[MLFlowLogger]) -> None:
     logger = reference()
     if logger is not None:
         logger.save()  # writes nothing when nothing is queued
+        logger._wait_for_writes()  # noqa: SLF001 - this module's own logger
 
 
 def _check_installed() -> None:
