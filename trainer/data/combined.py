@@ -172,7 +172,7 @@ class CombinedLoader:
                     yield batch, batch_idx, dataloader_idx
             return
         restart = [lambda item=item: iter(item) for item in self._flattened]
-        batches = read_together(restart, self._mode, [0] * len(restart), [False] * len(restart))
+        batches = read_together(restart, self._mode, [False] * len(restart))
         for batch_idx, leaves in enumerate(batches):
             yield unflatten(leaves, self._spec), batch_idx, 0
 
@@ -184,26 +184,15 @@ _END = object()
 
 
 def read_together(
-    restart: list[Callable[[], Iterator[Any]]],
-    mode: str,
-    skips: list[int],
-    consumed: list[bool],
+    restart: list[Callable[[], Iterator[Any]]], mode: str, consumed: list[bool]
 ) -> Iterator[list[Any]]:
     """Batches of several iterators read together in ``mode`` (not "sequential"), as lists.
 
     ``restart[i]()`` opens a pass of iterable ``i`` (again, in "max_size_cycle", when it is
-    exhausted); its first ``skips[i]`` batches are dropped (the prepared loaders take their skips
-    themselves and pass 0 here). ``consumed[i]``: iterable ``i`` already finished a pass
-    ("max_size_cycle" ends when every one has).
+    exhausted). ``consumed[i]``: iterable ``i`` already finished a pass ("max_size_cycle" ends
+    when every one has).
     """
-    iterators: list[Iterator[Any] | None] = []
-    for open_pass, skip in zip(restart, skips, strict=True):
-        iterator = open_pass()
-        for _ in range(skip):
-            if next(iterator, _END) is _END:
-                iterator = None
-                break
-        iterators.append(iterator)
+    iterators: list[Iterator[Any] | None] = [open_pass() for open_pass in restart]
     while True:
         leaves: list[Any] = []
         for i, iterator in enumerate(iterators):
@@ -343,7 +332,7 @@ class PreparedCombinedLoader:
             loader.set_epoch(self._epoch + passes)  # a finished pass counts one epoch
             loader.skip_batches = position
         restart = [loader.__iter__ for loader in self.loaders]
-        batches = read_together(restart, self.mode, [0] * len(restart), consumed)
+        batches = read_together(restart, self.mode, consumed)
         left = math.inf if self.limit is None else self.limit - skip
         state = self.gradient_state
         is_reading = False
