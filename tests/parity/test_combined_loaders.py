@@ -116,6 +116,9 @@ def _run(fw: Any, form: str, mode: str | None, options: dict[str, Any], hooks: b
         ("dict", "max_size", {}, True),
         ("list", "max_size_cycle", {"limit_train_batches": 0.5}, False),
         ("dict", None, {"accumulate_grad_batches": 2}, False),
+        ("dict", None, {"overfit_batches": 2}, False),
+        ("list", "min_size", {"limit_train_batches": 3, "max_steps": 4}, False),
+        ("dict", None, {"check_val_every_n_epoch": 2, "limit_val_batches": 1}, False),
     ],
 )
 def test_several_train_loaders_read_as_lightning_reads_them(
