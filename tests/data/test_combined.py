@@ -213,3 +213,16 @@ def test_module_loaders_reloaded_every_epoch_and_the_prepared_structure() -> Non
     assert sorted(fit.train_dataloader.iterables) == ["long", "short"]
     assert fit.train_dataloader["short"].batch_size == 2  # the prepared loader, by its key
     assert fit.train_dataloader.mode == "max_size"
+
+
+def test_persistent_workers_of_every_loader_end_with_the_fit() -> None:
+    """As for one loader: the workers kept between epochs end when fit returns."""
+    loaders = {
+        name: DataLoader(_data(n, seed), batch_size=2, num_workers=1, persistent_workers=True)
+        for name, n, seed in (("long", 8, 1), ("short", 4, 2))
+    }
+    fit = Trainer(max_epochs=2, **QUIET)
+    fit.fit(Several(), loaders)
+    for prepared in fit.train_dataloader.flattened:
+        for loader in (prepared.base_dataloader, prepared._fetch_loader):
+            assert getattr(loader, "_iterator", None) is None  # no worker left running

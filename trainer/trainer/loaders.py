@@ -183,7 +183,7 @@ def end_workers(loaders: Iterable[Any]) -> None:
     them, or None each), as Lightning does when a stage ends (`DataLoaderShard.end_workers`)."""
     for entry in loaders:
         for loader in entry if isinstance(entry, list | tuple) else [entry]:
-            if isinstance(loader, DataLoaderShard):
+            if isinstance(loader, DataLoaderShard | PreparedCombinedLoader):
                 loader.end_workers()
 
 
