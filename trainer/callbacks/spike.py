@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from trainer.callbacks.callback import Callback
+from trainer.checkpoint.atomic import atomic_write_text
 from trainer.errors import AnomalyError, ConfigurationError, describe
 
 if TYPE_CHECKING:
@@ -236,10 +237,7 @@ class SpikeDetection(Callback):
         if not path.endswith(".json"):
             path = os.path.join(path, "skip_batches.json")
         os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
-        temporary = f"{path}.{os.getpid()}.tmp"
-        with open(temporary, "w", encoding="utf-8") as file:
-            json.dump(self.bad_batches, file, indent=4)
-        os.replace(temporary, path)
+        atomic_write_text(path, json.dumps(self.bad_batches, indent=4))
 
     def _describe(self, record: dict[str, Any]) -> str:
         where = f"step {record['step']} (epoch {record['epoch']}, batch {record['batch_idx']})"
