@@ -99,14 +99,13 @@ class StageThroughput:
     batches: int = 0
     samples: int = 0
     lengths: int = 0
-    times: deque[float] = field(default_factory=deque)
-    window: deque[tuple[int, int, int]] = field(default_factory=deque)  # batches, samples, lengths
-    flops: deque[float] = field(default_factory=deque)
+    # (seconds since t0, batches, samples, lengths) after each of the last window_size updates
+    window: deque[tuple[float, int, int, int]] = field(init=False)
+    flops: deque[float] = field(init=False)
 
-    def reset(self, now: float) -> None:
-        """Start counting again from ``now``."""
-        self.t0, self.batches, self.samples, self.lengths = now, 0, 0, 0
-        self.times, self.window, self.flops = (deque(maxlen=self.window_size) for _ in range(3))
+    def __post_init__(self) -> None:
+        self.window = deque(maxlen=self.window_size)
+        self.flops = deque(maxlen=self.window_size)
 
     def update(self, now: float, samples: int, lengths: int | None, flops: float | None) -> None:
         """Count one batch of ``samples`` (``lengths`` items; ``flops`` on this device)."""
@@ -114,24 +113,23 @@ class StageThroughput:
         self.samples += samples
         if lengths is not None:
             self.lengths += lengths
-        self.times.append(now - self.t0)
-        self.window.append((self.batches, self.samples, self.lengths))
+        self.window.append((now - self.t0, self.batches, self.samples, self.lengths))
         if flops is not None:
             self.flops.append(flops * self.world_size)
 
     def compute(self, has_lengths: bool) -> dict[str, float]:
         """Totals (``time``, ``batches``, ``samples``, ``lengths``), and the window's rates per
         device (``device/...``) and, on several processes, over all of them."""
-        if not self.times:
+        if not self.window:
             return {}
-        metrics = {"time": self.times[-1], "batches": self.batches, "samples": self.samples}
+        (t0, b0, s0, l0), (t1, b1, s1, l1) = self.window[0], self.window[-1]
+        metrics = {"time": t1, "batches": self.batches, "samples": self.samples}
         if has_lengths:
             metrics["lengths"] = self.lengths
         device = f"device{self.separator}"
         is_global = self.world_size > 1
-        elapsed = self.times[-1] - self.times[0]
-        if len(self.times) == self.window_size and elapsed > 0:
-            (b0, s0, l0), (b1, s1, l1) = self.window[0], self.window[-1]
+        elapsed = t1 - t0
+        if len(self.window) == self.window_size and elapsed > 0:
             rates = {"batches_per_sec": (b1 - b0) / elapsed, "samples_per_sec": (s1 - s0) / elapsed}
             if has_lengths:
                 rates["items_per_sec"] = (l1 - l0) / elapsed
@@ -367,9 +365,9 @@ class ThroughputMonitor(Callback):
         self._eval_batches = 0
         old = self.stages.get(stage)
         counts = self.stages[stage] = StageThroughput(
-            self.window_size, self._world_size, self.available_flops, self.separator
-        )
-        counts.reset(time.perf_counter())
+            self.window_size, self._world_size, self.available_flops, self.separator,
+            t0=time.perf_counter(),
+        )  # fmt: skip
         if old is not None and not reset:
             counts.batches, counts.samples, counts.lengths = old.batches, old.samples, old.lengths
 
