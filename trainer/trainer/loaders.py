@@ -90,9 +90,7 @@ def load_stage(trainer: Trainer, name: str, given: Any, *, required: bool) -> An
             trainer.num_training_batches = 0
         return None
     items = [source] if name == "train" or not isinstance(source, list | tuple) else list(source)
-    is_overfitting = trainer.overfit_batches > 0 and (
-        name == "train" or (name == "validation" and trainer.state.stage == "fit")
-    )
+    is_overfitting = _is_overfitting(trainer, name)
     prepared, counts = [], []
     for dataloader_idx, item in enumerate(items):
         if is_overfitting and isinstance(item, DataLoader):
@@ -115,9 +113,7 @@ def _load_combined(
     batch-transfer hooks get the whole batch with ``dataloader_idx=0`` (as in Lightning)."""
     where = "trainer.fit(train_dataloaders=...)" if name == "train" else f"the {name} loader"
     check_mode(mode, where, TRAINING_MODES)
-    is_overfitting = trainer.overfit_batches > 0 and (
-        name == "train" or (name == "validation" and trainer.state.stage == "fit")
-    )
+    is_overfitting = _is_overfitting(trainer, name)
     prepared, counts = [], []
     for dataloader_idx, item in enumerate(items):
         if is_overfitting and isinstance(item, DataLoader):
@@ -142,6 +138,14 @@ def _load_combined(
         steps = trainer.num_sanity_val_steps
         trainer.num_sanity_val_batches = [count if steps == -1 else min(steps, count)]
     return combined
+
+
+def _is_overfitting(trainer: Trainer, name: str) -> bool:
+    """Whether ``overfit_batches`` makes the ``name`` loaders read in order: the train loaders,
+    and in ``fit`` the validation ones."""
+    return trainer.overfit_batches > 0 and (
+        name == "train" or (name == "validation" and trainer.state.stage == "fit")
+    )
 
 
 def keep_seeds(new: Any, old: Any) -> None:
