@@ -94,13 +94,19 @@ def summarize(module: torch.nn.Module, max_depth: int = 1) -> list[LayerSummary]
     """
     _check_depth(max_depth, "summarize")
     rows = []
-    for name, sub in module.named_modules():
-        depth = name.count(".") + 1
-        if not name or (max_depth != -1 and depth > max_depth):
-            continue
+    for name, sub in _listed_modules(module, max_depth):
         params, trainable = _count(sub.parameters())
         rows.append(LayerSummary(name, type(sub).__name__, params, trainable, sub.training))
     return rows
+
+
+def _listed_modules(module: torch.nn.Module, max_depth: int) -> list[tuple[str, torch.nn.Module]]:
+    """The submodules a summary lists: every one down to ``max_depth`` (-1: all), the root not."""
+    return [
+        (name, sub)
+        for name, sub in module.named_modules()
+        if name and (max_depth == -1 or name.count(".") + 1 <= max_depth)
+    ]
 
 
 @dataclass
@@ -148,15 +154,13 @@ def trace_example(
     """
     from torch.utils.flop_counter import FlopCounterMode
 
-    names = [row.name for row in summarize(module, max_depth)]
-    submodules = dict(module.named_modules())
+    _check_depth(max_depth, "trace_example")
+    listed = _listed_modules(module, max_depth)  # no parameter counting: names only
     trace = ExampleTrace()
     handles = [
-        submodules[name].register_forward_hook(
-            _size_recorder(name, trace), with_kwargs=True, always_call=False
-        )
-        for name in names
-        if not isinstance(submodules[name], torch.jit.ScriptModule)
+        sub.register_forward_hook(_size_recorder(name, trace), with_kwargs=True, always_call=False)
+        for name, sub in listed
+        if not isinstance(sub, torch.jit.ScriptModule)
     ]
     modes = {sub: sub.training for sub in module.modules()}
     counter = FlopCounterMode(display=False, depth=max_depth + 1 if max_depth != -1 else 1000)
@@ -176,7 +180,7 @@ def trace_example(
             sub.training = training
     counts = counter.get_flop_counts()
     root = type(module).__name__
-    trace.flops = {name: sum(counts.get(f"{root}.{name}", {}).values()) for name in names}
+    trace.flops = {name: sum(counts.get(f"{root}.{name}", {}).values()) for name, _ in listed}
     trace.total_flops = counter.get_total_flops()
     return trace
 
