@@ -321,7 +321,6 @@ class PreparedCombinedLoader:
 
     def __iter__(self) -> Iterator[Any]:
         """One epoch: the combined batches after ``skip_batches``, up to the combined length."""
-        self.set_epoch(self._epoch)
         skip, self.skip_batches = self.skip_batches, 0
         self.end_of_dataloader = False
         self.batches_yielded = 0
