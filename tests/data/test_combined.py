@@ -11,6 +11,7 @@ import torch
 from torch.utils.data import DataLoader, TensorDataset
 
 from trainer import Trainer, TrainModule
+from trainer.callbacks import Callback
 from trainer.data import CombinedLoader
 from trainer.errors import CheckpointError, ConfigurationError
 
@@ -205,10 +206,19 @@ def test_module_loaders_reloaded_every_epoch_and_the_prepared_structure() -> Non
             built.append(self.current_epoch)
             return _loaders("max_size")
 
-    fit = Trainer(max_epochs=2, reload_dataloaders_every_n_epochs=1, seed=1, **QUIET)
+    seeds: list[list[int]] = []
+
+    class Seeds(Callback):
+        def on_train_epoch_start(self, trainer, module):
+            seeds.append([loader.seed for loader in trainer.train_dataloader.flattened])
+
+    fit = Trainer(
+        max_epochs=2, reload_dataloaders_every_n_epochs=1, seed=1, callbacks=[Seeds()], **QUIET
+    )
     module = FromMethod()
     fit.fit(module)
     assert built == [0, 1]
+    assert seeds[0] == seeds[1] and None not in seeds[0]  # the reloaded loaders keep their seeds
     assert len(module.seen) == 10
     assert sorted(fit.train_dataloader.iterables) == ["long", "short"]
     assert fit.train_dataloader["short"].batch_size == 2  # the prepared loader, by its key
