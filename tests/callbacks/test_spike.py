@@ -78,6 +78,19 @@ def test_skip_gives_the_weights_of_a_run_without_that_step(tmp_path):
     assert [(s["epoch"], s["batch_idx"], s["step"]) for s in detector.spikes] == [(1, 3, 12)]
 
 
+def test_an_exclude_batches_path_lists_every_spike_in_our_modes_too(tmp_path):
+    """Not only Lightning's modes: given a path, each spike's batch and the one before it."""
+    import json
+
+    path = tmp_path / "excluded" / "bad.json"
+    detector = SpikeDetection(mode="skip", exclude_batches_path=path)
+    fit(tmp_path, SpikyModule(spikes={6, 12}), [detector])
+    assert json.loads(path.read_text()) == [4, 5, 2, 3]  # (epoch 0, batch 5), (epoch 1, batch 3)
+    assert detector.bad_batches == [4, 5, 2, 3]
+    assert [(s["epoch"], s["batch_idx"]) for s in detector.spikes] == [(0, 5), (1, 3)]
+    assert not SpikeDetection().exclude_batches_path  # none written without a path
+
+
 class StateAtBatchEnd(Callback):
     """Compares weights and optimizer state after the spiking batch with those before it."""
 
