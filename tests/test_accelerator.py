@@ -273,6 +273,31 @@ def test_dynamo_backend_compiles_and_unwrap_returns_the_module():
     torch.testing.assert_close(compiled(torch.ones(1, 4)), model(torch.ones(1, 4)))
 
 
+def test_unwrap_model_keep_torch_compile_returns_the_compiled_wrapper():
+    accelerator = Accelerator(cpu=True, dynamo_backend="eager")
+    model = torch.nn.Linear(4, 1)
+    compiled = accelerator.prepare(model)
+    assert accelerator.unwrap_model(compiled, keep_torch_compile=True) is compiled
+    assert accelerator.unwrap_model(compiled, keep_torch_compile=False) is model
+    assert accelerator.unwrap_model(model, keep_torch_compile=True) is model  # nothing compiled
+
+
+def test_prepare_optimizer_keeps_state_on_its_parameters_device():
+    """State loaded before prepare stays usable (on CPU: untouched); device_placement=False too."""
+    accelerator = Accelerator(cpu=True)
+    model = torch.nn.Linear(2, 1)
+    optimizer = torch.optim.Adam(model.parameters(), lr=0.1)
+    model(torch.ones(1, 2)).sum().backward()
+    optimizer.step()
+    moments = optimizer.state[model.weight]["exp_avg"]
+    model, optimizer = accelerator.prepare(model, optimizer, device_placement=[True, False])
+    assert optimizer.optimizer.state[model.weight]["exp_avg"] is moments
+    again = accelerator.prepare_optimizer(
+        torch.optim.SGD(model.parameters()), device_placement=True
+    )
+    assert isinstance(again, AcceleratedOptimizer)
+
+
 def test_skip_first_batches_on_prepared_and_plain_loaders():
     accelerator = Accelerator(cpu=True)
     plain = DataLoader(list(range(10)), batch_size=2)

@@ -55,6 +55,8 @@ DIFFERENT: dict[str, tuple[int, ...]] = {
     "ops/reduce_*/none": TWO,
     "ops/gather_object/dict": TWO,
     "ops/gather_object/string": TWO,
+    # unwrap_model of a compiled model returns the module (keep_torch_compile=False).
+    "unwrap/compiled_default": BOTH,
 }
 
 

@@ -418,3 +418,79 @@ for _name, _flags in {
     "plain_shuffle": {"split": False, "seedable": False, "generator": False},
 }.items():
     scenario(f"training_check/{_name}")(_training_check(**_flags))
+
+
+# ---- load_state's options, unwrap_model of a compiled model ----------------------------------
+@scenario("resume/load_state_strict_false")
+def _load_state_strict_false(side: Side) -> dict[str, Any]:
+    """A model grown by a layer after the save: a strict load is refused, ``strict=False``
+    (with ``map_location`` and ``load_kwargs`` as ported scripts pass them) loads the layers
+    the checkpoint has and leaves the new one as it was."""
+    accelerator = side.accelerator()
+    net = accelerator.prepare(model())
+    with torch.no_grad():
+        for parameter in net.parameters():
+            parameter.add_(1.0)
+    directory = str(scratch() / "saved")
+    accelerator.save_state(directory)
+    accelerator.wait_for_everyone()
+    facts: dict[str, Any] = {"saved": parameters(accelerator.unwrap_model(net))}
+    grown = side.accelerator()
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(2)
+        head = torch.nn.Linear(1, 1)
+    bigger = grown.prepare(torch.nn.Sequential(*model(), head))
+    facts["before"] = parameters(grown.unwrap_model(bigger))
+    try:
+        grown.load_state(directory)
+        facts["strict"] = "loaded"
+    except Exception:  # Accelerate: torch's RuntimeError; trainer: CheckpointError
+        facts["strict"] = "refused"
+    facts["unchanged_after_refusal"] = parameters(grown.unwrap_model(bigger)) == facts["before"]
+    grown.load_state(
+        directory, strict=False, map_location="cpu", load_kwargs={"weights_only": True}
+    )
+    facts["after"] = parameters(grown.unwrap_model(bigger))
+    return facts
+
+
+def _compiling(side: Side) -> Any:
+    """An Accelerator with ``dynamo_backend="eager"`` (Accelerate's first Accelerator of the
+    process fixes the backend for every later one: its state is reset first)."""
+    if side.name == "accelerate":
+        from accelerate.state import AcceleratorState
+
+        AcceleratorState._reset_state()
+    return side.accelerator(dynamo_backend="eager")
+
+
+@scenario("unwrap/keep_torch_compile")
+def _unwrap_compiled(side: Side) -> dict[str, Any]:
+    """``dynamo_backend``: what ``unwrap_model`` returns with ``keep_torch_compile`` given."""
+    accelerator = _compiling(side)
+    net = accelerator.prepare(model())
+    unwrapped = accelerator.unwrap_model(net, keep_torch_compile=False)
+    facts: dict[str, Any] = {
+        "prepared": type(net).__name__,
+        "unwrapped": [type(unwrapped).__name__, list(unwrapped.state_dict())],
+    }
+    if accelerator.num_processes == 1:  # no engine between: the compiled wrapper is returned
+        kept = accelerator.unwrap_model(net, keep_torch_compile=True)
+        facts["kept"] = [type(kept).__name__, list(kept.state_dict()), kept is net]
+    return facts
+
+
+@scenario("unwrap/compiled_default")
+def _unwrap_compiled_default(side: Side) -> dict[str, Any]:
+    """A deliberate difference: ``unwrap_model(model)`` of a compiled model (Accelerate keeps
+    the compiled wrapper; trainer returns the module), and ``keep_torch_compile=True`` with DDP
+    between (Accelerate re-points the wrapper at the module; trainer refuses)."""
+    accelerator = _compiling(side)
+    net = accelerator.prepare(model())
+    facts: dict[str, Any] = {"default": type(accelerator.unwrap_model(net)).__name__}
+    try:
+        kept = accelerator.unwrap_model(net, keep_torch_compile=True)
+        facts["kept"] = [type(kept).__name__, list(kept.state_dict())]
+    except Exception as error:
+        facts["kept"] = type(error).__name__
+    return facts

@@ -323,6 +323,23 @@ def test_gather_object_of_a_non_list(
         assert fact(trainer, rank, scenario) == trainer_result
 
 
+KEPT = ["_orig_mod.0.weight", "_orig_mod.0.bias", "_orig_mod.2.weight", "_orig_mod.2.bias"]
+
+
+@pytest.mark.parametrize("world", [1, 2])
+def test_unwrap_model_of_a_compiled_model(parity_facts, world: int) -> None:
+    """``unwrap_model(model)``: trainer returns the module (its own state dict names), Accelerate
+    the compiled wrapper (``_orig_mod.`` names). ``keep_torch_compile=True`` gives Accelerate's
+    on one process; with DDP between, trainer refuses where Accelerate re-points the wrapper."""
+    accelerate, trainer = _both(parity_facts, world)
+    for rank in range(world):
+        theirs = fact(accelerate, rank, "unwrap/compiled_default")
+        ours = fact(trainer, rank, "unwrap/compiled_default")
+        assert (theirs["default"], ours["default"]) == ("OptimizedModule", "Sequential")
+        assert theirs["kept"] == ["OptimizedModule", KEPT]
+        assert ours["kept"] == (["OptimizedModule", KEPT] if world == 1 else "ConfigurationError")
+
+
 def test_every_difference_has_a_test() -> None:
     covered = {
         "batch_order/seedable_sampler", "batch_order/seedable_set_epoch_replays",
@@ -337,5 +354,6 @@ def test_every_difference_has_a_test() -> None:
         "batch_order/batch_sampler_as_sampler", "ops/gather_method/scalar",
         "ops/gather_function/scalar", "ops/reduce_method/min", "ops/reduce_function/min",
         "ops/reduce_method/sum_scale_2", "ops/reduce_function/sum_scale_2",
+        "unwrap/compiled_default",
     }  # fmt: skip
     assert set(DIFFERENT) == covered

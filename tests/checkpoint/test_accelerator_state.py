@@ -102,6 +102,32 @@ def test_load_state_with_other_objects_prepared_is_refused(tmp_path):
         Accelerator(cpu=True).save_state()
 
 
+def test_load_state_options_accelerate_takes(tmp_path):
+    """Accelerate's strict= / map_location= / load_kwargs: strict=False skips names the model
+    or the checkpoint lacks; options nothing here could honour are refused, naming them."""
+    accelerator = Accelerator(cpu=True)
+    small = accelerator.prepare(torch.nn.Sequential(torch.nn.Linear(2, 2)))
+    accelerator.save_state(tmp_path / "s")
+    other = Accelerator(cpu=True)
+    grown = other.prepare(torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.Linear(2, 1)))
+    tail = grown[1].weight.detach().clone()
+    with pytest.raises(trainer.CheckpointError, match="1.weight"):
+        other.load_state(tmp_path / "s")
+    other.load_state(tmp_path / "s", load_kwargs={"weights_only": True}, strict=False)
+    assert torch.equal(grown[0].weight, small[0].weight) and torch.equal(grown[1].weight, tail)
+    for map_location in (None, "cpu", "on_device"):
+        other.load_state(tmp_path / "s", strict=False, map_location=map_location)
+    with pytest.raises(trainer.ConfigurationError, match="map_location='cuda:1'"):
+        other.load_state(tmp_path / "s", strict=False, map_location="cuda:1")
+    with pytest.raises(trainer.ConfigurationError, match="assign"):
+        other.load_state(tmp_path / "s", assign=True)
+    with pytest.raises(trainer.ConfigurationError, match=r"load_kwargs\['pickle_module'\]"):
+        other.load_state(tmp_path / "s", load_kwargs={"pickle_module": json})
+    with pytest.raises(trainer.ConfigurationError, match="exclude_frozen_parameters"):
+        other.save_state(tmp_path / "t", exclude_frozen_parameters=True)
+    assert not (tmp_path / "t").exists()
+
+
 def test_register_for_checkpointing_refuses_objects_without_state():
     with pytest.raises(
         trainer.ConfigurationError, match=r"no state_dict/load_state_dict: \['0: object'\]"

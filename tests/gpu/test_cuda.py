@@ -226,3 +226,17 @@ def test_compile_on_cuda_trains_like_eager(tmp_path):
     assert len(runs[True]) == len(runs[False]) == 16
     for eager, compiled in zip(runs[False], runs[True], strict=True):
         assert abs(eager - compiled) < 1e-3 * max(1.0, abs(eager))
+
+
+def test_prepare_moves_optimizer_state_loaded_before_prepare_to_the_device():
+    """An optimizer stepped (or loaded) on CPU before prepare: its state follows the parameters
+    to CUDA, so the first step does not fail on a device mismatch (as in Accelerate)."""
+    net = torch.nn.Linear(4, 2)
+    optimizer = torch.optim.AdamW(net.parameters(), lr=1e-2)
+    net(torch.ones(3, 4)).sum().backward()
+    optimizer.step()
+    accelerator = trainer.Accelerator()
+    net, optimizer = accelerator.prepare(net, optimizer)
+    assert optimizer.optimizer.state[net.weight]["exp_avg"].is_cuda
+    accelerator.backward(net(torch.ones(3, 4, device="cuda")).sum())
+    optimizer.step()

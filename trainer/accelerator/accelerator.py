@@ -26,6 +26,7 @@ from trainer.accelerator.optimizer import (
     AcceleratedOptimizer,
     AcceleratedScheduler,
     parameter_replacements,
+    place_state_with_parameters,
     use_replaced_parameters,
     warn_on_eps_below_dtype,
 )
@@ -256,7 +257,7 @@ class Accelerator(ProcessAPI, CheckpointAPI, TrackerAPI):
                 result[index] = self.prepare_data_loader(obj, device_placement=placement[index])
         for index, obj in enumerate(args):
             if isinstance(obj, torch.optim.Optimizer):
-                result[index] = self.prepare_optimizer(obj)
+                result[index] = self.prepare_optimizer(obj, device_placement=placement[index])
         for index, obj in enumerate(args):
             if isinstance(obj, _SCHEDULER_TYPES):
                 result[index] = self.prepare_scheduler(obj)
@@ -317,11 +318,19 @@ class Accelerator(ProcessAPI, CheckpointAPI, TrackerAPI):
         self._dataloaders.append(prepared)
         return prepared
 
-    def prepare_optimizer(self, optimizer: torch.optim.Optimizer) -> AcceleratedOptimizer:
-        """Wrap an optimizer so it steps through the strategy and honours accumulation."""
+    def prepare_optimizer(
+        self, optimizer: torch.optim.Optimizer, device_placement: bool | None = None
+    ) -> AcceleratedOptimizer:
+        """Wrap an optimizer so it steps through the strategy and honours accumulation.
+
+        With device placement (the Accelerator's by default), state it already holds (loaded
+        before ``prepare``) moves to its parameters' devices, as in Accelerate.
+        """
         if isinstance(optimizer, AcceleratedOptimizer):
             return optimizer
         use_replaced_parameters(optimizer, self._replaced_parameters)  # e.g. sharded by FSDP
+        if self.device_placement if device_placement is None else device_placement:
+            place_state_with_parameters(optimizer)
         warn_on_eps_below_dtype(optimizer, self.precision.param_dtype)
         optimizer = self.strategy.setup_optimizer(optimizer)
         wrapped = AcceleratedOptimizer(optimizer, self.strategy, self.gradient_state)
@@ -434,23 +443,6 @@ class Accelerator(ProcessAPI, CheckpointAPI, TrackerAPI):
         with_grads = [p for p in params if p.grad is not None]
         if with_grads:  # torch raises on a list with no gradient in it
             torch.nn.utils.clip_grad_value_(with_grads, clip_value)
-
-    def get_state_dict(
-        self, model: torch.nn.Module, unwrap: bool = True
-    ) -> dict[str, torch.Tensor]:
-        """The full state dict of ``model`` (gathered by the strategy when sharded)."""
-        module = self.unwrap_model(model) if unwrap else model
-        return self.strategy.module_state_dict(module, full=True)
-
-    def unwrap_model(
-        self, model: torch.nn.Module, keep_fp32_wrapper: bool = True
-    ) -> torch.nn.Module:
-        """The user's module inside compile, engine and autocast wrappers."""
-        model = getattr(model, "_orig_mod", model)  # torch.compile
-        model = self.strategy.unwrap_module(model)
-        if not keep_fp32_wrapper and isinstance(model.forward, AutocastForward):
-            model.forward = model.forward.original
-        return model
 
     def skip_first_batches(self, dataloader: Any, num_batches: int = 0) -> Any:
         """A loader that resumes ``dataloader`` at batch ``num_batches``."""

@@ -1,5 +1,5 @@
 """The Accelerator's checkpoint verbs: ``save_state``, ``load_state`` (and their pre hooks),
-``register_for_checkpointing``, ``save``, ``save_model``.
+``register_for_checkpointing``, ``save``, ``save_model``, ``unwrap_model``, ``get_state_dict``.
 
 `CheckpointAPI` is a base of `trainer.accelerator.Accelerator`. What goes into the directory
 and how it is written and verified is ``trainer.checkpoint.accelerator_state``; this class only
@@ -15,12 +15,23 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch.utils.hooks import RemovableHandle
 
+from trainer.accelerator.model_wrappers import AutocastForward
 from trainer.errors import ConfigurationError
 
 if TYPE_CHECKING:
     from trainer.checkpoint.accelerator_state import CheckpointObjects
     from trainer.plugins import AsyncCheckpointIO
     from trainer.runtime.configs import ProjectConfiguration
+    from trainer.strategies import Strategy
+
+# Accelerate's load_state(map_location=...) values. Here weights load onto the model's own
+# device and torch's Optimizer.load_state_dict moves optimizer state to its parameter's, so
+# each gives the same result.
+_MAP_LOCATIONS = (None, "cpu", "on_device")
+# torch.load options Accelerate passes through load_state(load_kwargs=...). Nothing is
+# unpickled from this package's format; an Accelerate folder's pickles are always read with
+# weights_only=True (a crafted one never runs code), so these change nothing.
+_LOAD_KWARGS = ("map_location", "weights_only", "mmap")
 
 __all__ = ["CheckpointAPI"]
 
@@ -41,7 +52,7 @@ class CheckpointAPI:
     is_local_main_process: bool
     project_configuration: ProjectConfiguration
 
-    get_state_dict: Callable[..., dict[str, torch.Tensor]]  # the Accelerator's
+    strategy: Strategy
     wait_for_everyone: Callable[[], None]  # ProcessAPI's
 
     # ---- checkpoints --------------------------------------------------------------------
@@ -51,6 +62,7 @@ class CheckpointAPI:
         safe_serialization: bool = True,
         *,
         checkpoint_io: AsyncCheckpointIO | None = None,
+        **save_model_func_kwargs: Any,
     ) -> str:
         """Save every prepared object, registered object and RNG state to ``output_dir``.
 
@@ -64,9 +76,19 @@ class CheckpointAPI:
         (and ``total_limit`` pruning runs) once it is complete. The next ``save_state``,
         ``load_state``, ``end_training`` and ``checkpoint_io.wait()`` wait for it and raise its
         failure (a ``CheckpointError`` naming the directory).
+
+        ``save_model_func_kwargs`` go to DeepSpeed's or Megatron's own ``save_checkpoint`` in
+        Accelerate; every engine here writes this package's format, so any is refused.
         """
         from trainer.checkpoint.accelerator_state import save_accelerator_state
 
+        if save_model_func_kwargs:
+            raise ConfigurationError(
+                f"save_state(..., {', '.join(sorted(save_model_func_kwargs))}=...): Accelerate "
+                "passes these to DeepSpeed's or Megatron's own save_checkpoint; here every "
+                "engine writes the trainer checkpoint format, which takes no such options. "
+                "Remove them."
+            )
         if checkpoint_io is not None:
             self._checkpoint_io = checkpoint_io
         objects = self._checkpoint_objects()
@@ -74,16 +96,49 @@ class CheckpointAPI:
             save_accelerator_state(self, output_dir, objects, checkpoint_io=checkpoint_io)
         )
 
-    def load_state(self, input_dir: str | os.PathLike[str] | None = None) -> str:
+    def load_state(
+        self,
+        input_dir: str | os.PathLike[str] | None = None,
+        load_kwargs: dict[str, Any] | None = None,
+        **load_model_func_kwargs: Any,
+    ) -> str:
         """Restore what ``save_state`` wrote (the newest automatic checkpoint when None).
 
         Prepare (and register) the same objects in the same order first. Returns the directory.
+        As in Accelerate, ``strict=False`` loads model weights whose names do not all match
+        (missing and unexpected keys are skipped; a differently shaped tensor is still an
+        error), and ``map_location`` may be None, ``"cpu"`` or ``"on_device"`` (weights always
+        land on the model's device here). ``load_kwargs`` (Accelerate's ``torch.load`` options)
+        may hold ``map_location``, ``weights_only`` and ``mmap``, which change nothing: no
+        pickle is read from this format, and an Accelerate folder's are always read with
+        ``weights_only=True``.
+
+        Raises:
+            ConfigurationError: another option, or another ``map_location``.
         """
         from trainer.checkpoint.accelerator_state import load_accelerator_state
 
+        strict = load_model_func_kwargs.pop("strict", True)
+        map_location = load_model_func_kwargs.pop("map_location", None)
+        unknown = sorted(load_model_func_kwargs) + [
+            f"load_kwargs[{key!r}]" for key in sorted(load_kwargs or {}) if key not in _LOAD_KWARGS
+        ]
+        if unknown:
+            raise ConfigurationError(
+                f"load_state(): {', '.join(unknown)} is not an option here. load_state takes "
+                "strict= and map_location= for the models, and load_kwargs with "
+                f"{', '.join(_LOAD_KWARGS)} (torch.load's, which no part of this format needs)."
+            )
+        if map_location not in _MAP_LOCATIONS:
+            raise ConfigurationError(
+                f"load_state(map_location={map_location!r}): use None, 'cpu' or 'on_device' "
+                "(as in Accelerate)."
+            )
         if self._checkpoint_io is not None:  # a background save_state completes first
             self._checkpoint_io.wait()
-        return os.fspath(load_accelerator_state(self, input_dir, self._checkpoint_objects()))
+        return os.fspath(
+            load_accelerator_state(self, input_dir, self._checkpoint_objects(), strict=bool(strict))
+        )
 
     def _checkpoint_objects(self) -> CheckpointObjects:
         """The prepared and registered objects, in order (the lists themselves, not copies)."""
@@ -185,3 +240,39 @@ class CheckpointAPI:
                 safe_serialization=safe_serialization,
             )
         self.wait_for_everyone()
+
+    def get_state_dict(
+        self, model: torch.nn.Module, unwrap: bool = True
+    ) -> dict[str, torch.Tensor]:
+        """The full state dict of ``model`` (gathered by the strategy when sharded)."""
+        module = self.unwrap_model(model) if unwrap else model
+        return self.strategy.module_state_dict(module, full=True)
+
+    def unwrap_model(
+        self,
+        model: torch.nn.Module,
+        keep_fp32_wrapper: bool = True,
+        keep_torch_compile: bool = False,
+    ) -> torch.nn.Module:
+        """The user's module inside compile, engine and autocast wrappers.
+
+        ``keep_torch_compile=True`` returns the compiled wrapper around it instead (its state
+        dict's names start with ``_orig_mod.``), as Accelerate does by default.
+
+        Raises:
+            ConfigurationError: ``keep_torch_compile=True`` where an engine (DDP, FSDP, ...)
+                sits between the compiled wrapper and the module.
+        """
+        inner = getattr(model, "_orig_mod", None)  # torch.compile's wrapper holds the module
+        module = self.strategy.unwrap_module(model if inner is None else inner)
+        if not keep_fp32_wrapper and isinstance(module.forward, AutocastForward):
+            module.forward = module.forward.original
+        if inner is None or not keep_torch_compile:
+            return module
+        if inner is not module:
+            raise ConfigurationError(
+                f"unwrap_model(keep_torch_compile=True): the compiled model wraps "
+                f"{type(inner).__name__}, not your {type(module).__name__}, so no compiled "
+                "wrapper of your module exists. Use keep_torch_compile=False (the default)."
+            )
+        return model

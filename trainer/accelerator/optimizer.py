@@ -73,6 +73,18 @@ def use_replaced_parameters(
             optimizer.state[new] = optimizer.state.pop(old)
 
 
+def place_state_with_parameters(optimizer: torch.optim.Optimizer) -> None:
+    """Move state tensors that sit on another device than their parameter to the parameter's
+    (torch's ``load_state_dict`` rules: Adam's ``step`` stays where torch keeps it)."""
+    misplaced = any(
+        isinstance(value, torch.Tensor) and value.dim() > 0 and value.device != param.device
+        for param, state in optimizer.state.items()
+        for value in state.values()
+    )
+    if misplaced:
+        optimizer.load_state_dict(optimizer.state_dict())
+
+
 def warn_on_eps_below_dtype(optimizer: torch.optim.Optimizer, dtype: torch.dtype | None) -> None:
     """Warn when a group's ``eps`` rounds to 0 in ``dtype`` (the parameters' dtype).
 

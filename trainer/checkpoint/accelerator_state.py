@@ -207,6 +207,8 @@ def load_accelerator_state(
     accelerator: Accelerator,
     input_dir: str | os.PathLike[str] | None,
     objects: CheckpointObjects,
+    *,
+    strict: bool = True,
 ) -> Path:
     """Restore what `save_accelerator_state` wrote (newest automatic one when None).
 
@@ -214,6 +216,8 @@ def load_accelerator_state(
         accelerator: whose strategy, precision and project configuration are used.
         input_dir: the directory; None: the newest automatically named one.
         objects: the Accelerator's prepared and registered objects, loaded in place.
+        strict: False: model weights missing from the checkpoint, or not in the model, are
+            skipped (``load_state_dict(strict=False)``).
     """
     config = accelerator.project_configuration
     if input_dir is None:
@@ -249,7 +253,9 @@ def load_accelerator_state(
             f"prepared or registered now (after the load hooks). {fix}"
         )
     for model, state in zip(models, states, strict=False):
-        load_model_state(accelerator.strategy, accelerator.unwrap_model(model), state, where)
+        load_model_state(
+            accelerator.strategy, accelerator.unwrap_model(model), state, where, strict=strict
+        )
     load_states(
         "optimizer_states", objects.optimizers, checkpoint.get("optimizer_states", []), where, fix
     )
