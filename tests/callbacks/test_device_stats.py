@@ -1,8 +1,12 @@
-"""Tests of trainer/callbacks/device_stats.py: RSS follows real allocations, CPU percent follows
-real work, when stats are logged, which stats a run gets, and the errors."""
+"""Tests of trainer/callbacks/device_stats.py: the CPU figures (psutil's, and the same read from
+/proc without it), when a run logs them and under which names, and the errors.
+
+The rows are compared with Lightning's own DeviceStatsMonitor in tests/parity/test_device_stats.py.
+"""
 
 from __future__ import annotations
 
+import sys
 import time
 from typing import Any
 
@@ -10,10 +14,13 @@ import pytest
 import torch
 
 from tests.conftest import LinearModule, make_loader, quiet_trainer
-from trainer.callbacks import DeviceStatsMonitor
-from trainer.callbacks.device_stats import cpu_stats
+from trainer.callbacks import DeviceStatsMonitor, device_stats
+from trainer.callbacks.device_stats import cpu_stats, proc_cpu_stats
 from trainer.errors import ConfigurationError
 from trainer.loggers import Logger
+
+KEYS = ["cpu_percent", "cpu_swap_percent", "cpu_vm_percent"]
+on_linux = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
 
 
 class RecordingLogger(Logger):
@@ -36,8 +43,13 @@ class RecordingLogger(Logger):
     def log_hyperparams(self, params: dict[str, Any]) -> None:
         pass
 
-    def stats(self) -> list[tuple[int, dict[str, float]]]:
-        return [(s, m) for s, m in self.records if any(k.startswith("device_stats/") for k in m)]
+    def stats(self, hook: str = "on_train_batch_end") -> list[tuple[int, dict[str, float]]]:
+        prefix = f"DeviceStatsMonitor.{hook}/"
+        return [
+            (step, {k.removeprefix(prefix): v for k, v in metrics.items()})
+            for step, metrics in self.records
+            if any(k.startswith(prefix) for k in metrics)
+        ]
 
 
 def fit(tmp_path, monitor, module=None, **kwargs):
@@ -49,77 +61,87 @@ def fit(tmp_path, monitor, module=None, **kwargs):
     return logger
 
 
-def test_cpu_stats_read_this_process():
+def _busy(seconds: float) -> None:
+    end = time.perf_counter() + seconds
+    while time.perf_counter() < end:
+        pass
+
+
+def test_cpu_stats_are_percentages_with_lightnings_names():
     stats = cpu_stats()
-    assert stats["cpu_rss_mb"] > 1
-    assert stats["cpu_max_rss_mb"] >= stats["cpu_rss_mb"] * 0.99
+    assert sorted(stats) == KEYS
+    assert all(0.0 <= value <= 100.0 for value in stats.values())
+    assert stats["cpu_vm_percent"] > 0  # this process alone uses some memory
 
 
-def test_rss_follows_a_real_allocation(tmp_path):
-    class Allocating(LinearModule):
-        held: torch.Tensor | None = None
-
-        def training_step(self, batch, batch_idx):
-            if batch_idx == 3:
-                self.held = torch.ones(12_500_000)  # 50 MB, written so it is resident
-            return super().training_step(batch, batch_idx)
-
-    logger = fit(tmp_path, DeviceStatsMonitor(), Allocating())  # CPU run: CPU stats by default
-    by_step = dict(logger.stats())
-    assert sorted(by_step) == [2, 4, 6, 8]
-    assert set(by_step[2]) == {
-        "device_stats/cpu_rss_mb",
-        "device_stats/cpu_max_rss_mb",
-        "device_stats/cpu_percent",
-    }
-    grown = by_step[4]["device_stats/cpu_rss_mb"] - by_step[2]["device_stats/cpu_rss_mb"]
-    assert grown > 45
+@on_linux
+def test_proc_figures_equal_psutils():
+    psutil = pytest.importorskip("psutil")
+    ours, memory, swap = proc_cpu_stats(), psutil.virtual_memory(), psutil.swap_memory()
+    assert ours["cpu_vm_percent"] == pytest.approx(memory.percent, abs=1.0)
+    assert ours["cpu_swap_percent"] == pytest.approx(swap.percent, abs=1.0)
 
 
-def test_cpu_percent_follows_real_work(tmp_path):
-    class Busy(LinearModule):
-        def training_step(self, batch, batch_idx):
-            end = time.process_time() + 0.01
-            while time.process_time() < end:  # uses 10 ms of CPU, however busy the machine is
-                pass
-            return super().training_step(batch, batch_idx)
-
-    class Sleepy(LinearModule):
-        def training_step(self, batch, batch_idx):
-            time.sleep(0.01)
-            return super().training_step(batch, batch_idx)
-
-    def mean_percent(module):
-        monitor = DeviceStatsMonitor(cpu_stats=True)
-        values = [m["device_stats/cpu_percent"] for _, m in fit(tmp_path, monitor, module).stats()]
-        return sum(values[1:]) / len(values[1:])  # the first covers setup too
-
-    busy, sleepy = mean_percent(Busy()), mean_percent(Sleepy())
-    # Alone, busy is ~100 and sleepy a few percent; other processes may halve busy's share.
-    assert busy > 2 * sleepy
-    assert 0 < sleepy < 50
+@on_linux
+def test_proc_cpu_percent_follows_real_work():
+    proc_cpu_stats()
+    _busy(0.3)  # one core busy the whole interval: at least half of a 2-core machine
+    busy = proc_cpu_stats()["cpu_percent"]
+    assert 20.0 <= busy <= 100.0
 
 
-def test_accumulation_logs_each_step_once(tmp_path):
+def test_without_psutil_the_figures_come_from_proc(monkeypatch):
+    monkeypatch.setitem(sys.modules, "psutil", None)  # `import psutil` raises ImportError
+    if not sys.platform.startswith("linux"):
+        with pytest.raises(ConfigurationError, match="pip install psutil"):
+            cpu_stats()
+        return
+    assert sorted(cpu_stats()) == KEYS
+    monkeypatch.setattr(device_stats, "_MEMINFO", "/proc/no-such-file")
+    with pytest.raises(ConfigurationError, match=r"need psutil \(pip install psutil\)"):
+        cpu_stats()
+
+
+def test_a_cpu_run_logs_around_each_due_batch(tmp_path):
+    monitor = DeviceStatsMonitor()
+    logger = fit(tmp_path, monitor)  # 8 batches, log_every_n_steps=2
+    ends, starts = logger.stats(), logger.stats("on_train_batch_start")
+    assert [step for step, _ in ends] == [1, 3, 5, 7] == [step for step, _ in starts]
+    assert all(sorted(metrics) == KEYS for _, metrics in ends + starts)
+    assert sorted(monitor.stats) == [f"DeviceStatsMonitor.on_train_batch_end/{k}" for k in KEYS]
+
+
+def test_accumulation_logs_every_batch_of_a_due_step(tmp_path):
     logger = fit(tmp_path, DeviceStatsMonitor(), accumulate_grad_batches=2, log_every_n_steps=1)
-    assert [step for step, _ in logger.stats()] == [0, 1, 2, 3, 4]
+    assert [step for step, _ in logger.stats()] == [0, 0, 1, 1, 2, 2, 3, 3]
+
+
+def test_validation_batches_log_by_their_number_in_the_run(tmp_path):
+    logger = RecordingLogger()
+    trainer = quiet_trainer(
+        tmp_path, max_epochs=1, logger=logger, callbacks=[DeviceStatsMonitor()], log_every_n_steps=2
+    )
+    trainer.fit(LinearModule(), make_loader(8, 4), make_loader(20, 4))  # 2 steps, 5 val batches
+    # the 2nd and 4th batch of the validation at the epoch's end, at the loggers' step
+    assert [step for step, _ in logger.stats("on_validation_batch_end")] == [1, 1]
 
 
 def test_cpu_stats_false_on_a_cpu_run_logs_nothing(tmp_path):
     monitor = DeviceStatsMonitor(cpu_stats=False)
-    assert fit(tmp_path, monitor).stats() == []
+    assert not any(
+        k.startswith("DeviceStats") for _, m in fit(tmp_path, monitor).records for k in m
+    )
     assert monitor.stats == {}
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
-def test_cuda_memory_stats(tmp_path):
-    logger = fit(tmp_path, DeviceStatsMonitor(), accelerator="cuda")
+@pytest.mark.parametrize("with_cpu", [None, True])
+def test_cuda_memory_stats(tmp_path, with_cpu):
+    logger = fit(tmp_path, DeviceStatsMonitor(cpu_stats=with_cpu), accelerator="cuda")
     _, metrics = logger.stats()[-1]
-    assert "device_stats/cpu_rss_mb" not in metrics  # cpu_stats=None: GPU run, GPU stats only
-    assert 0 < metrics["device_stats/cuda_allocated_mb"] <= metrics["device_stats/cuda_reserved_mb"]
-    assert (
-        metrics["device_stats/cuda_max_allocated_mb"] >= metrics["device_stats/cuda_allocated_mb"]
-    )
+    assert metrics["allocated_bytes.all.current"] > 0  # torch.cuda.memory_stats, all of it
+    assert metrics["allocated_bytes.all.peak"] >= metrics["allocated_bytes.all.current"]
+    assert ("cpu_percent" in metrics) is bool(with_cpu)
 
 
 def test_needs_a_logger(tmp_path):

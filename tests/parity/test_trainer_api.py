@@ -264,3 +264,44 @@ def test_datamodule_on_exception_as_in_lightning() -> None:
         "callback.on_exception:bad batch",
         "datamodule.on_exception:bad batch",
     ]
+
+
+def _should_stop_seen(fw: Framework) -> list[Any]:
+    """A callback stops the first fit at batch 1; what ``should_stop`` reads afterwards."""
+    seen: list[Any] = []
+
+    class Watch(fw.Callback):  # type: ignore[misc, valid-type]
+        def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx):
+            if batch_idx == 1 and trainer.current_epoch == 0:
+                trainer.should_stop = True
+
+        def on_validation_start(self, trainer, module):
+            seen.append(("validation", trainer.should_stop))
+
+        def on_test_start(self, trainer, module):
+            seen.append(("test", trainer.should_stop))
+
+        def on_train_start(self, trainer, module):
+            seen.append(("train", trainer.should_stop))
+
+    class Tested(regression(fw.Module)):
+        def test_step(self, batch, batch_idx):
+            pass
+
+    fit = fw.trainer(**quiet(max_epochs=2, num_sanity_val_steps=0, callbacks=[Watch()]))
+    module = Tested()
+    fit.fit(module, loader(8), loader(4))
+    fit.validate(module, loader(4), **fw.eval_options)
+    fit.test(module, loader(4), **fw.eval_options)
+    (fit.fit_loop if fw.name == "lightning" else fit).max_epochs = 3
+    fit.fit(module, loader(8))
+    seen.append(("after second fit", fit.should_stop))
+    return [tuple(str(v) for v in item) for item in seen]
+
+
+def test_should_stop_stays_set_after_a_stopped_fit_as_in_lightning() -> None:
+    """Lightning resets ``should_stop`` only when a fit starts: validate and test after a fit
+    that stopped early still read True (the loggers' "log every batch" rule depends on it)."""
+    expected = _should_stop_seen(BOTH[0])
+    assert ("test", "True") in expected
+    assert _should_stop_seen(BOTH[1]) == expected

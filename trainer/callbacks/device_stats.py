@@ -1,160 +1,221 @@
-"""DeviceStatsMonitor: log host memory and CPU use, and CUDA memory, while training.
+"""DeviceStatsMonitor: log the device's statistics around every logged batch, as Lightning does.
 
-This module owns reading the statistics (``/proc/self/status`` or ``resource.getrusage`` for the
-process; ``torch.cuda.memory_*`` for the GPU; no psutil) and writing them to ``trainer.loggers``
-every ``log_every_n_steps`` optimizer steps. It reads, never frees or resets, memory.
+This module owns reading the statistics (system memory, swap and CPU use — psutil's figures,
+read from ``/proc`` where psutil is not installed; ``torch.cuda.memory_stats`` for a GPU) and
+writing them to ``trainer.loggers`` from the batch hooks of training, validation and test. It
+reads, never frees or resets, memory.
 """
 
 from __future__ import annotations
 
-import os
-import sys
-import time
 from typing import TYPE_CHECKING, Any
 
 import torch
 
 from trainer.callbacks.callback import Callback
 from trainer.errors import ConfigurationError, describe
+from trainer.trainer.logger_rows import eval_epoch_step
 
 if TYPE_CHECKING:
     from trainer.trainer.module import TrainModule
     from trainer.trainer.trainer import Trainer
 
-__all__ = ["DeviceStatsMonitor", "cpu_stats", "cuda_stats"]
+__all__ = ["DeviceStatsMonitor", "cpu_stats"]
 
-_MB = 1e6
-_PREFIX = "device_stats/"
+_STAT = "/proc/stat"
+_MEMINFO = "/proc/meminfo"
+_last_cpu_times: tuple[int, int] | None = None  # (busy, total) jiffies at the previous read
 
 
 def cpu_stats() -> dict[str, float]:
-    """This process's resident memory now and at its peak, in MB (10⁶ bytes).
+    """The machine's memory, CPU and swap use, in percent, with Lightning's names.
 
-    Returns:
-        ``{"cpu_rss_mb": ..., "cpu_max_rss_mb": ...}``; ``cpu_rss_mb`` is missing where
-        ``/proc/self/status`` is not readable (not Linux).
+    ``cpu_vm_percent`` (memory in use: total less available), ``cpu_percent`` (all cores' busy
+    time since the previous call; 0.0 on the first) and ``cpu_swap_percent``. From psutil when
+    it is installed (Lightning's source), otherwise from ``/proc`` the way psutil computes them.
+
+    Raises:
+        ConfigurationError: neither psutil nor ``/proc`` is there (not Linux, no psutil).
 
     Examples:
-        >>> sorted(cpu_stats())  # on Linux
-        ['cpu_max_rss_mb', 'cpu_rss_mb']
+        >>> sorted(cpu_stats())
+        ['cpu_percent', 'cpu_swap_percent', 'cpu_vm_percent']
     """
-    stats: dict[str, float] = {}
-    rss_kib = _read_vm_rss_kib()
-    if rss_kib is not None:
-        stats["cpu_rss_mb"] = rss_kib * 1024 / _MB
     try:
-        import resource
-    except ImportError:  # Windows has no resource module
-        return stats
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    stats["cpu_max_rss_mb"] = peak / _MB if sys.platform == "darwin" else peak * 1024 / _MB
-    return stats
-
-
-def cuda_stats(device: torch.device) -> dict[str, float]:
-    """Memory allocated, reserved and the peak allocated on ``device`` since start, in MB.
-
-    Examples:
-        >>> cuda_stats(torch.device("cuda", 0))  # doctest: +SKIP
-        {'cuda_allocated_mb': 512.1, 'cuda_reserved_mb': 1024.5, 'cuda_max_allocated_mb': 900.0}
-    """
+        import psutil
+    except ImportError:
+        return proc_cpu_stats()
     return {
-        "cuda_allocated_mb": torch.cuda.memory_allocated(device) / _MB,
-        "cuda_reserved_mb": torch.cuda.memory_reserved(device) / _MB,
-        "cuda_max_allocated_mb": torch.cuda.max_memory_allocated(device) / _MB,
+        "cpu_vm_percent": psutil.virtual_memory().percent,
+        "cpu_percent": psutil.cpu_percent(),
+        "cpu_swap_percent": psutil.swap_memory().percent,
     }
 
 
+def proc_cpu_stats() -> dict[str, float]:
+    """`cpu_stats` from ``/proc/meminfo`` and ``/proc/stat`` (Linux, without psutil)."""
+    global _last_cpu_times
+    try:
+        with open(_MEMINFO, encoding="ascii") as file:
+            kib = {k: int(v.split()[0]) for k, _, v in (line.partition(":") for line in file)}
+        with open(_STAT, encoding="ascii") as file:
+            jiffies = [int(v) for v in file.readline().split()[1:]]
+    except (OSError, ValueError, IndexError) as err:
+        raise ConfigurationError(
+            "DeviceStatsMonitor: CPU statistics need psutil (pip install psutil) where "
+            f"/proc/meminfo and /proc/stat cannot be read ({err})."
+        ) from err
+    total = sum(jiffies[:8])  # user .. steal (guest time is inside user and nice)
+    busy = total - jiffies[3] - (jiffies[4] if len(jiffies) > 4 else 0)  # less idle, iowait
+    last_busy, last_total = _last_cpu_times or (busy, total)
+    _last_cpu_times = (busy, total)
+    elapsed = total - last_total
+    return {
+        "cpu_vm_percent": _percent(kib["MemTotal"] - kib["MemAvailable"], kib["MemTotal"]),
+        "cpu_percent": _percent(busy - last_busy, elapsed),
+        "cpu_swap_percent": _percent(kib["SwapTotal"] - kib["SwapFree"], kib["SwapTotal"]),
+    }
+
+
+def _percent(part: float, whole: float) -> float:
+    return round(100.0 * part / whole, 1) if whole > 0 else 0.0
+
+
 class DeviceStatsMonitor(Callback):
-    """Log memory and CPU statistics every ``log_every_n_steps`` optimizer steps.
+    """Log the device's statistics at the start and end of training, validation and test
+    batches, with Lightning's names, steps and rule.
 
-    At the end of a training batch whose step is due for logging, it writes to every logger at
-    ``step=global_step`` (names under ``device_stats/``):
-
-    - CPU, when ``cpu_stats`` is True, or None and training runs on the CPU:
-      ``cpu_rss_mb`` (resident memory now), ``cpu_max_rss_mb`` (its peak), and
-      ``cpu_percent``, the process's CPU time over wall time since the previous log
-      (100 = one core busy);
-    - CUDA, when training runs on a GPU: ``cuda_allocated_mb``, ``cuda_reserved_mb``,
-      ``cuda_max_allocated_mb``.
-
-    Reading them costs no device sync. The latest values are also in ``self.stats``.
+    Keys are ``DeviceStatsMonitor.<hook>/<statistic>``, e.g.
+    ``DeviceStatsMonitor.on_train_batch_end/cpu_percent``. A CPU run logs `cpu_stats`
+    (``cpu_vm_percent``, ``cpu_percent``, ``cpu_swap_percent``); a CUDA run logs every figure of
+    ``torch.cuda.memory_stats`` (``allocated_bytes.all.current``, ...), plus the CPU ones with
+    ``cpu_stats=True``. A training batch logs when its step is due (``(batches that stepped + 1)
+    % log_every_n_steps == 0``, so with accumulation every batch of a due step does), an
+    evaluation batch when its number in the run is a multiple of ``log_every_n_steps``, and
+    every batch once the fit is stopping. The step is the loggers' training step. The latest
+    values are in ``self.stats``. Reading them costs no device sync.
 
     Args:
-        cpu_stats: log the CPU statistics: True always, False never, None on a CPU run only.
+        cpu_stats: on a CPU run, False logs nothing; on a GPU run, True adds the CPU figures.
 
     Raises:
         ConfigurationError: ``cpu_stats`` is not a bool or None; fit starts with no logger.
 
     Examples:
-        >>> monitor = DeviceStatsMonitor(cpu_stats=True)
+        >>> monitor = DeviceStatsMonitor()
         >>> # Trainer(callbacks=[monitor], log_every_n_steps=50) logs e.g.
-        >>> # {"device_stats/cpu_rss_mb": 812.4, "device_stats/cpu_percent": 97.0, ...}
-        >>> # at steps 50, 100, ...
+        >>> # {"DeviceStatsMonitor.on_train_batch_end/cpu_percent": 97.0, ...} at steps 49, 99, ...
     """
 
     def __init__(self, cpu_stats: bool | None = None) -> None:
         if cpu_stats is not None and not isinstance(cpu_stats, bool):
             raise ConfigurationError(
                 f"DeviceStatsMonitor(cpu_stats={describe(cpu_stats)}): expected True, False or "
-                "None (CPU statistics on CPU runs only)."
+                "None (on a CPU run False logs nothing; on a GPU run True adds CPU statistics)."
             )
         self.cpu_stats = cpu_stats
         self.stats: dict[str, float] = {}
-        self._is_cpu_logged = False
-        self._last_logged_step = -1
-        self._last_times = (0.0, 0.0)  # (wall, process CPU) at the previous log
+        self._eval_batches = 0  # batches of the current validation / test run
 
     def setup(self, trainer: Trainer, module: TrainModule, stage: str) -> None:
-        if stage != "fit":
-            return
-        if not trainer.loggers:
+        if stage == "fit" and not trainer.loggers:
             raise ConfigurationError(
                 "DeviceStatsMonitor needs a logger, but the Trainer has none (logger=False). "
                 "Pass Trainer(logger=True) or a Logger, or remove the callback."
             )
+
+    def read(self, trainer: Trainer) -> dict[str, float]:
+        """The statistics now, without the hook's prefix (empty: nothing to log)."""
         device = trainer.strategy.root_device
-        self._is_cpu_logged = self.cpu_stats is True or (
-            self.cpu_stats is None and device.type == "cpu"
+        if device.type == "cpu":
+            return {} if self.cpu_stats is False else cpu_stats()
+        stats: dict[str, float] = {}
+        if device.type == "cuda":
+            stats.update(torch.cuda.memory_stats(device))
+        if self.cpu_stats:
+            stats.update(cpu_stats())
+        return stats
+
+    def _log(self, trainer: Trainer, hook: str, position: int, step: int) -> None:
+        if position % trainer.log_every_n_steps != 0 and not trainer.should_stop:
+            return
+        stats = self.read(trainer)
+        if not stats:
+            return
+        self.stats = {f"DeviceStatsMonitor.{hook}/{name}": value for name, value in stats.items()}
+        if trainer.is_global_zero:
+            for logger in trainer.loggers:
+                logger.log_metrics(dict(self.stats), step=step)
+
+    def _eval_step(self, trainer: Trainer) -> int:
+        return (
+            trainer.progress.batches_stepped
+            if trainer.sanity_checking
+            else eval_epoch_step(trainer)
         )
-        self._last_logged_step = -1
-        self._last_times = (time.perf_counter(), time.process_time())
+
+    # ---- training: the step about to be taken (start) and the one just taken (end) ----------
+    def on_train_batch_start(
+        self, trainer: Trainer, module: TrainModule, batch: Any, batch_idx: int
+    ) -> None:
+        step = trainer.progress.batches_stepped
+        self._log(trainer, "on_train_batch_start", step + 1, step)
 
     def on_train_batch_end(
         self, trainer: Trainer, module: TrainModule, outputs: Any, batch: Any, batch_idx: int
     ) -> None:
-        step = trainer.global_step
-        if step % trainer.log_every_n_steps != 0 or step == self._last_logged_step:
-            return
-        self._last_logged_step = step
-        self.stats = {f"{_PREFIX}{k}": v for k, v in self.read(trainer).items()}
-        if self.stats and trainer.is_global_zero:
-            for logger in trainer.loggers:
-                logger.log_metrics(dict(self.stats), step=step)
+        step = eval_epoch_step(trainer)  # the batches that stepped before this one
+        self._log(trainer, "on_train_batch_end", step + 1, step)
 
-    def read(self, trainer: Trainer) -> dict[str, float]:
-        """The statistics now, without the ``device_stats/`` prefix."""
-        stats: dict[str, float] = {}
-        if self._is_cpu_logged:
-            stats.update(cpu_stats())
-            wall, cpu = time.perf_counter(), time.process_time()
-            last_wall, last_cpu = self._last_times
-            if wall > last_wall:
-                stats["cpu_percent"] = 100.0 * (cpu - last_cpu) / (wall - last_wall)
-            self._last_times = (wall, cpu)
-        device = trainer.strategy.root_device
-        if device.type == "cuda":
-            stats.update(cuda_stats(device))
-        return stats
+    # ---- evaluation: the batch's number in this run ----------------------------------------
+    def on_validation_start(self, trainer: Trainer, module: TrainModule) -> None:
+        self._eval_batches = 0
 
+    def on_test_start(self, trainer: Trainer, module: TrainModule) -> None:
+        self._eval_batches = 0
 
-def _read_vm_rss_kib() -> int | None:
-    """VmRSS of this process from /proc (Linux), in KiB; None where it cannot be read."""
-    try:
-        with open(f"/proc/{os.getpid()}/status", encoding="ascii") as file:
-            for line in file:
-                if line.startswith("VmRSS:"):
-                    return int(line.split()[1])
-    except (OSError, ValueError):
-        return None
-    return None
+    def on_validation_batch_start(
+        self,
+        trainer: Trainer,
+        module: TrainModule,
+        batch: Any,
+        batch_idx: int,
+        dataloader_idx: int = 0,
+    ) -> None:
+        self._eval_batches += 1
+        self._log(
+            trainer, "on_validation_batch_start", self._eval_batches, self._eval_step(trainer)
+        )
+
+    def on_validation_batch_end(
+        self,
+        trainer: Trainer,
+        module: TrainModule,
+        outputs: Any,
+        batch: Any,
+        batch_idx: int,
+        dataloader_idx: int = 0,
+    ) -> None:
+        self._log(trainer, "on_validation_batch_end", self._eval_batches, self._eval_step(trainer))
+
+    def on_test_batch_start(
+        self,
+        trainer: Trainer,
+        module: TrainModule,
+        batch: Any,
+        batch_idx: int,
+        dataloader_idx: int = 0,
+    ) -> None:
+        self._eval_batches += 1
+        self._log(trainer, "on_test_batch_start", self._eval_batches, self._eval_step(trainer))
+
+    def on_test_batch_end(
+        self,
+        trainer: Trainer,
+        module: TrainModule,
+        outputs: Any,
+        batch: Any,
+        batch_idx: int,
+        dataloader_idx: int = 0,
+    ) -> None:
+        self._log(trainer, "on_test_batch_end", self._eval_batches, self._eval_step(trainer))

@@ -376,7 +376,7 @@ class Trainer(TrainerProperties):
         if datamodule is not None:
             datamodule.trainer = self
         self.state = TrainerState(stage, "running", "train" if stage == "fit" else stage)
-        self.should_stop = False
+        self.should_stop = self.should_stop and stage != "fit"  # Lightning: set until a fit
         self.callbacks = with_module_callbacks(self.callbacks, module)  # configure_callbacks
         self._hooks = HookTable(self, module, self.callbacks, self.profiler)
 
