@@ -445,3 +445,31 @@ def test_an_unedited_lightning_checkpoint_resumes(lightning_ckpt, tmp_path):
         Net(), data(), ckpt_path=tmp_path / "good.ckpt"
     )
     assert hooks.start_step == _STOP_AT
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "error"),
+    [
+        ("wait_count", "many", "ValueError"),
+        ("best_score", [1], "TypeError"),
+        ("patience", _DELETE, "KeyError"),
+    ],
+)
+def test_a_callback_state_that_does_not_fit_is_a_checkpoint_error(tmp_path, field, value, error):
+    """Callback states are the callbacks' own (the schema lets anything through): one its
+    load_state_dict cannot take is refused naming the checkpoint part, not a bare ValueError."""
+    from trainer.callbacks import EarlyStopping
+
+    def stopper() -> EarlyStopping:
+        return EarlyStopping(monitor="loss", check_on_train_epoch_end=True)
+
+    torch.manual_seed(0)
+    t = quiet_trainer(tmp_path, max_epochs=1, callbacks=[stopper()])
+    t.fit(Net(), data())
+    t.save_checkpoint(tmp_path / "ck")
+    (key,) = [k for k in json.loads((tmp_path / "ck" / "state.json").read_text())["callbacks"]]
+    _edit_json(tmp_path / "ck" / "state.json", ("callbacks", key, field), value)
+    _rehash(tmp_path / "ck")
+    again = quiet_trainer(tmp_path / "run", max_epochs=2, callbacks=[stopper()])
+    with pytest.raises(CheckpointError, match=rf"ckpt_path: .*callbacks\[.*EarlyStopping.*{error}"):
+        again.fit(Net(), data(), ckpt_path=tmp_path / "ck")

@@ -31,6 +31,7 @@ __all__ = [
     "capture_training_state",
     "gather_loader_state",
     "load_model_state",
+    "load_state_into",
     "load_states",
     "loader_state_for_rank",
     "rng_state_for_rank",
@@ -162,10 +163,17 @@ def load_states(
             f"prepared or registered now. {fix}"
         )
     for target, state in zip(targets, states, strict=True):
-        try:
-            target.load_state_dict(state)
-        except (ValueError, KeyError, TypeError, IndexError) as err:
-            name = type(getattr(target, "optimizer", target)).__name__
-            raise CheckpointError(
-                f"{source}: the checkpoint's {kind} do not fit {name}: {err}"
-            ) from err
+        load_state_into(target, state, source, f"{kind} do")
+
+
+def load_state_into(target: Any, state: Any, source: str | Path, what: str) -> None:
+    """``target.load_state_dict(state)``, where a state that does not fit (a crafted or older
+    checkpoint: a missing key, a value of the wrong type) is a CheckpointError naming
+    ``source`` and ``what`` ("callbacks['EarlyStopping'] does"), not the object's own error."""
+    try:
+        target.load_state_dict(state)
+    except (ValueError, KeyError, TypeError, IndexError, AttributeError) as err:
+        name = type(getattr(target, "optimizer", target)).__name__
+        raise CheckpointError(
+            f"{source}: the checkpoint's {what} not fit {name}: {type(err).__name__}: {err}"
+        ) from err

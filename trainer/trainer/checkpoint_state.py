@@ -24,6 +24,7 @@ from trainer.checkpoint.training_state import (
     TrainingObjects,
     capture_training_state,
     load_model_state,
+    load_state_into,
     load_states,
     loader_state_for_rank,
     rng_state_for_rank,
@@ -215,11 +216,13 @@ def restore_checkpoint(
         "Resume with the same configure_optimizers.",
     )
     # As Lightning: schedulers pair up with the saved states as far as both go.
-    for config, state in zip(
-        trainer.lr_scheduler_configs, checkpoint.get("lr_schedulers", []), strict=False
+    for index, (config, state) in enumerate(
+        zip(trainer.lr_scheduler_configs, checkpoint.get("lr_schedulers", []), strict=False)
     ):
-        config.scheduler.load_state_dict(state)
-    trainer.precision_plugin.load_state_dict(checkpoint.get("precision") or {})
+        load_state_into(config.scheduler, state, "ckpt_path", f"lr_schedulers[{index}] does")
+    load_state_into(
+        trainer.precision_plugin, checkpoint.get("precision") or {}, "ckpt_path", "precision does"
+    )
     progress = checkpoint["progress"]
     trainer.progress.epoch = progress["epoch"]
     trainer.progress.global_step = progress["global_step"]
@@ -230,17 +233,20 @@ def restore_checkpoint(
     trainer.progress.batches_stepped = _count(progress, "batches_stepped", progress["global_step"])
     callback_states = checkpoint.get("callbacks") or {}
     for callback in trainer.callbacks:
-        if callback.state_key in callback_states:
-            callback.load_state_dict(callback_states[callback.state_key])
+        if (key := callback.state_key) in callback_states:
+            what = f"callbacks[{key!r}] does"
+            load_state_into(callback, callback_states[key], "ckpt_path", what)
     if trainer.datamodule is not None and checkpoint.get("datamodule") is not None:
-        trainer.datamodule.load_state_dict(checkpoint["datamodule"])
+        load_state_into(
+            trainer.datamodule, checkpoint["datamodule"], "ckpt_path", "datamodule does"
+        )
     loader_state = (checkpoint.get("loops") or {}).get("train_loader")
     train_loader = trainer.train_dataloader
     if loader_state is not None and train_loader is not None:
         train_loader.load_state_dict(loader_state_for_rank(loader_state, trainer.global_rank))
     for logger, state in zip(trainer.loggers, checkpoint.get("loggers") or [], strict=False):
         if state.get("class") == type(logger).__name__:
-            logger.load_state_dict(state)
+            load_state_into(logger, state, "ckpt_path", "logger state does")
     return Resumed(
         callback_metrics=dict(checkpoint.get("callback_metrics") or {}),
         rng_state=rng_state_for_rank(checkpoint.get("rng_states"), trainer.global_rank),
