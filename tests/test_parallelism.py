@@ -77,6 +77,22 @@ def test_one_process_gets_the_single_device_strategy():
         pass  # no context parallelism: nothing happens
 
 
+def test_accelerates_parallelism_facts_on_one_process():
+    plain = trainer.Accelerator(cpu=True)
+    assert plain.torch_device_mesh is None and plain.should_save_model
+    for name in ("data_parallel_rank", "data_parallel_shard_rank", "tensor_parallel_rank"):
+        with pytest.raises(ConfigurationError, match="parallelism_config=ParallelismConfig"):
+            getattr(plain, name)
+    configured = trainer.Accelerator(cpu=True, parallelism_config=ParallelismConfig())
+    assert configured.data_parallel_rank == configured.context_parallel_rank == 0
+    assert configured.should_save_model and not configured.is_composable_parallelism_enabled
+    with pytest.raises(NotImplementedError, match="prepare_pippy"):
+        configured.pipeline_parallel_rank  # noqa: B018
+    buffer = torch.arange(8.0).reshape(2, 4)
+    with configured.maybe_context_parallel(buffers=[buffer], buffer_seq_dims=[1]):
+        assert buffer.shape == (2, 4)  # no context parallelism: nothing is split
+
+
 def test_sizes_that_do_not_match_the_job_are_refused(two_processes):
     with pytest.raises(ConfigurationError, match="4 processes, but this job has 2") as info:
         strategy_for_parallelism(ParallelismConfig(dp_shard_size=4), accelerator="cpu")

@@ -10,13 +10,18 @@ import pytest
 
 pytest.importorskip("accelerate")
 
-from tests.accelerate_parity import scenarios_data, scenarios_ops, scenarios_training
+from tests.accelerate_parity import scenarios_api, scenarios_data, scenarios_ops, scenarios_training
 from tests.accelerate_parity.expectations import is_different, known_gap
 from tests.accelerate_parity.facts import assert_same, fact
 from tests.accelerate_parity.kit import SCENARIOS
 
 pytestmark = [pytest.mark.distributed, pytest.mark.slow]
-_MODULES = (scenarios_data, scenarios_ops, scenarios_training)  # imported: they register
+_MODULES = (
+    scenarios_api,
+    scenarios_data,
+    scenarios_ops,
+    scenarios_training,
+)  # imported: they register
 
 
 def _cases() -> list[object]:

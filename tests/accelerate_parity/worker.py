@@ -24,6 +24,7 @@ import numpy as np
 import torch
 
 from tests.accelerate_parity import (  # noqa: F401  (registers the scenarios)
+    scenarios_api,
     scenarios_data,
     scenarios_ops,
     scenarios_training,

@@ -4,7 +4,9 @@ For every layout of ``LAYOUTS[world_size]`` the worker builds the strategy with
 ``strategy_for_parallelism``, trains LayerNorm -> Linear -> tanh -> Linear for one epoch with
 an Accelerator loop (batch 4 per data-parallel rank, AdamW, clipping), gathers the full weights
 (HSDP also saves DCP shards to OUT/hsdp and loads them back over zeroed weights) and, on rank 0, trains the dense model in this process with the global batch
-(4 x data-parallel size) and records the largest difference. Facts go to OUT/rank<r>.json.
+(4 x data-parallel size) and records the largest difference. It also records Accelerate's
+rank properties (``data_parallel_rank`` ...) beside the mesh's own local ranks. Facts go to
+OUT/rank<r>.json.
 """
 
 from __future__ import annotations
@@ -22,6 +24,12 @@ from trainer import Accelerator
 from trainer.accelerator.parallelism import ParallelismConfig, strategy_for_parallelism
 
 LR = 0.01
+RANK_PROPERTIES = {
+    "dp_replicate": "data_parallel_rank",
+    "dp_shard": "data_parallel_shard_rank",
+    "cp": "context_parallel_rank",
+    "tp": "tensor_parallel_rank",
+}
 CLIP = 0.5
 LAYOUTS: dict[int, list[dict[str, int]]] = {
     2: [{"dp_shard_size": 2}, {"dp_replicate_size": 2}, {"tp_size": 2}, {}],
@@ -61,7 +69,10 @@ def dense_weights(batch_size: int) -> dict[str, torch.Tensor]:
 
 def run_layout(sizes: dict[str, int], rank: int, out: str) -> dict[str, Any]:
     config = ParallelismConfig(**sizes)
-    accelerator = Accelerator(strategy=strategy_for_parallelism(config, accelerator="cpu"))
+    if sizes:  # Accelerate's way; the strategy itself for the empty layout
+        accelerator = Accelerator(cpu=True, parallelism_config=config)
+    else:
+        accelerator = Accelerator(strategy=strategy_for_parallelism(config, accelerator="cpu"))
     strategy = accelerator.strategy
     torch.manual_seed(0)
     model = Net()
@@ -96,6 +107,12 @@ def run_layout(sizes: dict[str, int], rank: int, out: str) -> dict[str, Any]:
         if hasattr(weight, "device_mesh")
         else [],
     }
+    if sizes:  # Accelerate's rank properties, and what the mesh itself says
+        mesh = accelerator.torch_device_mesh
+        facts["ranks"] = {dim: getattr(accelerator, attr) for dim, attr in RANK_PROPERTIES.items()}
+        facts["mesh_ranks"] = (
+            None if mesh is None else {dim: mesh.get_local_rank(dim) for dim in RANK_PROPERTIES}
+        )
     if config.dp_replicate_enabled and config.dp_shard_enabled:  # HSDP: DCP shards round trip
         folder = accelerator.save_state(os.path.join(out, "hsdp"))
         with torch.no_grad():

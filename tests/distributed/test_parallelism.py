@@ -80,3 +80,22 @@ def test_fsdp_times_tp_on_four_processes(run4):
     assert [f["data_parallel"] for f in facts] == [[2, 0], [2, 0], [2, 1], [2, 1]]
     assert facts[0]["mesh_dims"] == ["dp_shard_cp", "tp"]
     assert facts[0]["max_difference"] < 1e-6
+
+
+@pytest.mark.parametrize("world", [2, 4])
+def test_rank_properties_are_the_meshs_local_ranks(run2, run4, world):
+    """``accelerator.data_parallel_rank`` / ``data_parallel_shard_rank`` / ``tensor_parallel_rank``
+    / ``context_parallel_rank`` equal ``torch_device_mesh.get_local_rank`` of their dimension on
+    every rank; pure replication has no mesh and its data-parallel rank is the process's."""
+    run = run2 if world == 2 else run4
+    checked = 0
+    for name, facts in run.items():
+        if name == "{}":
+            continue
+        for rank, fact in enumerate(facts):
+            if fact["mesh_ranks"] is None:
+                assert fact["ranks"] == {"dp_replicate": rank, "dp_shard": 0, "cp": 0, "tp": 0}
+            else:
+                assert fact["ranks"] == fact["mesh_ranks"], (name, rank)
+            checked += 1
+    assert checked == (6 if world == 2 else 8)

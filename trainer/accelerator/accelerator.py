@@ -30,6 +30,7 @@ from trainer.accelerator.optimizer import (
     use_replaced_parameters,
     warn_on_eps_below_dtype,
 )
+from trainer.accelerator.parallelism_api import ParallelismAPI
 from trainer.accelerator.process_api import ProcessAPI
 from trainer.accelerator.tracker_api import TrackerAPI
 from trainer.data.loader import DataLoaderShard, skip_first_batches
@@ -62,7 +63,7 @@ _SCHEDULER_TYPES: tuple[type, ...] = (
 )
 
 
-class Accelerator(ProcessAPI, CheckpointAPI, TrackerAPI):
+class Accelerator(ProcessAPI, ParallelismAPI, CheckpointAPI, TrackerAPI):
     """Runs a hand-written training loop on any strategy and precision.
 
     Args:

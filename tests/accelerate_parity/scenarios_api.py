@@ -1,0 +1,118 @@
+"""API scenarios: ``load_state``'s options, ``unwrap_model`` of a compiled model, the n-D
+parallelism facts — what a ported script passes or reads, beside the training scenarios."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import torch
+
+from tests.accelerate_parity.kit import Side, model, parameters, scenario, scratch
+
+
+# ---- load_state's options, unwrap_model of a compiled model ----------------------------------
+@scenario("resume/load_state_strict_false")
+def _load_state_strict_false(side: Side) -> dict[str, Any]:
+    """A model grown by a layer after the save: a strict load is refused, ``strict=False``
+    (with ``map_location`` and ``load_kwargs`` as ported scripts pass them) loads the layers
+    the checkpoint has and leaves the new one as it was."""
+    accelerator = side.accelerator()
+    net = accelerator.prepare(model())
+    with torch.no_grad():
+        for parameter in net.parameters():
+            parameter.add_(1.0)
+    directory = str(scratch() / "saved")
+    accelerator.save_state(directory)
+    accelerator.wait_for_everyone()
+    facts: dict[str, Any] = {"saved": parameters(accelerator.unwrap_model(net))}
+    grown = side.accelerator()
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(2)
+        head = torch.nn.Linear(1, 1)
+    bigger = grown.prepare(torch.nn.Sequential(*model(), head))
+    facts["before"] = parameters(grown.unwrap_model(bigger))
+    try:
+        grown.load_state(directory)
+        facts["strict"] = "loaded"
+    except Exception:  # Accelerate: torch's RuntimeError; trainer: CheckpointError
+        facts["strict"] = "refused"
+    facts["unchanged_after_refusal"] = parameters(grown.unwrap_model(bigger)) == facts["before"]
+    grown.load_state(
+        directory, strict=False, map_location="cpu", load_kwargs={"weights_only": True}
+    )
+    facts["after"] = parameters(grown.unwrap_model(bigger))
+    return facts
+
+
+def _compiling(side: Side) -> Any:
+    """An Accelerator with ``dynamo_backend="eager"`` (Accelerate's first Accelerator of the
+    process fixes the backend for every later one: its state is reset first)."""
+    if side.name == "accelerate":
+        from accelerate.state import AcceleratorState
+
+        AcceleratorState._reset_state()
+    return side.accelerator(dynamo_backend="eager")
+
+
+@scenario("unwrap/keep_torch_compile")
+def _unwrap_compiled(side: Side) -> dict[str, Any]:
+    """``dynamo_backend``: what ``unwrap_model`` returns with ``keep_torch_compile`` given."""
+    accelerator = _compiling(side)
+    net = accelerator.prepare(model())
+    unwrapped = accelerator.unwrap_model(net, keep_torch_compile=False)
+    facts: dict[str, Any] = {
+        "prepared": type(net).__name__,
+        "unwrapped": [type(unwrapped).__name__, list(unwrapped.state_dict())],
+    }
+    if accelerator.num_processes == 1:  # no engine between: the compiled wrapper is returned
+        kept = accelerator.unwrap_model(net, keep_torch_compile=True)
+        facts["kept"] = [type(kept).__name__, list(kept.state_dict()), kept is net]
+    return facts
+
+
+@scenario("unwrap/compiled_default")
+def _unwrap_compiled_default(side: Side) -> dict[str, Any]:
+    """A deliberate difference: ``unwrap_model(model)`` of a compiled model (Accelerate keeps
+    the compiled wrapper; trainer returns the module), and ``keep_torch_compile=True`` with DDP
+    between (Accelerate re-points the wrapper at the module; trainer refuses)."""
+    accelerator = _compiling(side)
+    net = accelerator.prepare(model())
+    facts: dict[str, Any] = {"default": type(accelerator.unwrap_model(net)).__name__}
+    try:
+        kept = accelerator.unwrap_model(net, keep_torch_compile=True)
+        facts["kept"] = [type(kept).__name__, list(kept.state_dict())]
+    except Exception as error:
+        facts["kept"] = type(error).__name__
+    return facts
+
+
+@scenario("parallelism/rank_facts")
+def _parallelism_facts(side: Side) -> dict[str, Any]:
+    """Accelerate's n-D parallelism facts with and without a ``ParallelismConfig`` (one process:
+    Accelerate 1.15 refuses a config on several CPU processes; the 2-process ranks are checked
+    against the mesh in tests/distributed/test_parallelism.py)."""
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        return {"skipped": "one process only"}
+    facts: dict[str, Any] = {}
+    names = ("data_parallel_rank", "data_parallel_shard_rank", "tensor_parallel_rank")
+    for label, options in (("none", {}), ("config", {"parallelism_config": True})):
+        if side.name == "accelerate":
+            from accelerate.state import AcceleratorState
+
+            AcceleratorState._reset_state()
+        if options:
+            options = {"parallelism_config": side.attr("ParallelismConfig")()}
+        accelerator = side.accelerator(**options)
+        seen: dict[str, Any] = {"mesh": accelerator.torch_device_mesh is None}
+        for name in (*names, "should_save_model", "is_composable_parallelism_enabled"):
+            try:
+                seen[name] = getattr(accelerator, name)
+            except Exception:  # Accelerate: RuntimeError; trainer: ConfigurationError
+                seen[name] = "refused"
+        try:
+            seen["pipeline_parallel_rank"] = accelerator.pipeline_parallel_rank
+        except NotImplementedError:
+            seen["pipeline_parallel_rank"] = "NotImplementedError"
+        facts[label] = seen
+    return facts
