@@ -358,3 +358,31 @@ def test_free_memory_clear_and_the_smaller_facts_accelerate_scripts_read(tmp_pat
         AcceleratorState._reset_state(True)
     assert ours == theirs
     assert ours["freed"] == [None, None] and ours["device_map"] == [True, False]
+
+
+# The names docs/migration/accelerate.md lists as not here.
+NOT_HERE = {
+    "lomo_backward",
+    "has_lomo_optimizer",
+    "deepspeed_ulysses_dl_adapter",
+    "fp8_backend",
+    "fp8_enabled",
+    "has_fp8_handler",
+    "delayed_fp8_autocast",
+    "native_amp",
+    "msamp_recipe_handler",
+    "step",
+}
+
+
+def test_every_other_public_name_of_accelerates_accelerator_is_here():
+    accelerate = pytest.importorskip("accelerate")
+    from accelerate.state import AcceleratorState
+
+    theirs = accelerate.Accelerator(cpu=True)
+    try:
+        names = {n for n in dir(theirs) if not n.startswith("_")}
+    finally:
+        AcceleratorState._reset_state()
+    ours = {n for n in dir(Accelerator(cpu=True)) if not n.startswith("_")}
+    assert names - ours == NOT_HERE
