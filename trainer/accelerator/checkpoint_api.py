@@ -125,8 +125,8 @@ class CheckpointAPI:
         ]
         if unknown:
             raise ConfigurationError(
-                f"load_state(): {', '.join(unknown)} is not an option here. load_state takes "
-                "strict= and map_location= for the models, and load_kwargs with "
+                f"load_state() does not take {', '.join(unknown)} here. It takes strict= and "
+                "map_location= for the models, and load_kwargs with "
                 f"{', '.join(_LOAD_KWARGS)} (torch.load's, which no part of this format needs)."
             )
         if map_location not in _MAP_LOCATIONS:
