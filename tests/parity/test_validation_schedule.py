@@ -25,12 +25,23 @@ from tests.parity.frameworks import regression as regression_class
 _HOOKS = ("on_validation_start", "on_train_epoch_end")
 
 
-def _run(fw: Any, *, train: int = 20, stop_at: int | None = None, **options: Any) -> Any:
+def _run(
+    fw: Any,
+    *,
+    train: int = 20,
+    stop_at: int | None = None,
+    stop_in_validation: int | None = None,
+    **options: Any,
+) -> Any:
     calls: list[Any] = []
 
     class Stopping(regression_class(fw.Module)):  # type: ignore[misc]
         def on_train_batch_end(self, outputs, batch, batch_idx):
             if stop_at is not None and self.global_step == stop_at:
+                self.trainer.should_stop = True
+
+        def on_validation_end(self):  # as EarlyStopping does
+            if stop_in_validation is not None and self.global_step >= stop_in_validation:
                 self.trainer.should_stop = True
 
     recorder = recording_callback(fw.Callback, calls, _HOOKS)
@@ -58,6 +69,10 @@ def _run(fw: Any, *, train: int = 20, stop_at: int | None = None, **options: Any
         {"val_check_interval": 3, "max_steps": 7},  # max_steps ends the fit between checks
         {"val_check_interval": 3, "max_steps": 20},  # on an epoch's end, between checks
         {"val_check_interval": 0.3, "stop_at": 5},  # should_stop: validates at once
+        # a validation inside the epoch sets should_stop: the epoch ends there, no second one
+        {"val_check_interval": 3, "stop_in_validation": 4},
+        {"val_check_interval": 0.5, "accumulate_grad_batches": 3, "stop_in_validation": 1},
+        {"val_check_interval": 4, "accumulate_grad_batches": 3, "stop_in_validation": 1},
     ],
     ids=lambda options: ",".join(f"{k}={v}" for k, v in options.items()),
 )

@@ -215,6 +215,9 @@ class FitLoop(BatchStep):
                 is_due = is_last
             if (is_stopping or is_due) and self._should_validate_epoch():
                 self._run_validation()
+                # A validation that set should_stop (EarlyStopping) ends the epoch here, as
+                # Lightning's check before the next batch does: no batch and no validation more.
+                is_stopping = is_stopping or (trainer.should_stop and self._can_stop_early())
             if self._has_step_plateau:  # after the validation it may read
                 self._step_plateau_after_batch()
             max_steps = trainer.max_steps  # read each batch: a callback may change it
