@@ -305,3 +305,27 @@ def test_should_stop_stays_set_after_a_stopped_fit_as_in_lightning() -> None:
     expected = _should_stop_seen(BOTH[0])
     assert ("test", "True") in expected
     assert _should_stop_seen(BOTH[1]) == expected
+
+
+def _fast_dev_run(fw: Framework, root: str, logger: Any) -> Any:
+    class Logging(regression(fw.Module)):
+        def training_step(self, batch, batch_idx):
+            self.logger.experiment.add_scalar("direct", 1.0, batch_idx)  # no `if self.logger`
+            self.logger.log_metrics({"direct": 1.0}, step=batch_idx)
+            return super().training_step(batch, batch_idx)
+
+    callbacks = [fw.callbacks.LearningRateMonitor(), fw.callbacks.DeviceStatsMonitor()]
+    options = quiet(fast_dev_run=2, default_root_dir=root, callbacks=callbacks)
+    fit = fw.trainer(**{**options, "logger": logger})
+    fit.fit(Logging(), loader(8), loader(4))
+    return fit.global_step, [type(logger).__name__ for logger in fit.loggers]
+
+
+def test_fast_dev_run_puts_a_dummy_logger_in_place_as_in_lightning(tmp_path) -> None:
+    """A smoke test of a project that logs through ``self.logger`` and monitors that need a
+    logger runs, and writes nothing (Lightning's DummyLogger)."""
+    for fw in BOTH:
+        root = tmp_path / fw.name
+        logger = fw.loggers.CSVLogger(str(root / "logs"))
+        assert _fast_dev_run(fw, str(root), logger) == (2, ["DummyLogger"])
+        assert not (root / "logs").exists()

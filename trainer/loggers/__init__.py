@@ -14,14 +14,16 @@ from trainer.loggers.logger import Logger
 
 if TYPE_CHECKING:
     from trainer.loggers.csv_logs import CSVLogger
+    from trainer.loggers.dummy import DummyLogger
     from trainer.loggers.mlflow import MLFlowLogger
     from trainer.loggers.tensorboard import TensorBoardLogger
     from trainer.loggers.wandb import WandbLogger
 
-__all__ = ["CSVLogger", "Logger", "MLFlowLogger", "TensorBoardLogger", "WandbLogger"]
+__all__ = ["CSVLogger", "DummyLogger", "Logger", "MLFlowLogger", "TensorBoardLogger", "WandbLogger"]
 
 _LAZY = {
     "CSVLogger": "trainer.loggers.csv_logs",
+    "DummyLogger": "trainer.loggers.dummy",
     "MLFlowLogger": "trainer.loggers.mlflow",
     "TensorBoardLogger": "trainer.loggers.tensorboard",
     "WandbLogger": "trainer.loggers.wandb",

@@ -270,7 +270,16 @@ def check_sanity_steps(value: int) -> int:
     return value
 
 
-def build_loggers(logger: Any, root: str) -> list[Logger]:
+def build_loggers(logger: Any, root: str, *, fast_dev_run: bool = False) -> list[Logger]:
+    """The Trainer's loggers; under ``fast_dev_run`` one DummyLogger in their place (none
+    without a logger), as Lightning: the smoke test's logging calls run and write nothing."""
+    if fast_dev_run:
+        loggers = [] if logger in (False, None) else build_loggers(logger, root)
+        if not loggers:
+            return []
+        from trainer.loggers.dummy import DummyLogger
+
+        return [DummyLogger()]
     if logger is True:
         from trainer.loggers.csv_logs import CSVLogger
 

@@ -192,7 +192,7 @@ class Trainer(TrainerProperties):
         apply_benchmark(benchmark, deterministic)
         self.profiler = resolve_profiler(profiler)
         self.checkpoint_io = find_checkpoint_io(plugins)  # AsyncCheckpointIO, or None: synchronous
-        self.loggers = [] if dev_batches else build_loggers(logger, self.default_root_dir)
+        self.loggers = build_loggers(logger, self.default_root_dir, fast_dev_run=bool(dev_batches))
         self.enable_checkpointing = enable_checkpointing and not dev_batches
         self.callbacks = build_callbacks(
             callbacks,
