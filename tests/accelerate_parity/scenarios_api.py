@@ -3,7 +3,9 @@ parallelism facts — what a ported script passes or reads, beside the training 
 
 from __future__ import annotations
 
+import functools
 import os
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -45,17 +47,37 @@ def _load_state_strict_false(side: Side) -> dict[str, Any]:
     return facts
 
 
-def _compiling(side: Side) -> Any:
-    """An Accelerator with ``dynamo_backend="eager"`` (Accelerate's first Accelerator of the
-    process fixes the backend for every later one: its state is reset first)."""
+def _reset_accelerate_state(side: Side) -> None:
+    """Accelerate's first Accelerator of a process fixes its options (dynamo backend,
+    parallelism config) for every later one: reset them before and after a scenario that
+    sets its own, so the other scenarios keep plain Accelerators."""
     if side.name == "accelerate":
         from accelerate.state import AcceleratorState
 
         AcceleratorState._reset_state()
+
+
+def own_accelerate_state(function: Callable[[Side], Any]) -> Callable[[Side], Any]:
+    """``function`` with Accelerate's process-wide state reset around it."""
+
+    @functools.wraps(function)
+    def run(side: Side) -> Any:
+        _reset_accelerate_state(side)
+        try:
+            return function(side)
+        finally:
+            _reset_accelerate_state(side)
+
+    return run
+
+
+def _compiling(side: Side) -> Any:
+    """An Accelerator with ``dynamo_backend="eager"``."""
     return side.accelerator(dynamo_backend="eager")
 
 
 @scenario("unwrap/keep_torch_compile")
+@own_accelerate_state
 def _unwrap_compiled(side: Side) -> dict[str, Any]:
     """``dynamo_backend``: what ``unwrap_model`` returns with ``keep_torch_compile`` given."""
     accelerator = _compiling(side)
@@ -72,6 +94,7 @@ def _unwrap_compiled(side: Side) -> dict[str, Any]:
 
 
 @scenario("unwrap/compiled_default")
+@own_accelerate_state
 def _unwrap_compiled_default(side: Side) -> dict[str, Any]:
     """A deliberate difference: ``unwrap_model(model)`` of a compiled model (Accelerate keeps
     the compiled wrapper; trainer returns the module), and ``keep_torch_compile=True`` with DDP
@@ -88,6 +111,7 @@ def _unwrap_compiled_default(side: Side) -> dict[str, Any]:
 
 
 @scenario("parallelism/rank_facts")
+@own_accelerate_state
 def _parallelism_facts(side: Side) -> dict[str, Any]:
     """Accelerate's n-D parallelism facts with and without a ``ParallelismConfig`` (one process:
     Accelerate 1.15 refuses a config on several CPU processes; the 2-process ranks are checked
@@ -97,10 +121,7 @@ def _parallelism_facts(side: Side) -> dict[str, Any]:
     facts: dict[str, Any] = {}
     names = ("data_parallel_rank", "data_parallel_shard_rank", "tensor_parallel_rank")
     for label, options in (("none", {}), ("config", {"parallelism_config": True})):
-        if side.name == "accelerate":
-            from accelerate.state import AcceleratorState
-
-            AcceleratorState._reset_state()
+        _reset_accelerate_state(side)
         if options:
             options = {"parallelism_config": side.attr("ParallelismConfig")()}
         accelerator = side.accelerator(**options)
