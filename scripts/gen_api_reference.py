@@ -33,6 +33,7 @@ PUBLIC_PACKAGES = (
     "trainer.profilers",
     "trainer.plugins",
     "trainer.data",
+    "trainer.utilities",
 )
 
 
@@ -52,7 +53,7 @@ PAGES = (
         "Trainer and TrainModule",
         "The managed loop ([guide](../trainer.md)) and the classes you subclass for it "
         "([guide](../trainmodule.md)).",
-        ("trainer.trainer", "trainer.runtime.seed", "trainer.data.combined"),
+        ("trainer.trainer", "trainer.runtime.seed", "trainer.data.combined", "trainer.utilities"),
         ("trainer.cli.trainer_cli.TrainerCLI",),
     ),
     Page(

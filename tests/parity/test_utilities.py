@@ -1,0 +1,86 @@
+"""Parity by difference: ``lightning.pytorch.utilities``' ``grad_norm``, ``measure_flops`` and
+``rank_zero_*`` against ``trainer.utilities`` (the same call, the same result)."""
+
+from __future__ import annotations
+
+import logging
+import warnings
+
+import pytest
+import torch
+
+from trainer import utilities as ours
+
+pytest.importorskip("lightning.pytorch")
+import lightning.pytorch.utilities as theirs
+
+
+def _net_with_grads() -> torch.nn.Module:
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Tanh(), torch.nn.Linear(8, 2))
+    net[2].bias.requires_grad_(False)  # a parameter without a gradient is left out
+    net(torch.randn(5, 4)).pow(2).sum().backward()
+    return net
+
+
+def _values(norms: dict[str, torch.Tensor]) -> dict[str, float]:
+    return {key: round(float(value), 5) for key, value in norms.items()}
+
+
+@pytest.mark.parametrize("norm_type", [2, 1, 2.5, "inf", "2"])
+@pytest.mark.parametrize("separator", ["/", "."])
+def test_grad_norm_equals_lightnings(norm_type, separator) -> None:
+    net = _net_with_grads()
+    expected = _values(theirs.grad_norm(net, norm_type, group_separator=separator))
+    assert f"grad_{float(norm_type)}_norm_total" in expected
+    assert _values(ours.grad_norm(net, norm_type, group_separator=separator)) == expected
+
+
+def test_grad_norm_without_gradients_and_bad_norms_as_in_lightning() -> None:
+    net = torch.nn.Linear(2, 1)
+    assert ours.grad_norm(net, 2) == theirs.grad_norm(net, 2) == {}
+    for bad in (0, -1):
+        with pytest.raises(ValueError):
+            theirs.grad_norm(net, bad)
+        with pytest.raises(ValueError, match="norm_type"):
+            ours.grad_norm(net, bad)
+
+
+@pytest.mark.parametrize("with_loss", [False, True])
+def test_measure_flops_equals_lightnings(with_loss) -> None:
+    net = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 4))
+    x = torch.randn(8, 16)
+    loss_fn = (lambda out: out.sum()) if with_loss else None
+    expected = theirs.measure_flops(net, lambda: net(x), loss_fn)
+    assert expected > 0
+    assert ours.measure_flops(net, lambda: net(x), loss_fn) == expected
+
+
+@pytest.mark.parametrize("rank", ["0", "1"])
+def test_rank_zero_helpers_as_in_lightning(monkeypatch, caplog, rank) -> None:
+    """On rank 1 nothing runs, logs or warns; on rank 0 all do (the rank from the launcher's
+    environment, as Lightning reads it before a Trainer exists)."""
+    monkeypatch.setenv("RANK", rank)
+    monkeypatch.setattr(theirs.rank_zero_only, "rank", int(rank))  # Lightning reads it at import
+    calls: list[str] = []
+    for name, module in (("lightning", theirs), ("trainer", ours)):
+        result = module.rank_zero_only(lambda who=name: calls.append(who) or who)()
+        assert result == (name if rank == "0" else None)
+        with caplog.at_level(logging.DEBUG), warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            module.rank_zero_info(f"{name} info")
+            module.rank_zero_warn(f"{name} warning")
+        shown = [r.getMessage() for r in caplog.records if r.getMessage().startswith(name)]
+        assert shown == ([f"{name} info"] if rank == "0" else []), shown
+        assert [str(w.message) for w in caught] == ([f"{name} warning"] if rank == "0" else [])
+        caplog.clear()
+    assert calls == (["lightning", "trainer"] if rank == "0" else [])
+
+
+def test_rank_zero_debug_logs_on_rank_zero_only(monkeypatch, caplog) -> None:
+    for rank, expected in (("1", []), ("0", ["details"])):
+        monkeypatch.setenv("RANK", rank)
+        with caplog.at_level(logging.DEBUG, logger="trainer.utilities"):
+            ours.rank_zero_debug("details")
+        assert [r.getMessage() for r in caplog.records] == expected
+        caplog.clear()

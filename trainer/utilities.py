@@ -1,0 +1,146 @@
+"""Helpers user code imports from ``lightning.pytorch.utilities``, with Lightning's behaviour.
+
+``rank_zero_only`` and the ``rank_zero_info`` / ``rank_zero_warn`` / ``rank_zero_debug``
+messages (run or shown on global rank 0 only), ``grad_norm`` (the gradient norms to log in
+``on_before_optimizer_step``) and ``measure_flops`` (FLOPs of a forward, or forward and
+backward, with torch's ``FlopCounterMode``). Nothing here starts or needs a process group: the
+rank is torch.distributed's when a group is up, else the launcher's environment (``RANK``,
+``LOCAL_RANK``, ``SLURM_PROCID``, ``JSM_NAMESPACE_RANK``), else 0.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import os
+import warnings
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+import torch
+
+__all__ = [
+    "grad_norm",
+    "measure_flops",
+    "rank_zero_debug",
+    "rank_zero_info",
+    "rank_zero_only",
+    "rank_zero_warn",
+]
+
+_log = logging.getLogger("trainer.utilities")
+_RANK_VARIABLES = ("RANK", "LOCAL_RANK", "SLURM_PROCID", "JSM_NAMESPACE_RANK")
+_T = TypeVar("_T")
+
+
+def _global_rank() -> int:
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        return torch.distributed.get_rank()
+    for name in _RANK_VARIABLES:
+        value = os.environ.get(name)
+        if value is not None and value.strip().isdigit():
+            return int(value)
+    return 0
+
+
+def rank_zero_only(function: Callable[..., _T], default: Any = None) -> Callable[..., _T | Any]:
+    """Run ``function`` on global rank 0 only; other ranks get ``default`` (None).
+
+    ``rank_zero_only.rank = r`` fixes the rank (Lightning's attribute); left None, it is read at
+    each call.
+
+    Examples:
+        >>> @rank_zero_only
+        ... def report(text):
+        ...     print(text)
+        >>> report("once per job")
+        once per job
+    """
+
+    @functools.wraps(function)
+    def wrapped(*args: Any, **kwargs: Any) -> Any:
+        rank = rank_zero_only.rank  # type: ignore[attr-defined]
+        if (_global_rank() if rank is None else rank) == 0:
+            return function(*args, **kwargs)
+        return default
+
+    return wrapped
+
+
+rank_zero_only.rank = None  # type: ignore[attr-defined]
+
+
+@rank_zero_only
+def rank_zero_info(*args: Any, stacklevel: int = 4, **kwargs: Any) -> None:
+    """``logging.info`` on global rank 0 (the ``trainer.utilities`` logger)."""
+    _log.info(*args, stacklevel=stacklevel, **kwargs)
+
+
+@rank_zero_only
+def rank_zero_debug(*args: Any, stacklevel: int = 4, **kwargs: Any) -> None:
+    """``logging.debug`` on global rank 0 (the ``trainer.utilities`` logger)."""
+    _log.debug(*args, stacklevel=stacklevel, **kwargs)
+
+
+@rank_zero_only
+def rank_zero_warn(message: str | Warning, stacklevel: int = 4, **kwargs: Any) -> None:
+    """``warnings.warn`` on global rank 0 (a ``UserWarning`` unless ``category=`` says)."""
+    warnings.warn(message, stacklevel=stacklevel, **kwargs)
+
+
+def grad_norm(
+    module: torch.nn.Module, norm_type: float | int | str, group_separator: str = "/"
+) -> dict[str, torch.Tensor]:
+    """The norm of each parameter's gradient and of all of them, to log before a step.
+
+    Keys are ``grad_{norm_type}_norm{group_separator}{parameter name}`` and
+    ``grad_{norm_type}_norm_total`` (``norm_type`` as a float: ``grad_2.0_norm/net.weight``);
+    parameters without a gradient are left out, and with none the dict is empty.
+
+    Raises:
+        ValueError: ``norm_type`` is not a positive number (``"inf"`` is one).
+
+    Examples:
+        >>> def on_before_optimizer_step(self, optimizer):
+        ...     self.log_dict(grad_norm(self.net, norm_type=2))
+    """
+    norm = float(norm_type)
+    if norm <= 0:
+        raise ValueError(
+            f"grad_norm(norm_type={norm_type!r}): expected a positive number or 'inf'."
+        )
+    norms = {
+        f"grad_{norm}_norm{group_separator}{name}": parameter.grad.detach().norm(norm)
+        for name, parameter in module.named_parameters()
+        if parameter.grad is not None
+    }
+    if norms:
+        values = list(norms.values())
+        together = torch.stack([value.float().to(values[0].device) for value in values])
+        norms[f"grad_{norm}_norm_total"] = together.norm(norm)
+    return norms
+
+
+def measure_flops(
+    model: torch.nn.Module,
+    forward_fn: Callable[[], torch.Tensor],
+    loss_fn: Callable[[torch.Tensor], torch.Tensor] | None = None,
+) -> int:
+    """The FLOPs of ``forward_fn()`` — and of the backward of ``loss_fn(output)`` when given —
+    counted by ``torch.utils.flop_counter.FlopCounterMode``. Run it on the meta device
+    (``torch.device("meta")``) to count without computing.
+
+    Examples:
+        >>> net = torch.nn.Linear(4, 2)
+        >>> measure_flops(net, lambda: net(torch.ones(3, 4)))
+        48
+    """
+    from torch.utils.flop_counter import FlopCounterMode
+
+    counter = FlopCounterMode(display=False)
+    with counter:
+        if loss_fn is None:
+            forward_fn()
+        else:
+            loss_fn(forward_fn()).backward()
+    return counter.get_total_flops()
