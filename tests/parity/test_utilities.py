@@ -56,31 +56,56 @@ def test_measure_flops_equals_lightnings(with_loss) -> None:
     assert ours.measure_flops(net, lambda: net(x), loss_fn) == expected
 
 
+class _Records(logging.Handler):
+    """Keeps the messages of the loggers it is attached to (Lightning's do not propagate to the
+    root logger once a Lightning Trainer configured them, so caplog may not see them)."""
+
+    def __init__(self, *names: str) -> None:
+        super().__init__(logging.DEBUG)
+        self.messages: list[str] = []
+        self.loggers = [logging.getLogger(name) for name in names]
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.messages.append(record.getMessage())
+
+    def __enter__(self) -> _Records:
+        self.levels = [logger.level for logger in self.loggers]
+        for logger in self.loggers:
+            logger.addHandler(self)
+            logger.setLevel(logging.DEBUG)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for logger, level in zip(self.loggers, self.levels, strict=True):
+            logger.removeHandler(self)
+            logger.setLevel(level)
+
+
 @pytest.mark.parametrize("rank", ["0", "1"])
-def test_rank_zero_helpers_as_in_lightning(monkeypatch, caplog, rank) -> None:
+def test_rank_zero_helpers_as_in_lightning(monkeypatch, rank) -> None:
     """On rank 1 nothing runs, logs or warns; on rank 0 all do (the rank from the launcher's
     environment, as Lightning reads it before a Trainer exists)."""
     monkeypatch.setenv("RANK", rank)
     monkeypatch.setattr(theirs.rank_zero_only, "rank", int(rank))  # Lightning reads it at import
     calls: list[str] = []
-    for name, module in (("lightning", theirs), ("trainer", ours)):
+    for name, module, logger in (
+        ("lightning", theirs, "lightning.pytorch.utilities.rank_zero"),
+        ("trainer", ours, "trainer.utilities"),
+    ):
         result = module.rank_zero_only(lambda who=name: calls.append(who) or who)()
         assert result == (name if rank == "0" else None)
-        with caplog.at_level(logging.DEBUG), warnings.catch_warnings(record=True) as caught:
+        with _Records(logger) as records, warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             module.rank_zero_info(f"{name} info")
             module.rank_zero_warn(f"{name} warning")
-        shown = [r.getMessage() for r in caplog.records if r.getMessage().startswith(name)]
-        assert shown == ([f"{name} info"] if rank == "0" else []), shown
+        assert records.messages == ([f"{name} info"] if rank == "0" else [])
         assert [str(w.message) for w in caught] == ([f"{name} warning"] if rank == "0" else [])
-        caplog.clear()
     assert calls == (["lightning", "trainer"] if rank == "0" else [])
 
 
-def test_rank_zero_debug_logs_on_rank_zero_only(monkeypatch, caplog) -> None:
+def test_rank_zero_debug_logs_on_rank_zero_only(monkeypatch) -> None:
     for rank, expected in (("1", []), ("0", ["details"])):
         monkeypatch.setenv("RANK", rank)
-        with caplog.at_level(logging.DEBUG, logger="trainer.utilities"):
+        with _Records("trainer.utilities") as records:
             ours.rank_zero_debug("details")
-        assert [r.getMessage() for r in caplog.records] == expected
-        caplog.clear()
+        assert records.messages == expected

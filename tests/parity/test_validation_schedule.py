@@ -88,3 +88,41 @@ def test_fraction_with_check_val_every_n_epoch_none_is_refused() -> None:
         LIGHTNING.trainer(val_check_interval=0.5, check_val_every_n_epoch=None)
     with pytest.raises(trainer.ConfigurationError, match="val_check_interval=0.5"):
         TRAINER.trainer(val_check_interval=0.5, check_val_every_n_epoch=None)
+
+
+def _no_validation_batches(fw: Any, tmp_path: Any) -> Any:
+    """``limit_val_batches=0`` (the usual way to skip validation while debugging) with a
+    checkpoint monitoring a validation metric, then ``validate`` and ``test`` with no batch."""
+    calls: list[Any] = []
+    hooks = ("on_sanity_check_start", "on_validation_start", "on_validation_end", "on_test_start")
+    recorder = recording_callback(fw.Callback, calls, hooks)
+    checkpoint = fw.callbacks.ModelCheckpoint(dirpath=str(tmp_path), monitor="val_loss")
+    options = quiet(max_epochs=2, limit_val_batches=0, limit_test_batches=0)
+    fit = fw.trainer(
+        **{**options, "callbacks": [recorder, checkpoint], "enable_checkpointing": True}
+    )
+
+    class Tested(regression_class(fw.Module)):  # type: ignore[misc]
+        def test_step(self, batch, batch_idx):
+            pass
+
+    module = Tested()
+    fit.fit(module, loader(8), loader(4, seed=1))
+    results = (
+        fit.validate(module, loader(4), **fw.eval_options),
+        fit.test(module, loader(4), **fw.eval_options),
+    )
+    return (
+        calls,
+        fit.global_step,
+        results,
+        [round(v, 5) for v in module.net.weight.flatten().tolist()],
+    )
+
+
+def test_no_validation_batch_runs_no_validation_as_in_lightning(tmp_path) -> None:
+    """No sanity check and no validation hook; the monitored metric never appears, so the
+    checkpoint warns (as Lightning) instead of stopping the fit; validate / test return []."""
+    expected = _no_validation_batches(LIGHTNING, tmp_path / "lightning")
+    assert expected[0] == [] and expected[2] == ([], [])
+    assert _no_validation_batches(TRAINER, tmp_path / "trainer") == expected

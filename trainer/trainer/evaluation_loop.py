@@ -23,7 +23,7 @@ from trainer.errors import ConfigurationError
 from trainer.trainer.dataloader_idx import check_dataloader_idx
 from trainer.trainer.logger_rows import eval_epoch_step, send_to_loggers
 from trainer.trainer.mode_hooks import restore_modes, switch_to_eval
-from trainer.trainer.options import overrides
+from trainer.trainer.options import overrides, safe_len
 
 if TYPE_CHECKING:
     from trainer.trainer.metrics import MetricStore
@@ -53,6 +53,8 @@ def run_eval_epoch(trainer: Trainer, run: Run, stage: str) -> list[Any]:
             )
         return [{}]
     check_dataloader_idx(module, stage, is_multiple=len(loaders) > 1)
+    if stage != "predict" and all(safe_len(loader) == 0 for loader in loaders):
+        return []  # Lightning skips an evaluation without a batch (limit 0): no hooks, no row
     running = "sanity_check" if trainer.sanity_checking else STAGE_OF[stage]
     with trainer.state.running_as(running), _grad_context(trainer):
         return _run_epoch(trainer, run, stage, loaders)

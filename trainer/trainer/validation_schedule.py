@@ -56,9 +56,13 @@ def run_sanity_check(trainer: Trainer, run: Run) -> None:
 
 
 def has_validation(trainer: Trainer, run: Run) -> bool:
-    """Whether fit validates at all: a validation loader and a ``validation_step``."""
-    return run.loaders.get("validation") is not None and overrides(
-        trainer.module, "validation_step"
+    """Whether fit validates at all: a validation loader, a ``validation_step`` and
+    ``limit_val_batches`` above 0 (Lightning's ``enable_validation``: with 0, no sanity check
+    and no validation hook runs)."""
+    return (
+        run.loaders.get("validation") is not None
+        and overrides(trainer.module, "validation_step")
+        and trainer.limit_val_batches > 0
     )
 
 
