@@ -165,3 +165,29 @@ def csv_cells(log_dir: str) -> list[tuple[str, int, float]]:
         for key, value in row.items()
         if key != "step" and value not in ("", None)
     )
+
+
+def rows_logger(fw: Framework) -> Any:
+    """A logger of ``fw`` keeping every ``(step, metrics)`` row it is sent, in ``.rows``."""
+    base = pl.loggers.Logger if fw is LIGHTNING else TRAINER.loggers.Logger
+
+    class Rows(base):  # type: ignore[misc, valid-type]
+        def __init__(self) -> None:
+            super().__init__()
+            self.rows: list[tuple[int, dict[str, float]]] = []
+
+        @property
+        def name(self) -> str:
+            return "rows"
+
+        @property
+        def version(self) -> int:
+            return 0
+
+        def log_metrics(self, metrics, step=None):
+            self.rows.append((step, dict(metrics)))
+
+        def log_hyperparams(self, *args, **kwargs):
+            pass
+
+    return Rows()

@@ -13,35 +13,10 @@ from typing import Any
 
 import pytest
 
-from tests.parity.frameworks import LIGHTNING, TRAINER, loader, quiet, regression
+from tests.parity.frameworks import LIGHTNING, TRAINER, loader, quiet, regression, rows_logger
 
 pl = pytest.importorskip("lightning.pytorch")
 pytest.importorskip("psutil")  # Lightning's CPU statistics need it
-
-
-def _logger(fw: Any) -> Any:
-    base = pl.loggers.Logger if fw is LIGHTNING else TRAINER.loggers.Logger
-
-    class Rows(base):  # type: ignore[misc, valid-type]
-        def __init__(self) -> None:
-            super().__init__()
-            self.rows: list[tuple[int, dict[str, float]]] = []
-
-        @property
-        def name(self) -> str:
-            return "rows"
-
-        @property
-        def version(self) -> int:
-            return 0
-
-        def log_metrics(self, metrics, step=None):
-            self.rows.append((step, dict(metrics)))
-
-        def log_hyperparams(self, *args, **kwargs):
-            pass
-
-    return Rows()
 
 
 def _stopper(fw: Any, at_batch: int) -> Any:
@@ -56,7 +31,7 @@ def _stopper(fw: Any, at_batch: int) -> Any:
 def _run(
     fw: Any, options: dict[str, Any], cpu_stats: bool | None = None, stop_at: int | None = None
 ) -> list[Any]:
-    logger = _logger(fw)
+    logger = rows_logger(fw)
     monitor = fw.callbacks.DeviceStatsMonitor(cpu_stats=cpu_stats)
     if stop_at is not None:  # the batches after should_stop log whatever their step
         options = {**options, "callbacks": [_stopper(fw, stop_at)], "min_epochs": 0}

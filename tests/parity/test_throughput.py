@@ -13,34 +13,9 @@ from typing import Any
 
 import pytest
 
-from tests.parity.frameworks import LIGHTNING, TRAINER, loader, quiet, regression
+from tests.parity.frameworks import LIGHTNING, TRAINER, loader, quiet, regression, rows_logger
 
 pl = pytest.importorskip("lightning.pytorch")
-
-
-def _logger(fw: Any) -> Any:
-    base = pl.loggers.Logger if fw is LIGHTNING else TRAINER.loggers.Logger
-
-    class Rows(base):  # type: ignore[misc, valid-type]
-        def __init__(self) -> None:
-            super().__init__()
-            self.rows: list[tuple[int, dict[str, float]]] = []
-
-        @property
-        def name(self) -> str:
-            return "rows"
-
-        @property
-        def version(self) -> int:
-            return 0
-
-        def log_metrics(self, metrics, step=None):
-            self.rows.append((step, dict(metrics)))
-
-        def log_hyperparams(self, *args, **kwargs):
-            pass
-
-    return Rows()
 
 
 def _is_clock(key: str) -> bool:
@@ -48,7 +23,7 @@ def _is_clock(key: str) -> bool:
 
 
 def _run(fw: Any, options: dict[str, Any]) -> list[Any]:
-    logger = _logger(fw)
+    logger = rows_logger(fw)
     monitor = fw.callbacks.ThroughputMonitor(
         batch_size_fn=lambda batch: batch[0].shape[0],
         length_fn=lambda batch: batch[0].numel(),
