@@ -14,7 +14,7 @@ import torch
 
 from trainer.callbacks.callback import Callback
 from trainer.errors import ConfigurationError, describe
-from trainer.trainer.logger_rows import eval_epoch_step
+from trainer.trainer.logger_rows import logging_step
 
 if TYPE_CHECKING:
     from trainer.trainer.module import TrainModule
@@ -147,13 +147,6 @@ class DeviceStatsMonitor(Callback):
             for logger in trainer.loggers:
                 logger.log_metrics(dict(self.stats), step=step)
 
-    def _eval_step(self, trainer: Trainer) -> int:
-        return (
-            trainer.progress.batches_stepped
-            if trainer.sanity_checking
-            else eval_epoch_step(trainer)
-        )
-
     # ---- training: the step about to be taken (start) and the one just taken (end) ----------
     def on_train_batch_start(
         self, trainer: Trainer, module: TrainModule, batch: Any, batch_idx: int
@@ -164,7 +157,7 @@ class DeviceStatsMonitor(Callback):
     def on_train_batch_end(
         self, trainer: Trainer, module: TrainModule, outputs: Any, batch: Any, batch_idx: int
     ) -> None:
-        step = eval_epoch_step(trainer)  # the batches that stepped before this one
+        step = logging_step(trainer)  # the batches that stepped before this one
         self._log(trainer, "on_train_batch_end", step + 1, step)
 
     # ---- evaluation: the batch's number in this run ----------------------------------------
@@ -183,9 +176,7 @@ class DeviceStatsMonitor(Callback):
         dataloader_idx: int = 0,
     ) -> None:
         self._eval_batches += 1
-        self._log(
-            trainer, "on_validation_batch_start", self._eval_batches, self._eval_step(trainer)
-        )
+        self._log(trainer, "on_validation_batch_start", self._eval_batches, logging_step(trainer))
 
     def on_validation_batch_end(
         self,
@@ -196,7 +187,7 @@ class DeviceStatsMonitor(Callback):
         batch_idx: int,
         dataloader_idx: int = 0,
     ) -> None:
-        self._log(trainer, "on_validation_batch_end", self._eval_batches, self._eval_step(trainer))
+        self._log(trainer, "on_validation_batch_end", self._eval_batches, logging_step(trainer))
 
     def on_test_batch_start(
         self,
@@ -207,7 +198,7 @@ class DeviceStatsMonitor(Callback):
         dataloader_idx: int = 0,
     ) -> None:
         self._eval_batches += 1
-        self._log(trainer, "on_test_batch_start", self._eval_batches, self._eval_step(trainer))
+        self._log(trainer, "on_test_batch_start", self._eval_batches, logging_step(trainer))
 
     def on_test_batch_end(
         self,
@@ -218,4 +209,4 @@ class DeviceStatsMonitor(Callback):
         batch_idx: int,
         dataloader_idx: int = 0,
     ) -> None:
-        self._log(trainer, "on_test_batch_end", self._eval_batches, self._eval_step(trainer))
+        self._log(trainer, "on_test_batch_end", self._eval_batches, logging_step(trainer))

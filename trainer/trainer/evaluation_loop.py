@@ -21,7 +21,7 @@ import torch
 
 from trainer.errors import ConfigurationError
 from trainer.trainer.dataloader_idx import check_dataloader_idx
-from trainer.trainer.logger_rows import eval_epoch_step, send_to_loggers
+from trainer.trainer.logger_rows import logging_step, send_to_loggers
 from trainer.trainer.mode_hooks import restore_modes, switch_to_eval
 from trainer.trainer.options import overrides, safe_len
 
@@ -103,7 +103,7 @@ def _run_epoch(trainer: Trainer, run: Run, stage: str, loaders: list[Any]) -> li
             store.hook = (step_name, False, True)
         store.finalize_epoch()
     if is_logging:
-        send_to_loggers(trainer, store.epoch_items(for_logger=True), eval_epoch_step(trainer))
+        send_to_loggers(trainer, store.epoch_items(for_logger=True), logging_step(trainer))
     call(f"on_{stage}_end")
     restore_modes(module, stage, modes)  # each submodule's, or on_<stage>_model_train
     module.metric_store = run.stores["train"]

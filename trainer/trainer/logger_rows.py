@@ -14,7 +14,7 @@ from trainer.trainer.metrics import to_float
 if TYPE_CHECKING:
     from trainer.trainer.trainer import Trainer
 
-__all__ = ["eval_epoch_step", "log_hyperparams", "send_to_loggers"]
+__all__ = ["log_hyperparams", "logging_step", "send_to_loggers"]
 
 
 def send_to_loggers(
@@ -46,12 +46,15 @@ def _write_row(trainer: Trainer, items: dict[str, Any], step: int | None, has_ep
         logger.log_metrics(metrics, step=step)
 
 
-def eval_epoch_step(trainer: Trainer) -> int:
-    """Lightning's step for validation/test epoch rows: within fit, the batches that stepped
-    before the current one (the step of its training row); otherwise all of them."""
+def logging_step(trainer: Trainer) -> int:
+    """Lightning's logger step between rows: within fit, the batches that stepped before the
+    current one (the step of its training row: validation/test epoch rows, DeviceStatsMonitor);
+    in the sanity check, before any batch, and outside fit, all of them."""
     step = trainer.progress.batches_stepped
-    if trainer.state.stage == "fit" and (
-        trainer.accelerator.sync_gradients or not trainer.module.automatic_optimization
+    if (
+        trainer.state.stage == "fit"
+        and not trainer.sanity_checking
+        and (trainer.accelerator.sync_gradients or not trainer.module.automatic_optimization)
     ):
         step -= 1  # this batch stepped (manual optimization: every batch counts)
     return step
