@@ -21,6 +21,7 @@ import torch
 
 __all__ = [
     "grad_norm",
+    "launcher_rank",
     "measure_flops",
     "rank_zero_debug",
     "rank_zero_info",
@@ -33,14 +34,21 @@ _RANK_VARIABLES = ("RANK", "LOCAL_RANK", "SLURM_PROCID", "JSM_NAMESPACE_RANK")
 _T = TypeVar("_T")
 
 
+def launcher_rank() -> int | None:
+    """This process's global rank as its launcher set it (the first of ``RANK``,
+    ``LOCAL_RANK``, ``SLURM_PROCID``, ``JSM_NAMESPACE_RANK`` that holds a number, Lightning's
+    order), None when none does: how rank-zero helpers tell before any process group exists."""
+    for name in _RANK_VARIABLES:
+        value = os.environ.get(name, "")
+        if value.isdigit():
+            return int(value)
+    return None
+
+
 def _global_rank() -> int:
     if torch.distributed.is_available() and torch.distributed.is_initialized():
         return torch.distributed.get_rank()
-    for name in _RANK_VARIABLES:
-        value = os.environ.get(name)
-        if value is not None and value.strip().isdigit():
-            return int(value)
-    return 0
+    return launcher_rank() or 0
 
 
 def rank_zero_only(function: Callable[..., _T], default: Any = None) -> Callable[..., _T | Any]:

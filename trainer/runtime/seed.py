@@ -15,6 +15,8 @@ from typing import Any
 
 import torch
 
+from trainer.utilities import launcher_rank
+
 __all__ = [
     "SEED_ENV",
     "get_rng_states",
@@ -113,10 +115,7 @@ def _resolve_seed(seed: object) -> int:
 
 def _is_rank_zero() -> bool:
     """Whether this is global rank zero, from the launcher's environment (as Lightning reads it)."""
-    for name in ("RANK", "LOCAL_RANK", "SLURM_PROCID", "JSM_NAMESPACE_RANK"):
-        if os.environ.get(name, "").isdigit():
-            return int(os.environ[name]) == 0
-    return True
+    return launcher_rank() in (None, 0)
 
 
 def get_rng_states() -> dict[str, Any]:
