@@ -170,6 +170,92 @@ with open(f"{cli.trainer.log_dir}/config.yaml") as saved:
 ```
 
 In a `main.py`, `TrainerCLI(Net)` reads `sys.argv`: `python main.py fit --config run.yaml`.
+
+### Extending it as a LightningCLI subclass
+
+A project's `class MyCLI(LightningCLI)` ports by changing its import: `TrainerCLI` takes the
+same constructor arguments and calls the same methods, in LightningCLI's order.
+
+| what | when / what it does |
+| --- | --- |
+| `add_arguments_to_parser(self, parser)` | before parsing; `parser` is the stage's jsonargparse parser: `add_argument`, `link_arguments(source, target, compute_fn, apply_on="parse" \\| "instantiate")`, `set_defaults` |
+| `before_instantiate_classes(self)` | after parsing and seeding; `self.config` may still be changed (the saved config shows the change) |
+| `after_instantiate_classes(self)` | model, data and Trainer built |
+| `before_<stage>(self)`, `after_<stage>(self)` | around `trainer.<stage>(...)`: `before_fit`, `after_test`, ... |
+| `instantiate_trainer(self, **kwargs)` | builds the Trainer from the `trainer` keys, `kwargs` replacing them |
+| `configure_optimizers(module, optimizer, lr_scheduler)` (static) | what the module's `configure_optimizers` returns when the config gives `optimizer` (built after `configure_model`) |
+| `parser_kwargs={...}` | jsonargparse `ArgumentParser` arguments for every stage, or per stage: `{"fit": {"default_config_files": ["fit.yaml"]}}` |
+| `args={...}` | a config as a mapping: `{"fit": {"trainer": {...}}}` (with `run=False`: `{"trainer": {...}}`) |
+| `save_config_callback=`, `save_config_kwargs=` | `SaveConfigCallback` or a subclass overriding `save_config(trainer, module, stage)` (runs on global rank 0 after `config.yaml` is written); `None` saves nothing; kwargs `config_filename`, `overwrite` |
+| `auto_configure_optimizers=False` | no `optimizer` / `lr_scheduler` keys |
+
+`cli.config` has LightningCLI's shape: with a subcommand, the stage's keys are under its name
+(`cli.config["fit"].trainer.max_epochs`, `cli.config.subcommand == "fit"`); with `run=False` they
+are at the top. `cli.config_init` is the same with the classes built. The ReduceLROnPlateau of
+`lightning.pytorch.cli` works as `lr_scheduler` too: any scheduler class taking a `monitor`.
+
+```python
+import torch
+from torch.utils.data import DataLoader, TensorDataset
+
+from trainer import DataModule, TrainModule
+from trainer.cli.trainer_cli import TrainerCLI
+
+
+class Features(DataModule):
+    def __init__(self, num_features: int = 3, batch_size: int = 8) -> None:
+        super().__init__()
+        self.num_features, self.batch_size = num_features, batch_size
+
+    def train_dataloader(self):
+        x = torch.randn(32, self.num_features)
+        return DataLoader(TensorDataset(x, x.sum(dim=1, keepdim=True)), batch_size=self.batch_size)
+
+
+class Regressor(TrainModule):
+    def __init__(self, in_features: int = 1, lr: float = 0.1) -> None:
+        super().__init__()
+        self.save_hyperparameters()
+        self.net = torch.nn.Linear(in_features, 1)
+
+    def training_step(self, batch, batch_idx):
+        x, y = batch
+        return torch.nn.functional.mse_loss(self.net(x), y)
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=self.hparams.lr)
+
+
+class ProjectCLI(TrainerCLI):
+    def add_arguments_to_parser(self, parser):
+        # the model's input size is the data's, known once the data module is built
+        parser.link_arguments("data.num_features", "model.in_features", apply_on="instantiate")
+
+    def before_fit(self):
+        print("fitting", self.model.hparams.in_features, "features")
+
+
+quiet = {"enable_progress_bar": False, "enable_model_summary": False, "logger": False}
+cli = ProjectCLI(
+    Regressor,
+    Features,
+    args={"fit": {"data": {"num_features": 5}, "trainer": {"max_epochs": 1}}},
+    trainer_defaults=quiet,
+    save_config_callback=None,
+)
+print(cli.config.subcommand, cli.config["fit"].data.num_features, cli.trainer.global_step)
+```
+<!-- output -->
+```text
+fitting 5 features
+fit 5 4
+```
+
+Not there: LightningCLI's `trainer_class`, `parser_class` and `load_from_checkpoint_support`
+arguments, a CLI method named after the stage replacing `trainer.<stage>`, the parser's
+`add_lightning_class_args` / `add_optimizer_args` / `add_lr_scheduler_args`, and
+`save_config_kwargs`' `multifile` and `save_to_log_dir`. `SaveConfigCallback` replaces an
+existing `config.yaml` unless `overwrite=False` (LightningCLI refuses by default).
 """
 
 

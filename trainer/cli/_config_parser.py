@@ -37,6 +37,7 @@ __all__ = [
     "dump_config",
     "instantiate_classes",
     "parse_config",
+    "parse_config_object",
 ]
 
 STAGES = ("fit", "validate", "test", "predict")
@@ -72,9 +73,15 @@ def build_config_parser(
     subclass_mode_data: bool = False,
     trainer_defaults: Mapping[str, Any] | None = None,
     seed_everything_default: bool | int = True,
+    auto_configure_optimizers: bool = True,
     prog: str | None = None,
+    parser_kwargs: Mapping[str, Any] | None = None,
 ) -> Any:
     """The jsonargparse parser of a run of ``stage`` (None: no subcommand, no ``ckpt_path``).
+
+    ``auto_configure_optimizers=False`` leaves out the ``optimizer`` / ``lr_scheduler`` keys;
+    ``parser_kwargs`` go to ``jsonargparse.ArgumentParser`` (``default_config_files``,
+    ``default_env``, ...), except ``exit_on_error``: errors are always raised, then explained.
 
     Returns:
         A ``jsonargparse.ArgumentParser`` that raises ``argparse.ArgumentError`` on bad input.
@@ -84,12 +91,14 @@ def build_config_parser(
     """
     jsonargparse = require("jsonargparse", extra="cli", feature="trainer fit/validate/test/predict")
     _import_short_name_classes()
-    parser = jsonargparse.ArgumentParser(
-        prog=prog or (f"trainer {stage}" if stage else "trainer"),
-        description=STAGE_HELP.get(stage or "", "Build a run from a YAML config.") + ".",
-        exit_on_error=False,
-        allow_abbrev=False,  # --trainer.max_epoch must be an error, not --trainer.max_epochs
-    )
+    options = {
+        "prog": prog or (f"trainer {stage}" if stage else "trainer"),
+        "description": STAGE_HELP.get(stage or "", "Build a run from a YAML config.") + ".",
+        "allow_abbrev": False,  # --trainer.max_epoch must be an error, not --trainer.max_epochs
+        **(parser_kwargs or {}),
+    }
+    options["exit_on_error"] = False
+    parser = jsonargparse.ArgumentParser(**options)
     parser.add_argument(
         "-c",
         "--config",
@@ -110,6 +119,20 @@ def build_config_parser(
         parser.set_defaults({f"trainer.{key}": value for key, value in trainer_defaults.items()})
     _add_module_arguments(parser, "model", model_class, TrainModule, subclass_mode_model)
     _add_module_arguments(parser, "data", datamodule_class, DataModule, subclass_mode_data)
+    if auto_configure_optimizers:
+        _add_optimizer_arguments(parser)
+    if stage is not None:
+        parser.add_argument(
+            "--ckpt_path",
+            type=str | None,
+            default=None,
+            help='checkpoint to start from: a path, "last" or "best" (see docs/checkpointing.md)',
+        )
+    return parser
+
+
+def _add_optimizer_arguments(parser: Any) -> None:
+    """The ``optimizer`` and ``lr_scheduler`` keys (``class_path`` + ``init_args``)."""
     parser.add_subclass_arguments(
         torch.optim.Optimizer,
         "optimizer",
@@ -127,14 +150,6 @@ def build_config_parser(
         required=False,
         help="stepped every epoch; needs optimizer: class_path + init_args",
     )
-    if stage is not None:
-        parser.add_argument(
-            "--ckpt_path",
-            type=str | None,
-            default=None,
-            help='checkpoint to start from: a path, "last" or "best" (see docs/checkpointing.md)',
-        )
-    return parser
 
 
 def dump_config(parser: Any, config: Any) -> str:
@@ -158,6 +173,18 @@ def parse_config(parser: Any, arguments: Sequence[str]) -> Any:
         _check_config_file(path)
     try:
         return parser.parse_args(list(arguments))
+    except argparse.ArgumentError as err:
+        raise ConfigArgumentError(explain_parse_error(str(err), parser)) from err
+
+
+def parse_config_object(parser: Any, config: Mapping[str, Any]) -> Any:
+    """``parser.parse_object(config)``: a config given as a mapping, checked as a file's is.
+
+    Raises:
+        ConfigArgumentError: a key or value does not fit the parser.
+    """
+    try:
+        return parser.parse_object(dict(config))
     except argparse.ArgumentError as err:
         raise ConfigArgumentError(explain_parse_error(str(err), parser)) from err
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 import argparse
 
 from trainer.cli import selfcheck
-from trainer.cli.trainer_cli import add_stage_parser, run_stage, stage_arguments
+from trainer.cli.stage_commands import add_stage_parser, run_stage, stage_arguments
 
 __all__ = ["add_parser", "is_selfcheck", "run"]
 

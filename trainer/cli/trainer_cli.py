@@ -3,20 +3,19 @@
 This module owns what is done with a run described by YAML files and ``--section.key value``
 options (the LightningCLI shape, built on jsonargparse):
 
-- seeding (``seed_everything``), then building model, data and Trainer from the parsed config,
-  and replacing the module's ``configure_optimizers`` when ``optimizer`` / ``lr_scheduler``
-  are given; then running the stage (``fit``, ``validate``, ``test``, ``predict``);
-- recording the fully resolved config (`SaveConfigCallback`): ``<log_dir>/config.yaml``
-  on global rank 0 at the start of every run, and the key ``cli_config`` of every checkpoint,
-  so ``trainer fit --config <log_dir>/config.yaml`` runs the same job again;
+- the order of a run (`TrainerCLI`): parse, seed, build model, data and Trainer from the
+  parsed config, run the stage (``fit``, ``validate``, ``test``, ``predict``), with
+  LightningCLI's methods for a subclass to extend each step;
 - the Python entry points: `TrainerCLI` (for a user's own ``main.py``) and
   `run_cli` (returns the exit status, like ``trainer.cli.main.main``);
-- the glue of the ``trainer <stage>`` subcommands (`add_stage_parser`, `run_stage`),
-  which the modules ``fit.py``, ``validate.py``, ``test.py`` and ``predict.py`` register.
+- `ReduceLROnPlateau` with the metric it watches, for the ``lr_scheduler`` key.
 
 It does not own the keys of a run and their parsing (``trainer/cli/_config_parser.py``), the
-wording of parse errors (``trainer/cli/_config_errors.py``), the ``trainer`` command's own
-parser (``trainer/cli/main.py``), the Trainer, or the checkpoint format.
+wording of parse errors (``trainer/cli/_config_errors.py``), seeding and the optimizer
+replacement (``trainer/cli/_run_steps.py``), the saved config (`SaveConfigCallback`,
+``trainer/cli/save_config.py``), the ``trainer <stage>`` subcommands' glue
+(``trainer/cli/stage_commands.py``), the ``trainer`` command's own parser
+(``trainer/cli/main.py``), the Trainer, or the checkpoint format.
 
 jsonargparse is imported only when a parser is built; without it a run raises
 ``MissingDependencyError`` naming ``pip install 'trainer[cli]'``.
@@ -41,14 +40,7 @@ Examples:
 
 from __future__ import annotations
 
-import argparse
-import copy
-import importlib
-import os
-import random
 import sys
-import types
-import warnings
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, Literal
@@ -64,8 +56,16 @@ from trainer.cli._config_parser import (
     dump_config,
     instantiate_classes,
     parse_config,
+    parse_config_object,
 )
-from trainer.errors import ConfigurationError, TrainerError, describe
+from trainer.cli._run_steps import (
+    replace_configure_optimizers,
+    seed_run,
+    under_stage,
+    yaml_mapping,
+)
+from trainer.cli.save_config import CLI_CONFIG_KEY, SaveConfigCallback
+from trainer.errors import ConfigurationError, TrainerError
 from trainer.trainer.module import DataModule, TrainModule
 from trainer.trainer.trainer import Trainer
 
@@ -76,17 +76,8 @@ __all__ = [
     "ReduceLROnPlateau",
     "SaveConfigCallback",
     "TrainerCLI",
-    "add_stage_parser",
     "run_cli",
-    "run_stage",
-    "stage_arguments",
 ]
-
-CLI_CONFIG_KEY = "cli_config"  # the checkpoint key holding the resolved config
-CONFIG_FILENAME = "config.yaml"
-_ARGS_DEST = "config_args"  # where the argparse subcommand keeps the tokens for jsonargparse
-_MAX_SEED = 2**32 - 1
-_SEED_ENV = "TRAINER_CLI_SEED"  # a drawn seed, for the processes a relaunch starts
 
 
 class ReduceLROnPlateau(torch.optim.lr_scheduler.ReduceLROnPlateau):
@@ -127,66 +118,25 @@ class ReduceLROnPlateau(torch.optim.lr_scheduler.ReduceLROnPlateau):
         self.monitor = monitor
 
 
-class SaveConfigCallback(Callback):
-    """Write the resolved config to ``<log_dir>/config.yaml`` and into every checkpoint.
-
-    On global rank 0, at ``setup`` of every stage, the YAML text goes to
-    ``<trainer.log_dir>/<config_filename>`` (an existing file there is replaced: with the
-    default logger each run has its own ``version_<N>`` folder). Every checkpoint gets the config
-    as a mapping under the key ``cli_config``.
-
-    Args:
-        config: the resolved config, as a mapping of plain values (what ``yaml.safe_load`` of
-            ``config_text`` gives).
-        config_text: the same config as YAML text.
-        config_filename: the file name inside the log directory.
-
-    Examples:
-        >>> callback = SaveConfigCallback({"trainer": {"max_epochs": 1}}, "trainer:\\n  max_epochs: 1\\n")
-        >>> Trainer(callbacks=[callback]).fit(module)  # doctest: +SKIP
-        >>> # trainer_logs/version_0/config.yaml now holds the config
-    """
-
-    def __init__(
-        self,
-        config: Mapping[str, Any],
-        config_text: str,
-        *,
-        config_filename: str = CONFIG_FILENAME,
-    ) -> None:
-        self.config = copy.deepcopy(dict(config))
-        self.config_text = config_text
-        self.config_filename = config_filename
-
-    def setup(self, trainer: Trainer, module: TrainModule, stage: str) -> None:
-        """Write the config file next to the logs (global rank 0 only)."""
-        if not trainer.is_global_zero:
-            return
-        from trainer.checkpoint.atomic import atomic_write_text
-
-        directory = Path(trainer.log_dir)
-        directory.mkdir(parents=True, exist_ok=True)
-        atomic_write_text(directory / self.config_filename, self.config_text)
-
-    def on_save_checkpoint(
-        self, trainer: Trainer, module: TrainModule, checkpoint: dict[str, Any]
-    ) -> None:
-        """Put the config in the checkpoint under ``cli_config``."""
-        checkpoint[CLI_CONFIG_KEY] = copy.deepcopy(self.config)
-
-
 class TrainerCLI:
     """Parse a run's config and options, build model, data and Trainer, and run the stage.
 
     LightningCLI's shape: ``TrainerCLI(MyModel, MyData)`` in a ``main.py`` gives
     ``python main.py fit --config run.yaml --model.lr 0.01``. Without classes, ``model`` and
-    ``data`` take any subclass by ``class_path`` (what ``trainer fit`` does).
+    ``data`` take any subclass by ``class_path`` (what ``trainer fit`` does). A subclass extends
+    it with LightningCLI's methods: `add_arguments_to_parser` (own options, ``link_arguments``),
+    `before_instantiate_classes`, `after_instantiate_classes`, ``before_<stage>`` /
+    ``after_<stage>`` (``before_fit``, ``after_test``, ...), `instantiate_trainer` and
+    `configure_optimizers`.
 
     Args:
         model_class: the TrainModule class; its ``__init__`` arguments become ``model.<arg>``.
             None: ``model`` takes ``class_path`` + ``init_args`` of any TrainModule subclass.
         datamodule_class: the same for ``data`` and DataModule.
         args: the arguments (the subcommand first when ``run``); None reads ``sys.argv[1:]``.
+            A mapping (or jsonargparse Namespace) is a config given whole, as LightningCLI takes
+            it: ``{"fit": {"trainer": {...}, "model": {...}}}`` when ``run``, else
+            ``{"trainer": {...}, ...}``.
         run: run the subcommand (``fit``, ``validate``, ``test``, ``predict``); with False
             there is no subcommand and no ``ckpt_path``: the objects are built, and the caller
             runs them (``cli.trainer.fit(cli.model, datamodule=cli.datamodule)``).
@@ -195,16 +145,27 @@ class TrainerCLI:
             draws a seed, written into the saved config so the run can be repeated.
         subclass_mode_model: with ``model_class``, accept its subclasses by ``class_path``.
         subclass_mode_data: the same for ``datamodule_class``.
-        save_config: record the resolved config (``SaveConfigCallback``).
+        save_config: record the resolved config (``save_config_callback``); False does not.
+        save_config_callback: the callback class that records it (`SaveConfigCallback` or a
+            subclass); None records nothing.
+        save_config_kwargs: its keyword arguments: ``config_filename``, ``overwrite``.
+        parser_kwargs: jsonargparse ``ArgumentParser`` arguments (``default_config_files``,
+            ``default_env``, ``env_prefix``, ...), for every stage, or per stage under the
+            stage's name: ``{"fit": {"default_config_files": ["fit.yaml"]}}``.
+        auto_configure_optimizers: offer the ``optimizer`` / ``lr_scheduler`` keys, which
+            replace the model's ``configure_optimizers``; False leaves them out.
         exit_on_error: print ``error: <message>`` and exit (status 2 for a parse error, 1 for
             another TrainerError) instead of raising, as a command should.
         prog: the program name in help and errors (default: the script's name).
 
     Attributes:
         subcommand: the stage that ran: "fit", "validate", "test" or "predict".
-        parser: the jsonargparse parser.
-        config: the parsed jsonargparse Namespace.
-        config_text: the resolved config as YAML.
+        parser: the jsonargparse parser (of the stage, when ``run``).
+        config: the parsed jsonargparse Namespace; as in LightningCLI, with ``run`` the stage's
+            keys are under its name (``cli.config["fit"].trainer.max_epochs``) beside
+            ``subcommand``.
+        config_init: the same with the classes built.
+        config_text: the resolved config (the stage's keys) as YAML.
         model: the TrainModule built from ``model``.
         datamodule: the DataModule built from ``data``, if any.
         trainer: the Trainer built from ``trainer``.
@@ -227,13 +188,17 @@ class TrainerCLI:
         model_class: type[TrainModule] | None = None,
         datamodule_class: type[DataModule] | None = None,
         *,
-        args: Sequence[str] | None = None,
+        args: Sequence[str] | Mapping[str, Any] | None = None,
         run: bool = True,
         trainer_defaults: Mapping[str, Any] | None = None,
         seed_everything_default: bool | int = True,
         subclass_mode_model: bool = False,
         subclass_mode_data: bool = False,
         save_config: bool = True,
+        save_config_callback: type[SaveConfigCallback] | None = SaveConfigCallback,
+        save_config_kwargs: Mapping[str, Any] | None = None,
+        parser_kwargs: Mapping[str, Any] | None = None,
+        auto_configure_optimizers: bool = True,
         exit_on_error: bool = True,
         prog: str | None = None,
     ) -> None:
@@ -243,17 +208,21 @@ class TrainerCLI:
         self.seed_everything_default = seed_everything_default
         self.subclass_mode_model = subclass_mode_model
         self.subclass_mode_data = subclass_mode_data
-        self.save_config = save_config
+        self.save_config_callback = save_config_callback if save_config else None
+        self.save_config_kwargs = dict(save_config_kwargs or {})
+        self.parser_kwargs = dict(parser_kwargs or {})
+        self.auto_configure_optimizers = auto_configure_optimizers
         self.prog = prog or Path(sys.argv[0]).name or "trainer"
         self.subcommand: str | None = None
         self.parser: Any = None
         self.config: Any = None
+        self.config_init: Any = None
         self.config_text = ""
         self.model: TrainModule | None = None
         self.datamodule: DataModule | None = None
         self.trainer: Trainer | None = None
         self.result: Any = None
-        arguments = list(sys.argv[1:] if args is None else args)
+        arguments = sys.argv[1:] if args is None else args
         try:
             self._main(arguments, run)
         except TrainerError as err:
@@ -262,10 +231,61 @@ class TrainerCLI:
             print(f"error: {err}", file=sys.stderr)
             raise SystemExit(2 if isinstance(err, ConfigArgumentError) else 1) from None
 
-    def _main(self, arguments: list[str], run: bool) -> None:
+    # ---- what a subclass overrides (LightningCLI's names) ------------------------------------
+    def add_arguments_to_parser(self, parser: Any) -> None:
+        """Add options or links to the stage's jsonargparse parser before it parses.
+
+        E.g. ``parser.link_arguments("data.num_classes", "model.num_classes",
+        apply_on="instantiate")`` or ``parser.add_argument("--notes", type=str)``.
+        """
+
+    def before_instantiate_classes(self) -> None:
+        """Runs after parsing and seeding, before anything is built (``self.config`` is set)."""
+
+    def after_instantiate_classes(self) -> None:
+        """Runs once model, data and Trainer are built, before the stage."""
+
+    def instantiate_trainer(self, **kwargs: Any) -> Trainer:
+        """The Trainer of the config's ``trainer`` keys, ``kwargs`` replacing them."""
+        options = {key: value for key, value in vars(self._stage(self.config_init).trainer).items()}
+        options = {key: value for key, value in options.items() if not key.startswith("__")}
+        options.update(kwargs)
+        if self.save_config_callback is not None:
+            try:
+                callback = self.save_config_callback(
+                    yaml_mapping(self.config_text), self.config_text, **self.save_config_kwargs
+                )
+            except TypeError as err:
+                raise ConfigurationError(
+                    f"save_config_kwargs={self.save_config_kwargs!r} do not fit "
+                    f"{self.save_config_callback.__name__} ({err}); SaveConfigCallback takes "
+                    "config_filename and overwrite."
+                ) from err
+            callbacks = options.get("callbacks")
+            if isinstance(callbacks, Callback):
+                callbacks = [callbacks]
+            options["callbacks"] = [*(callbacks or []), callback]
+        return Trainer(**options)
+
+    @staticmethod
+    def configure_optimizers(
+        module: TrainModule, optimizer: torch.optim.Optimizer, lr_scheduler: Any = None
+    ) -> Any:
+        """What the module's ``configure_optimizers`` returns when the config gives
+        ``optimizer`` (and ``lr_scheduler``, stepped every epoch)."""
+        if lr_scheduler is None:
+            return optimizer
+        entry: dict[str, Any] = {"scheduler": lr_scheduler, "interval": "epoch"}
+        if getattr(lr_scheduler, "monitor", None):
+            entry["monitor"] = lr_scheduler.monitor
+        return {"optimizer": optimizer, "lr_scheduler": entry}
+
+    # ---- the run ------------------------------------------------------------------------------
+    def _main(self, arguments: Sequence[str] | Mapping[str, Any], run: bool) -> None:
         """Parse, seed, build, and (with ``run``) run: the whole life of a config-driven run."""
+        given = None if isinstance(arguments, Sequence) else arguments
         if run:
-            arguments = self._take_subcommand(arguments)
+            given, arguments = self._take_subcommand(given, arguments)
         self.parser = build_config_parser(
             self.subcommand,
             model_class=self.model_class,
@@ -274,19 +294,64 @@ class TrainerCLI:
             subclass_mode_data=self.subclass_mode_data,
             trainer_defaults=self.trainer_defaults,
             seed_everything_default=self.seed_everything_default,
+            auto_configure_optimizers=self.auto_configure_optimizers,
             prog=f"{self.prog} {self.subcommand}" if self.subcommand else self.prog,
+            parser_kwargs=self._parser_kwargs(),
         )
-        self.config = parse_config(self.parser, arguments)
+        self.add_arguments_to_parser(self.parser)
+        config = (
+            parse_config(self.parser, list(arguments))
+            if given is None
+            else parse_config_object(self.parser, given)
+        )
+        self.config = config if self.subcommand is None else under_stage(self.subcommand, config)
         # Seed before anything is built, so the initial weights follow the seed too.
-        self.config.seed_everything = _seed(self.config.seed_everything)
-        self.config_text = dump_config(self.parser, self.config)
-        self.trainer = self._instantiate()
+        config.seed_everything = seed_run(config.seed_everything)
+        self.before_instantiate_classes()
+        self.config_text = dump_config(self.parser, config)
+        built = instantiate_classes(self.parser, config)
+        self.config_init = built if self.subcommand is None else under_stage(self.subcommand, built)
+        self.model = built.model
+        if self.model is None:
+            raise ConfigurationError(
+                "no model: set 'model' in the config (model: {class_path: my_project.Net, "
+                "init_args: {...}}) or pass --model my_project.Net."
+            )
+        self.datamodule = built.data
+        optimizer, scheduler = config.get("optimizer"), config.get("lr_scheduler")
+        if optimizer is not None or scheduler is not None:
+            replace_configure_optimizers(
+                self.model, optimizer, scheduler, self.configure_optimizers
+            )
+        self.trainer = self.instantiate_trainer()
+        self.after_instantiate_classes()
         if run:
             self.result = self._run_subcommand(self.trainer)
 
-    def _take_subcommand(self, arguments: list[str]) -> list[str]:
-        """Split off ``fit``/``validate``/``test``/``predict``; answer ``--help`` for the script."""
+    def _stage(self, config: Any) -> Any:
+        return config if self.subcommand is None else config[self.subcommand]
+
+    def _parser_kwargs(self) -> dict[str, Any]:
+        """``parser_kwargs`` for this stage: the shared ones, then the stage's own."""
+        shared = {k: v for k, v in self.parser_kwargs.items() if k not in STAGES}
+        return {**shared, **dict(self.parser_kwargs.get(self.subcommand or "", {}))}
+
+    def _take_subcommand(
+        self, given: Mapping[str, Any] | None, arguments: Sequence[str] | Mapping[str, Any]
+    ) -> tuple[Mapping[str, Any] | None, Sequence[str]]:
+        """Split off the stage: the first token, or a config mapping's ``subcommand`` / stage key."""
         choices = ", ".join(STAGES)
+        if given is not None:
+            stages = [key for key in given if key in STAGES]
+            stage = given.get("subcommand") or (stages[0] if len(stages) == 1 else None)
+            if stage not in STAGES:
+                raise ConfigArgumentError(
+                    f"{self.prog}: a config given as args needs its stage, one of {choices}, as "
+                    f"its one top-level key (e.g. {{'fit': {{'trainer': ...}}}}); received keys "
+                    f"{sorted(given)}."
+                )
+            self.subcommand = stage
+            return dict(given.get(stage) or {}), []
         if arguments and arguments[0] in ("-h", "--help"):
             print(f"usage: {self.prog} {{{','.join(STAGES)}}} [--config FILE] [--print_config] ...")
             print()
@@ -304,46 +369,30 @@ class TrainerCLI:
                 f"{self.prog}: unknown subcommand {arguments[0]!r}; expected one of {choices}."
             )
         self.subcommand = arguments[0]
-        return arguments[1:]
-
-    def _instantiate(self) -> Trainer:
-        """Build model and data (set on ``self``) and the Trainer (returned) from the config."""
-        built = instantiate_classes(self.parser, self.config)
-        self.model = built.model
-        if self.model is None:
-            raise ConfigurationError(
-                "no model: set 'model' in the config (model: {class_path: my_project.Net, "
-                "init_args: {...}}) or pass --model my_project.Net."
-            )
-        self.datamodule = built.data
-        if self.config.optimizer is not None or self.config.lr_scheduler is not None:
-            _replace_configure_optimizers(
-                self.model, self.config.optimizer, self.config.lr_scheduler
-            )
-        trainer_kwargs = {
-            key: value for key, value in vars(built.trainer).items() if not key.startswith("__")
-        }
-        if self.save_config:
-            import yaml  # a dependency of trainer; imported here to keep `import trainer` light
-
-            callback = SaveConfigCallback(yaml.safe_load(self.config_text), self.config_text)
-            callbacks = trainer_kwargs.get("callbacks")
-            if isinstance(callbacks, Callback):
-                callbacks = [callbacks]
-            trainer_kwargs["callbacks"] = [*(callbacks or []), callback]
-        return Trainer(**trainer_kwargs)
+        return None, list(arguments[1:])
 
     def _run_subcommand(self, trainer: Trainer) -> Any:
-        """``trainer.<stage>(model, datamodule=..., ckpt_path=...)``; print eval metrics."""
-        method = getattr(trainer, str(self.subcommand))
-        options = {"verbose": False} if self.subcommand in ("validate", "test") else {}
-        result = method(
-            self.model, datamodule=self.datamodule, ckpt_path=self.config.ckpt_path, **options
+        """``before_<stage>``, ``trainer.<stage>(model, datamodule=..., ckpt_path=...)`` (eval
+        metrics printed), ``after_<stage>``."""
+        stage = str(self.subcommand)
+        before = getattr(self, f"before_{stage}", None)
+        if callable(before):
+            before()
+        options = {"verbose": False} if stage in ("validate", "test") else {}
+        result = getattr(trainer, stage)(
+            self.model,
+            datamodule=self.datamodule,
+            ckpt_path=self.config[stage].ckpt_path,
+            **options,
         )
-        if self.subcommand in ("validate", "test") and trainer.is_global_zero:
+        if stage in ("validate", "test") and trainer.is_global_zero:
             for metrics in result:  # one dict per dataloader
                 for name, value in sorted(metrics.items()):
                     print(f"{name}: {value:.6g}")
+        after = getattr(self, f"after_{stage}", None)
+        if callable(after):
+            self.result = result
+            after()
         return result
 
 
@@ -376,123 +425,3 @@ def run_cli(
         code = exit_request.code
         return code if isinstance(code, int) else 0 if code is None else 1
     return 0
-
-
-# ---- the `trainer <stage>` subcommands ---------------------------------------------------------
-def add_stage_parser(
-    subparsers: argparse._SubParsersAction[argparse.ArgumentParser],
-    stage: str,
-    *,
-    help_text: str | None = None,
-) -> argparse.ArgumentParser:
-    """Register ``trainer <stage>``: every token after it goes to the jsonargparse parser.
-
-    The subparser has no options of its own (its prefix character is one no option uses), so
-    ``--config``, ``--print_config``, ``--help`` and ``--trainer.max_epochs`` all reach
-    `build_config_parser`'s parser, which documents them.
-
-    Args:
-        subparsers: the ``trainer`` command's subparsers.
-        stage: "fit", "validate", "test" or "predict".
-        help_text: the line ``trainer --help`` shows (default: the stage's own).
-    """
-    summary = help_text or STAGE_HELP[stage]
-    parser = subparsers.add_parser(
-        stage,
-        help=summary,
-        description=f"{summary}. See 'trainer {stage} --help'.",
-        usage=f"trainer {stage} [--config FILE] [--print_config] [--<section>.<key> VALUE ...]",
-        add_help=False,
-        prefix_chars="\x00",
-    )
-    parser.add_argument(_ARGS_DEST, nargs=argparse.REMAINDER)
-    return parser
-
-
-def run_stage(stage: str, args: argparse.Namespace) -> int:
-    """Run ``trainer <stage> ...``: the current directory is importable, as with ``python -m``."""
-    cwd = os.getcwd()
-    if cwd not in sys.path and "" not in sys.path:
-        sys.path.insert(0, cwd)
-    return run_cli([stage, *getattr(args, _ARGS_DEST)], prog="trainer")
-
-
-def stage_arguments(args: argparse.Namespace) -> list[str]:
-    """The tokens ``trainer <stage>`` received after the subcommand name."""
-    return list(getattr(args, _ARGS_DEST))
-
-
-def _seed(value: bool | int) -> bool | int:
-    """Apply ``seed_everything``: an int seeds, True draws a seed (returned), False does not.
-
-    A drawn seed is also put in the environment, so the processes a Trainer starts for
-    ``devices=N`` (which parse the same command again) use the same seed.
-    """
-    from trainer.runtime.seed import seed_everything
-    from trainer.strategies import detect_environment
-
-    if value is False:
-        return False
-    seed = value
-    if value is True:
-        inherited = os.environ.get(_SEED_ENV) if detect_environment().is_distributed else None
-        seed = int(inherited) if inherited else random.SystemRandom().randint(0, _MAX_SEED)
-        os.environ[_SEED_ENV] = str(seed)
-    return seed_everything(seed)
-
-
-def _replace_configure_optimizers(module: TrainModule, optimizer: Any, scheduler: Any) -> None:
-    """Make ``module.configure_optimizers`` build the config's optimizer and scheduler."""
-    if optimizer is None:
-        raise ConfigurationError(
-            f"lr_scheduler ({scheduler.class_path}) is set but optimizer is not: add "
-            "optimizer: {class_path: torch.optim.AdamW, init_args: {lr: 0.001}} to the config."
-        )
-    optimizer_class = _import_class(optimizer.class_path, "optimizer")
-    scheduler_class = (
-        None if scheduler is None else _import_class(scheduler.class_path, "lr_scheduler")
-    )
-    if (
-        scheduler_class is not None
-        and issubclass(scheduler_class, torch.optim.lr_scheduler.ReduceLROnPlateau)
-        and not issubclass(scheduler_class, ReduceLROnPlateau)
-    ):
-        raise ConfigurationError(
-            f"lr_scheduler {scheduler.class_path} needs a metric to watch: use class_path: "
-            "trainer.cli.trainer_cli.ReduceLROnPlateau with init_args.monitor (e.g. val/loss)."
-        )
-    if "configure_optimizers" in vars(type(module)):
-        warnings.warn(
-            f"{type(module).__name__}.configure_optimizers is replaced by the config's optimizer"
-            f"{' and lr_scheduler' if scheduler is not None else ''}.",
-            stacklevel=3,
-        )
-
-    def configure_optimizers(self: TrainModule) -> Any:
-        built = optimizer_class(self.parameters(), **_init_args(optimizer))
-        if scheduler_class is None:
-            return built
-        stepper = scheduler_class(built, **_init_args(scheduler))
-        entry: dict[str, Any] = {"scheduler": stepper, "interval": "epoch"}
-        if getattr(stepper, "monitor", None):
-            entry["monitor"] = stepper.monitor
-        return {"optimizer": built, "lr_scheduler": entry}
-
-    # An instance attribute: the class (and other instances of it) keep their own method.
-    module.configure_optimizers = types.MethodType(configure_optimizers, module)  # type: ignore[method-assign]  # the CLI's replacement, by design
-
-
-def _init_args(section: Any) -> dict[str, Any]:
-    init_args = getattr(section, "init_args", None)
-    return {} if init_args is None else dict(init_args.as_dict())
-
-
-def _import_class(class_path: str, key: str) -> type:
-    """The class at ``class_path`` (already checked by the parser when it parsed)."""
-    module_name, _, name = class_path.rpartition(".")
-    try:
-        return getattr(importlib.import_module(module_name), name)
-    except (ImportError, AttributeError, ValueError) as err:
-        raise ConfigurationError(
-            f"{key}.class_path {class_path!r} could not be imported ({describe(err)})."
-        ) from err

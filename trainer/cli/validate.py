@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import argparse
 
-from trainer.cli.trainer_cli import add_stage_parser, run_stage
+from trainer.cli.stage_commands import add_stage_parser, run_stage
 
 __all__ = ["add_parser", "run"]
 

@@ -1,0 +1,257 @@
+"""Parity by difference: a LightningCLI subclass ported to TrainerCLI by changing its import.
+
+The ways a project's ``main.py`` extends LightningCLI: ``add_arguments_to_parser`` (its own
+options, ``link_arguments`` at parse and at instantiation, ``set_defaults``),
+``before_instantiate_classes`` / ``after_instantiate_classes`` and ``before_<stage>`` /
+``after_<stage>``, ``parser_kwargs`` (per-stage ``default_config_files``), a config given as a
+dict, ``configure_optimizers`` of the CLI with ``--optimizer Adam --lr_scheduler StepLR`` by
+short name, ``auto_configure_optimizers=False``, ``run=False`` and a ``SaveConfigCallback``
+subclass that overrides ``save_config``. Each scenario runs on lightning.pytorch 2.6 and on
+trainer; what Lightning did (events, hyperparameters, steps, learning rates, final weights) is
+the expected value.
+"""
+
+from __future__ import annotations
+
+import warnings
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from torch.utils.data import DataLoader, TensorDataset
+
+import trainer
+from trainer.cli.save_config import SaveConfigCallback
+from trainer.cli.trainer_cli import TrainerCLI
+
+pl = pytest.importorskip("lightning.pytorch")
+pytest.importorskip("jsonargparse")
+lightning_cli = pytest.importorskip("lightning.pytorch.cli")
+
+QUIET = {
+    "enable_progress_bar": False,
+    "enable_model_summary": False,
+    "logger": False,
+    "enable_checkpointing": False,
+}
+SIDES = {
+    "lightning": (
+        lightning_cli.LightningCLI,
+        lightning_cli.SaveConfigCallback,
+        pl.LightningModule,
+        pl.LightningDataModule,
+        {**QUIET, "accelerator": "cpu"},
+    ),
+    "trainer": (TrainerCLI, SaveConfigCallback, trainer.TrainModule, trainer.DataModule, QUIET),
+}
+
+
+def _project(module_base: type, data_base: type) -> tuple[type, type]:
+    """A DataModule whose ``num_features`` the model must match, and a two-layer regressor."""
+
+    class Data(data_base):  # type: ignore[misc, valid-type]
+        def __init__(self, batch_size: int = 4, num_features: int = 3) -> None:
+            super().__init__()
+            self.batch_size = batch_size
+            self.num_features = num_features
+
+        def train_dataloader(self) -> DataLoader:
+            x = torch.randn(16, self.num_features, generator=torch.Generator().manual_seed(0))
+            return DataLoader(TensorDataset(x, x.sum(1, keepdim=True)), batch_size=self.batch_size)
+
+        def val_dataloader(self) -> DataLoader:
+            return self.train_dataloader()
+
+    class Net(module_base):  # type: ignore[misc, valid-type]
+        def __init__(self, in_features: int = 4, hidden: int = 5, lr: float = 0.1) -> None:
+            super().__init__()
+            self.save_hyperparameters()
+            self.net = torch.nn.Sequential(
+                torch.nn.Linear(in_features, hidden), torch.nn.Linear(hidden, 1)
+            )
+
+        def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+            x, y = batch
+            return torch.nn.functional.mse_loss(self.net(x), y)
+
+        def validation_step(self, batch: Any, batch_idx: int) -> None:
+            x, y = batch
+            self.log("val_loss", torch.nn.functional.mse_loss(self.net(x), y))
+
+        def configure_optimizers(self) -> torch.optim.Optimizer:
+            return torch.optim.SGD(self.parameters(), lr=self.hparams.lr)
+
+    return Net, Data
+
+
+def _extended(cli_base: type, events: list[Any]) -> type:
+    """A project's CLI: an option of its own, two links, a default, and every hook recorded."""
+
+    class ProjectCLI(cli_base):  # type: ignore[misc, valid-type]
+        def add_arguments_to_parser(self, parser: Any) -> None:
+            parser.add_argument("--notes", type=str, default="none")
+            parser.link_arguments("data.num_features", "model.in_features", apply_on="instantiate")
+            parser.link_arguments("data.batch_size", "model.hidden")
+            parser.set_defaults({"trainer.max_epochs": 2})
+
+        def before_instantiate_classes(self) -> None:
+            config = self.config[self.subcommand] if self.subcommand else self.config
+            events.append(("before_instantiate_classes", config.notes, config.model.hidden))
+
+        def after_instantiate_classes(self) -> None:
+            events.append(("after_instantiate_classes", type(self.trainer).__name__ != ""))
+
+        def before_fit(self) -> None:
+            events.append(("before_fit", self.trainer.max_epochs, self.model.hparams.in_features))
+
+        def after_fit(self) -> None:
+            events.append(("after_fit", self.trainer.global_step))
+
+        def before_validate(self) -> None:
+            events.append(("before_validate", self.trainer.global_step))
+
+        def after_validate(self) -> None:
+            events.append(("after_validate",))
+
+    return ProjectCLI
+
+
+def _outcome(cli: Any) -> dict[str, Any]:
+    hparams = {k: v for k, v in dict(cli.model.hparams).items() if k != "_instantiator"}
+    weights = torch.cat([p.detach().flatten() for p in cli.model.parameters()])
+    return {
+        "hparams": hparams,
+        "step": cli.trainer.global_step,
+        "epoch": cli.trainer.current_epoch,
+        "weights": [round(float(w), 5) for w in weights],
+    }
+
+
+def _run(side: str, tmp_path: Path, args: Any, **options: Any) -> dict[str, Any]:
+    cli_base, _, module_base, data_base, defaults = SIDES[side]
+    net, data = _project(module_base, data_base)
+    events: list[Any] = []
+    workdir = tmp_path / side
+    workdir.mkdir(exist_ok=True)
+    (workdir / "fit_defaults.yaml").write_text("trainer:\n  limit_train_batches: 3\n")
+    options.setdefault("save_config_callback", None)
+    with warnings.catch_warnings(), pytest.MonkeyPatch.context() as patch:
+        warnings.simplefilter("ignore")
+        patch.chdir(workdir)
+        patch.setattr("sys.argv", ["main.py"])  # LightningCLI warns when both are given
+        cli = _extended(cli_base, events)(
+            net,
+            data,
+            args=args,
+            seed_everything_default=0,
+            trainer_defaults={**defaults, "default_root_dir": str(workdir)},
+            parser_kwargs={"fit": {"default_config_files": ["fit_defaults.yaml"]}},
+            **options,
+        )
+    return {"events": events, **_outcome(cli)}
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["fit", "--notes", "hello", "--data.batch_size", "2"],
+        {"fit": {"notes": "hello", "data": {"batch_size": 2}}},
+        ["validate", "--data.num_features", "4"],
+    ],
+    ids=["argv", "dict", "validate"],
+)
+def test_a_cli_subclass_runs_as_lightnings(tmp_path: Path, args: Any) -> None:
+    expected = _run("lightning", tmp_path, args)
+    assert _run("trainer", tmp_path, args) == expected
+    if isinstance(args, dict):  # the stage's default_config_files applied: 3 batches an epoch
+        assert expected["step"] == 6 and expected["hparams"]["hidden"] == 2
+
+
+def test_run_false_gives_the_flat_config_and_builds_only(tmp_path: Path) -> None:
+    args = ["--notes", "x", "--data.num_features", "2"]
+    expected = _run("lightning", tmp_path, args, run=False)
+    assert _run("trainer", tmp_path, args, run=False) == expected
+    assert expected["step"] == 0 and expected["hparams"]["in_features"] == 2
+
+
+def _optimizer_cli(cli_base: type, seen: list[Any]) -> type:
+    class OptimizerCLI(cli_base):  # type: ignore[misc, valid-type]
+        @staticmethod
+        def configure_optimizers(module: Any, optimizer: Any, lr_scheduler: Any = None) -> Any:
+            seen.append((type(optimizer).__name__, type(lr_scheduler).__name__))
+            interval = {"scheduler": lr_scheduler, "interval": "step"}
+            return {"optimizer": optimizer, "lr_scheduler": interval}
+
+    return OptimizerCLI
+
+
+def test_the_clis_configure_optimizers_gets_the_optimizer_and_scheduler_by_short_name(
+    tmp_path: Path,
+) -> None:
+    args = ["fit", "--optimizer", "Adam", "--optimizer.lr", "0.05"]
+    args += ["--lr_scheduler", "StepLR", "--lr_scheduler.step_size", "2"]
+    args += ["--trainer.max_epochs", "2"]
+    outcomes = {}
+    for side, (cli_base, _, module_base, data_base, defaults) in SIDES.items():
+        net, data = _project(module_base, data_base)
+        seen: list[Any] = []
+        with warnings.catch_warnings(), pytest.MonkeyPatch.context() as patch:
+            warnings.simplefilter("ignore")
+            patch.chdir(tmp_path)
+            cli = _optimizer_cli(cli_base, seen)(
+                net,
+                data,
+                args=[*args, "--model.in_features", "3"],
+                seed_everything_default=0,
+                trainer_defaults=defaults,
+                save_config_callback=None,
+            )
+        lr = cli.trainer.optimizers[0].param_groups[0]["lr"]
+        outcomes[side] = {"seen": seen, "lr": round(lr, 8), **_outcome(cli)}
+    assert outcomes["trainer"] == outcomes["lightning"]
+    assert outcomes["lightning"]["lr"] == pytest.approx(0.05 * 0.1**4)  # stepped every step
+
+
+def test_without_auto_configure_optimizers_the_optimizer_key_is_unknown(tmp_path: Path) -> None:
+    codes = {}
+    for side, (cli_base, _, module_base, data_base, defaults) in SIDES.items():
+        net, data = _project(module_base, data_base)
+        with pytest.raises(SystemExit) as exit_request, warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            cli_base(
+                net,
+                data,
+                args=["fit", "--optimizer", "Adam"],
+                trainer_defaults=defaults,
+                auto_configure_optimizers=False,
+            )
+        codes[side] = exit_request.value.code
+    assert codes == {"lightning": 2, "trainer": 2}
+
+
+def test_a_save_config_subclass_records_where_the_project_wants(tmp_path: Path) -> None:
+    recorded = {}
+    for side, (cli_base, save_base, module_base, data_base, defaults) in SIDES.items():
+        net, data = _project(module_base, data_base)
+        calls: list[Any] = []
+
+        class Recording(save_base):  # type: ignore[misc, valid-type]
+            def save_config(self, trainer_: Any, module: Any, stage: str, calls=calls) -> None:
+                calls.append((stage, trainer_.global_step, type(module).__name__))
+
+        workdir = tmp_path / side
+        with warnings.catch_warnings(), pytest.MonkeyPatch.context() as patch:
+            warnings.simplefilter("ignore")
+            patch.chdir(tmp_path)
+            cli_base(
+                net,
+                data,
+                args=["fit", "--trainer.max_epochs", "1", "--model.in_features", "3"],
+                trainer_defaults={**defaults, "default_root_dir": str(workdir)},
+                save_config_callback=Recording,
+                save_config_kwargs={"config_filename": "run.yaml"},
+            )
+        saved = (workdir / "run.yaml").read_text()
+        recorded[side] = (calls, "max_epochs: 1" in saved)
+    assert recorded["trainer"] == recorded["lightning"] == ([("fit", 0, "Net")], True)
