@@ -87,7 +87,11 @@ trainer test --config run.yaml --ckpt_path checkpoints/epoch=19-step=400
   `class_path: trainer.cli.trainer_cli.ReduceLROnPlateau` with `init_args: {monitor: val/loss}`.
 - **`seed_everything`** seeds Python, NumPy and torch before the model is built. `true` (the
   default) draws a seed and writes it into the saved config; `false` does not seed.
-- **`ckpt_path`**: `last`, `best` or a path, passed to `trainer.fit/validate/test/predict`.
+- **`ckpt_path`**: `last`, `best` or a path, passed to `trainer.fit/validate/test/predict`. A
+  path to a checkpoint (a directory, or a Lightning `.ckpt` / safetensors file) also gives the
+  model the hyperparameters it was saved with, as LightningCLI does: `trainer test --config
+  run.yaml --ckpt_path checkpoints/epoch=3-step=40` builds the model that was trained even when
+  `run.yaml` (or an option) says otherwise. The checkpoint is verified before it is read.
 - `validate` and `test` print their metrics, one `name: value` line each. Without arguments
   (or with only `--config_file FILE`), `trainer test` runs the distributed self-check of
   `trainer launch` instead.

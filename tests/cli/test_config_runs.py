@@ -352,6 +352,24 @@ def test_validate_test_and_predict_run_from_the_same_file(
     assert len(cli.result) == 2 and cli.result[0].shape == (8, 1)  # 16 held-out points, batch 8
 
 
+def test_ckpt_path_gives_the_class_path_model_its_saved_hyperparameters(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    wide = {**TINY, "model": {**TINY["model"], "init_args": {"hidden": 6}}}
+    assert main.main(["fit", "--config", str(write_yaml(tmp_path / "wide.yaml", wide))]) == 0
+    checkpoint = only_checkpoint(tmp_path / "checkpoints")
+    path = str(write_yaml(tmp_path / "run.yaml", TINY))  # hidden: the default, 4
+    cli = TrainerCLI(args=["validate", "--config", path, "--ckpt_path", str(checkpoint)])
+    assert cli.model.hparams.hidden == 6 and cli.model.net[0].out_features == 6
+    assert cli.config["validate"].model.init_args.hidden == 6  # and the saved config says so
+
+    state = checkpoint / "state.json"  # a crafted checkpoint is refused before it is used
+    state.write_text(state.read_text().replace('"hidden": 6', '"hidden": 60'))
+    capsys.readouterr()
+    assert main.main(["validate", "--config", path, "--ckpt_path", str(checkpoint)]) == 1
+    assert "state.json" in capsys.readouterr().err
+
+
 # -- errors: the key, the choices, no traceback ---------------------------------------------------
 
 BAD_INPUTS = {

@@ -255,3 +255,33 @@ def test_a_save_config_subclass_records_where_the_project_wants(tmp_path: Path) 
         saved = (workdir / "run.yaml").read_text()
         recorded[side] = (calls, "max_epochs: 1" in saved)
     assert recorded["trainer"] == recorded["lightning"] == ([("fit", 0, "Net")], True)
+
+
+def test_a_stage_with_ckpt_path_builds_the_model_the_checkpoint_saved(tmp_path: Path) -> None:
+    """``fit --model.hidden 3``, then ``validate --ckpt_path <it>`` without the model's options:
+    the model is built with the checkpoint's hyperparameters, which win over the options."""
+    outcomes = {}
+    for side, (cli_base, _, module_base, data_base, defaults) in SIDES.items():
+        net, data = _project(module_base, data_base)
+        options = {
+            "trainer_defaults": {**defaults, "enable_checkpointing": True},
+            "save_config_callback": None,
+            "seed_everything_default": 0,
+        }
+        (tmp_path / side).mkdir()
+        with warnings.catch_warnings(), pytest.MonkeyPatch.context() as patch:
+            warnings.simplefilter("ignore")
+            patch.chdir(tmp_path / side)
+            model = ["--model.hidden", "3", "--model.in_features", "3"]
+            fitted = cli_base(
+                net, data, args=["fit", *model, "--trainer.max_epochs", "1"], **options
+            )
+            path = fitted.trainer.checkpoint_callback.best_model_path
+            args = ["validate", "--ckpt_path", path, "--model.hidden", "7"]
+            validated = cli_base(net, data, args=args, **options)
+        outcomes[side] = {
+            "metrics": round(float(validated.trainer.callback_metrics["val_loss"]), 5),
+            **_outcome(validated),
+        }
+    assert outcomes["trainer"] == outcomes["lightning"]
+    assert outcomes["lightning"]["hparams"] == {"in_features": 3, "hidden": 3, "lr": 0.1}

@@ -177,16 +177,19 @@ def parse_config(parser: Any, arguments: Sequence[str]) -> Any:
         raise ConfigArgumentError(explain_parse_error(str(err), parser)) from err
 
 
-def parse_config_object(parser: Any, config: Mapping[str, Any]) -> Any:
-    """``parser.parse_object(config)``: a config given as a mapping, checked as a file's is.
+def parse_config_object(
+    parser: Any, config: Mapping[str, Any], base: Any = None, *, source: str = ""
+) -> Any:
+    """``parser.parse_object(config, base)``: a config given as a mapping (merged onto the
+    parsed ``base``), checked as a file's is; ``source`` says where it came from.
 
     Raises:
         ConfigArgumentError: a key or value does not fit the parser.
     """
     try:
-        return parser.parse_object(dict(config))
+        return parser.parse_object(dict(config), base)
     except argparse.ArgumentError as err:
-        raise ConfigArgumentError(explain_parse_error(str(err), parser)) from err
+        raise ConfigArgumentError(source + explain_parse_error(str(err), parser)) from err
 
 
 def _add_module_arguments(

@@ -4,6 +4,8 @@
   relaunch starts);
 - `replace_configure_optimizers`: the ``optimizer`` / ``lr_scheduler`` keys in place of the
   module's ``configure_optimizers``;
+- `checkpoint_hyperparameters`: the model's saved hyperparameters, which LightningCLI builds
+  the model with when ``ckpt_path`` names a checkpoint;
 - `under_stage` and `yaml_mapping`: the shapes LightningCLI gives its config.
 """
 
@@ -15,15 +17,17 @@ import os
 import random
 import types
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from pathlib import Path
 from typing import Any
 
 import torch
 
-from trainer.errors import ConfigurationError, describe
+from trainer.errors import CheckpointError, ConfigurationError, describe
 from trainer.trainer.module import TrainModule
 
 __all__ = [
+    "checkpoint_hyperparameters",
     "import_class",
     "init_args",
     "replace_configure_optimizers",
@@ -34,6 +38,31 @@ __all__ = [
 
 _MAX_SEED = 2**32 - 1
 _SEED_ENV = "TRAINER_CLI_SEED"  # a drawn seed, for the processes a relaunch starts
+
+
+def checkpoint_hyperparameters(ckpt_path: str | None) -> dict[str, Any]:
+    """The model hyperparameters saved in the checkpoint at ``ckpt_path``, as LightningCLI
+    reads them to build the model; ``{}`` for None, ``"last"`` / ``"best"`` or no such path.
+
+    A checkpoint directory is verified before it is read; a file is read with
+    ``weights_only=True`` (a Lightning ``.ckpt``) or as safetensors: no code runs.
+
+    Raises:
+        CheckpointError: the checkpoint fails verification or cannot be read.
+    """
+    if ckpt_path is None or not os.path.exists(ckpt_path):
+        return {}
+    from trainer.checkpoint import load_weights_file, read_checkpoint
+
+    path = Path(ckpt_path)
+    checkpoint = read_checkpoint(path) if path.is_dir() else load_weights_file(path)
+    saved = checkpoint.get("hyper_parameters") or {}
+    if not isinstance(saved, Mapping):
+        raise CheckpointError(
+            f"ckpt_path {ckpt_path!r}: its hyper_parameters are {describe(saved)}, not a "
+            "mapping of the model's arguments."
+        )
+    return {key: value for key, value in saved.items() if key != "_instantiator"}
 
 
 def under_stage(stage: str, config: Any) -> Any:

@@ -59,6 +59,7 @@ from trainer.cli._config_parser import (
     parse_config_object,
 )
 from trainer.cli._run_steps import (
+    checkpoint_hyperparameters,
     replace_configure_optimizers,
     seed_run,
     under_stage,
@@ -304,6 +305,11 @@ class TrainerCLI:
             if given is None
             else parse_config_object(self.parser, given)
         )
+        if self.subcommand is not None:  # LightningCLI builds the model the checkpoint saved
+            saved = checkpoint_hyperparameters(config.ckpt_path)
+            if saved:
+                source = f"the hyperparameters saved in ckpt_path {config.ckpt_path!r}: "
+                config = parse_config_object(self.parser, {"model": saved}, config, source=source)
         self.config = config if self.subcommand is None else under_stage(self.subcommand, config)
         # Seed before anything is built, so the initial weights follow the seed too.
         config.seed_everything = seed_run(config.seed_everything)
