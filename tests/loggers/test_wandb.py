@@ -167,7 +167,35 @@ def test_an_active_run_is_used_and_left_open(tmp_path: Path) -> None:
     assert history(run) == [{"loss": 1.0, STEP_METRIC: 3}]
 
 
+def test_a_given_experiment_is_logged_to_and_left_open(tmp_path: Path) -> None:
+    user_run = wandb.init(project="mine", dir=str(tmp_path), mode="offline")
+    try:
+        logger = WandbLogger(save_dir=tmp_path / "unused", experiment=user_run)
+        trainer = quiet_trainer(tmp_path, logger=logger, max_epochs=1, log_every_n_steps=4)
+        trainer.fit(LinearModule(), make_loader())
+        assert logger.version == user_run.id
+        assert wandb.run is user_run  # not finished by the logger
+    finally:
+        wandb.finish()
+    (run,) = find_runs(tmp_path)
+    assert [row[STEP_METRIC] for row in history(run) if "train/loss" in row] == [3, 7]
+    assert not (tmp_path / "unused").exists()  # no second run was started
+
+
+def test_immutable_add_file_policy_uploads_the_same_checkpoint_files(tmp_path: Path) -> None:
+    logger = WandbLogger(
+        save_dir=tmp_path, offline=True, log_model="all", add_file_policy="immutable"
+    )
+    fit_with_checkpoints(tmp_path, logger)
+    (run,) = find_runs(tmp_path)
+    assert len(run.artifacts) == 2
+    for artifact in run.artifacts:
+        assert {"manifest.json", "model.safetensors"} <= set(artifact["files"])
+
+
 def test_bad_arguments_name_the_fix(tmp_path: Path) -> None:
+    with pytest.raises(ConfigurationError, match=r"add_file_policy='copy'.*'mutable'"):
+        WandbLogger(add_file_policy="copy")  # type: ignore[arg-type]
     with pytest.raises(ConfigurationError, match=r"log_model.*True, False or 'all'"):
         WandbLogger(log_model="best")
     with pytest.raises(ConfigurationError, match=r"id \(or version\)"):

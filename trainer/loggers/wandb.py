@@ -28,7 +28,7 @@ import secrets
 import string
 import warnings
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, Literal
 
 from trainer._imports import is_available, require
 from trainer.errors import CheckpointError, ConfigurationError, describe
@@ -74,6 +74,11 @@ class WandbLogger(Logger):
             saved with ``save_top_k=-1``; ``"all"``: each as it is saved.
         prefix: put before every metric name, joined with ``"-"``.
         checkpoint_name: the artifact name; default ``"model-<run id>"``.
+        experiment: a wandb Run started by the caller, to log to instead of starting one; it
+            is the caller's to finish.
+        add_file_policy: how checkpoint files join their artifact: ``"mutable"`` (copied to a
+            staging folder first, safe if the file changes later) or ``"immutable"`` (read in
+            place: no copy).
         **kwargs: more ``wandb.init`` arguments (``entity``, ``tags``, ``group``, ``notes``,
             ``settings``, ...); they override the ones above.
 
@@ -105,10 +110,17 @@ class WandbLogger(Logger):
         log_model: bool | str = False,
         prefix: str = "",
         checkpoint_name: str | None = None,
+        experiment: Any = None,
+        add_file_policy: Literal["mutable", "immutable"] = "mutable",
         **kwargs: Any,
     ) -> None:
         run_id = version if version is not None else id
         _check_arguments(save_dir, dir, run_id, log_model, prefix)
+        if add_file_policy not in ("mutable", "immutable"):
+            raise ConfigurationError(
+                f"WandbLogger(add_file_policy={describe(add_file_policy)}): expected 'mutable' "
+                "(checkpoint files are copied before upload) or 'immutable' (read in place)."
+            )
         _check_installed()
         # Absolute now: wandb's service process resolves a relative dir against its own working
         # directory, so after an os.chdir a run's .wandb file would be written nowhere.
@@ -122,9 +134,12 @@ class WandbLogger(Logger):
         self._log_model = log_model
         self._prefix = prefix
         self._checkpoint_name = checkpoint_name
+        self._add_file_policy = add_file_policy
         self._init_kwargs = kwargs
-        self._experiment: Any = None
+        self._given_experiment = experiment  # the caller's run: never finished here
+        self._experiment: Any = experiment
         self._is_run_owned = False
+        self._is_axis_defined = False
         self._last_step: int | None = None
         self._checkpoint_callback: Any = None
         self._logged_checkpoints: dict[str, float] = {}  # path -> mtime when uploaded
@@ -169,8 +184,10 @@ class WandbLogger(Logger):
             else:
                 os.makedirs(self._save_dir, exist_ok=True)
                 self._experiment, self._is_run_owned = wandb.init(**self._wandb_init()), True
+        if not self._is_axis_defined:
             self._experiment.define_metric(STEP_METRIC)
             self._experiment.define_metric("*", step_metric=STEP_METRIC, step_sync=True)
+            self._is_axis_defined = True
         return self._experiment
 
     def _wandb_init(self) -> dict[str, Any]:
@@ -244,7 +261,9 @@ class WandbLogger(Logger):
             self._upload_checkpoints(self._checkpoint_callback)
         if self._experiment is not None and self._is_run_owned:
             self._experiment.finish(exit_code=_EXIT_CODES.get(status, 1))
-        self._experiment = None
+        if self._experiment is not self._given_experiment:  # a given run stays this logger's
+            self._experiment = None
+            self._is_axis_defined = False
 
     # ---- resuming ------------------------------------------------------------------------------
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
@@ -296,9 +315,9 @@ class WandbLogger(Logger):
                 },
             )
             if os.path.isdir(path):
-                artifact.add_dir(path)
+                artifact.add_dir(path, policy=self._add_file_policy)
             else:
-                artifact.add_file(path)
+                artifact.add_file(path, policy=self._add_file_policy)
             run.log_artifact(artifact, aliases=aliases)
             self._logged_checkpoints[path] = os.path.getmtime(path)
 
