@@ -125,6 +125,11 @@ $ trainer fit --config run.yaml --model.lr fast
 error: wrong type for 'model.init_args.lr' (my_project.models.DigitsClassifier): expected float, received 'fast'.
 ```
 
+A config ported from LightningCLI that names Lightning's classes
+(`class_path: lightning.pytorch.callbacks.EarlyStopping`) is refused the same way, and the
+message names ours to write instead (`trainer.callbacks.EarlyStopping`, or the short name
+`EarlyStopping`, which both frameworks accept).
+
 A value of the right type that a constructor rejects (`--trainer.precision 17`) prints that
 constructor's error the same way, with exit status 1.
 

@@ -472,6 +472,33 @@ def test_bad_input_names_the_key_and_the_choices(
     assert str(raised.value) == message
 
 
+@pytest.mark.parametrize(
+    ("key", "lightning_class", "ours"),
+    [
+        (
+            "callbacks",
+            "lightning.pytorch.callbacks.EarlyStopping",
+            "trainer.callbacks.EarlyStopping",
+        ),
+        ("logger", "lightning.pytorch.loggers.CSVLogger", "trainer.loggers.CSVLogger"),
+    ],
+)
+def test_a_ported_configs_lightning_class_names_ours(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], key: str, lightning_class: str, ours: str
+) -> None:
+    pytest.importorskip("lightning.pytorch")
+    entry = [{"class_path": lightning_class, "init_args": {}}]
+    path = write_yaml(
+        tmp_path / "ported.yaml", {**TINY, "trainer": {**TINY["trainer"], key: entry}}
+    )
+    assert run_cli(["fit", "--config", str(path)]) == 2
+    short = ours.rsplit(".", 1)[-1]
+    assert (
+        f" {lightning_class} is Lightning's class: write {ours} (or its short name {short}) "
+        "in a config for trainer. Known classes: "
+    ) in capsys.readouterr().err
+
+
 def test_unknown_logger_class_suggests_the_known_one(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

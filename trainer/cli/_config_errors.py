@@ -262,7 +262,8 @@ def _unknown_class(text: str, parser: Any) -> str | None:
         return f"'{key}': no class named {name!r}{_did_you_mean(name, choices)}.{listed}"
     foreign = re.search(r"does not correspond to a subclass of (?P<base>\w+)", text)
     if foreign is not None:
-        return f"'{key}': {_received(text)} is not a subclass of {foreign['base']}.{listed}"
+        ported = _lightning_counterpart(text, choices)
+        return f"'{key}': {_received(text)} is not a subclass of {foreign['base']}.{ported}{listed}"
     if "Not a valid subclass of" in text:
         return f"'{key}': {_received(text)} is not a class_path + init_args entry.{listed}"
     return None
@@ -282,6 +283,23 @@ def _wrong_type(text: str, parser: Any) -> str | None:
 
 
 # ---- helpers ----------------------------------------------------------------------------------
+_LIGHTNING_CLASS = re.compile(r"(?:lightning\.pytorch|pytorch_lightning)(?:\.\w+)*\.(?P<name>\w+)")
+
+
+def _lightning_counterpart(text: str, choices: list[str]) -> str:
+    """For a Lightning class in a ported config: the sentence naming ours of the same name."""
+    lightning = _LIGHTNING_CLASS.search(text)
+    if lightning is None:
+        return ""
+    ours = [choice for choice in choices if choice.rsplit(".", 1)[-1] == lightning["name"]]
+    if not ours:
+        return ""
+    return (
+        f" {lightning.group(0)} is Lightning's class: write {ours[0]} (or its short name "
+        f"{lightning['name']}) in a config for trainer."
+    )
+
+
 def _unknown_key(key: str, parser: Any) -> str:
     """The message for a key no section has, with the keys of its nearest known section."""
     parts = key.split(".")
