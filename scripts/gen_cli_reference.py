@@ -197,6 +197,7 @@ same constructor arguments and calls the same methods, in LightningCLI's order.
 | `args={...}` | a config as a mapping: `{"fit": {"trainer": {...}}}` (with `run=False`: `{"trainer": {...}}`) |
 | `save_config_callback=`, `save_config_kwargs=` | `SaveConfigCallback` or a subclass overriding `save_config(trainer, module, stage)` (runs on global rank 0 after `config.yaml` is written); `None` saves nothing; kwargs `config_filename`, `overwrite` |
 | `auto_configure_optimizers=False` | no `optimizer` / `lr_scheduler` keys |
+| `trainer_defaults={...}` | replace the Trainer's defaults; its `callbacks` are not a default but always added, after the config's (a config cannot remove them) |
 
 `cli.config` has LightningCLI's shape: with a subcommand, the stage's keys are under its name
 (`cli.config["fit"].trainer.max_epochs`, `cli.config.subcommand == "fit"`); with `run=False` they

@@ -285,3 +285,32 @@ def test_a_stage_with_ckpt_path_builds_the_model_the_checkpoint_saved(tmp_path: 
         }
     assert outcomes["trainer"] == outcomes["lightning"]
     assert outcomes["lightning"]["hparams"] == {"in_features": 3, "hidden": 3, "lr": 0.1}
+
+
+@pytest.mark.parametrize(
+    "extra",
+    [[], ["--trainer.callbacks+=EarlyStopping", "--trainer.callbacks.monitor", "val_loss"]]
+    + [["--trainer.callbacks", "[]"]],
+    ids=["none", "appended", "emptied"],
+)
+def test_callbacks_of_trainer_defaults_are_always_added(tmp_path: Path, extra: list[str]) -> None:
+    kept = {}
+    for side, (cli_base, _, module_base, data_base, defaults) in SIDES.items():
+        net, data = _project(module_base, data_base)
+        callback_base = pl.Callback if side == "lightning" else trainer.callbacks.Callback
+        persistent = type("Persistent", (callback_base,), {})()
+        args = ["fit", "--trainer.max_epochs", "1", "--model.in_features", "3", *extra]
+        with warnings.catch_warnings(), pytest.MonkeyPatch.context() as patch:
+            warnings.simplefilter("ignore")
+            patch.chdir(tmp_path)
+            cli = cli_base(
+                net,
+                data,
+                args=args,
+                trainer_defaults={**defaults, "callbacks": [persistent]},
+                save_config_callback=None,
+            )
+        names = [type(c).__name__ for c in cli.trainer.callbacks]
+        kept[side] = [name for name in names if name in ("Persistent", "EarlyStopping")]
+    assert kept["trainer"] == kept["lightning"]
+    assert "Persistent" in kept["lightning"]

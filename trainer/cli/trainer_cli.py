@@ -141,7 +141,8 @@ class TrainerCLI:
         run: run the subcommand (``fit``, ``validate``, ``test``, ``predict``); with False
             there is no subcommand and no ``ckpt_path``: the objects are built, and the caller
             runs them (``cli.trainer.fit(cli.model, datamodule=cli.datamodule)``).
-        trainer_defaults: Trainer arguments that replace the Trainer's defaults.
+        trainer_defaults: Trainer arguments that replace the Trainer's defaults; its
+            ``callbacks`` are always added, after the config's (LightningCLI's rule).
         seed_everything_default: ``seed_everything`` when the config does not set it; True
             draws a seed, written into the saved config so the run can be repeated.
         subclass_mode_model: with ``model_class``, accept its subclasses by ``class_path``.
@@ -251,6 +252,11 @@ class TrainerCLI:
         options = {key: value for key, value in vars(self._stage(self.config_init).trainer).items()}
         options = {key: value for key, value in options.items() if not key.startswith("__")}
         options.update(kwargs)
+        configured = options.get("callbacks")
+        options["callbacks"] = [
+            *_as_list(configured),
+            *_as_list(self.trainer_defaults.get("callbacks")),
+        ]
         if self.save_config_callback is not None:
             try:
                 callback = self.save_config_callback(
@@ -262,10 +268,7 @@ class TrainerCLI:
                     f"{self.save_config_callback.__name__} ({err}); SaveConfigCallback takes "
                     "config_filename and overwrite."
                 ) from err
-            callbacks = options.get("callbacks")
-            if isinstance(callbacks, Callback):
-                callbacks = [callbacks]
-            options["callbacks"] = [*(callbacks or []), callback]
+            options["callbacks"].append(callback)
         return Trainer(**options)
 
     @staticmethod
@@ -293,7 +296,8 @@ class TrainerCLI:
             datamodule_class=self.datamodule_class,
             subclass_mode_model=self.subclass_mode_model,
             subclass_mode_data=self.subclass_mode_data,
-            trainer_defaults=self.trainer_defaults,
+            # Callbacks given here are not defaults a config replaces: they are always added.
+            trainer_defaults={k: v for k, v in self.trainer_defaults.items() if k != "callbacks"},
             seed_everything_default=self.seed_everything_default,
             auto_configure_optimizers=self.auto_configure_optimizers,
             prog=f"{self.prog} {self.subcommand}" if self.subcommand else self.prog,
@@ -431,3 +435,10 @@ def run_cli(
         code = exit_request.code
         return code if isinstance(code, int) else 0 if code is None else 1
     return 0
+
+
+def _as_list(callbacks: Any) -> list[Any]:
+    """A Trainer's ``callbacks`` argument (None, one callback, or several) as a list."""
+    if callbacks is None:
+        return []
+    return [callbacks] if isinstance(callbacks, Callback) else list(callbacks)
