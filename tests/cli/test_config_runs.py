@@ -306,6 +306,10 @@ def test_a_config_mapping_needs_its_stage(tmp_path: Path) -> None:
         TrainerCLI(args={"fit": {"trainer": {"max_epoch": 1}}}, exit_on_error=False)
     cli = TrainerCLI(args={"subcommand": "fit", "fit": TINY}, exit_on_error=False)
     assert cli.subcommand == "fit" and cli.trainer.current_epoch == 1
+    from jsonargparse import Namespace  # LightningCLI takes a parsed Namespace too
+
+    cli = TrainerCLI(args=Namespace(fit=Namespace(TINY)), exit_on_error=False)
+    assert cli.subcommand == "fit" and cli.trainer.current_epoch == 1
 
 
 def test_save_config_overwrite_false_keeps_an_earlier_runs_config(tmp_path: Path) -> None:

@@ -289,8 +289,11 @@ def test_a_stage_with_ckpt_path_builds_the_model_the_checkpoint_saved(tmp_path: 
 
 @pytest.mark.parametrize(
     "extra",
-    [[], ["--trainer.callbacks+=EarlyStopping", "--trainer.callbacks.monitor", "val_loss"]]
-    + [["--trainer.callbacks", "[]"]],
+    [
+        [],
+        ["--trainer.callbacks+=EarlyStopping", "--trainer.callbacks.monitor", "val_loss"],
+        ["--trainer.callbacks", "[]"],
+    ],
     ids=["none", "appended", "emptied"],
 )
 def test_callbacks_of_trainer_defaults_are_always_added(tmp_path: Path, extra: list[str]) -> None:

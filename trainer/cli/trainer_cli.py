@@ -287,6 +287,8 @@ class TrainerCLI:
     # ---- the run ------------------------------------------------------------------------------
     def _main(self, arguments: Sequence[str] | Mapping[str, Any], run: bool) -> None:
         """Parse, seed, build, and (with ``run``) run: the whole life of a config-driven run."""
+        if hasattr(arguments, "as_dict"):  # a jsonargparse Namespace
+            arguments = arguments.as_dict()
         given = None if isinstance(arguments, Sequence) else arguments
         if run:
             given, arguments = self._take_subcommand(given, arguments)
