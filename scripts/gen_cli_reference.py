@@ -193,7 +193,7 @@ same constructor arguments and calls the same methods, in LightningCLI's order.
 | `before_<stage>(self)`, `after_<stage>(self)` | around `trainer.<stage>(...)`: `before_fit`, `after_test`, ... |
 | `instantiate_trainer(self, **kwargs)` | builds the Trainer from the `trainer` keys, `kwargs` replacing them |
 | `configure_optimizers(module, optimizer, lr_scheduler)` (static) | what the module's `configure_optimizers` returns when the config gives `optimizer` (built after `configure_model`) |
-| `parser_kwargs={...}` | jsonargparse `ArgumentParser` arguments for every stage, or per stage: `{"fit": {"default_config_files": ["fit.yaml"]}}` |
+| `parser_kwargs={...}` | jsonargparse `ArgumentParser` arguments for every stage, or per stage: `{"fit": {"default_config_files": ["fit.yaml"]}}`. With `{"default_env": True}` every key is also read from the environment under LightningCLI's names: `PL_FIT__TRAINER__MAX_EPOCHS=3` (with `run=False`: `PL_TRAINER__MAX_EPOCHS`); `env_prefix` changes the `PL_FIT_` / `PL` |
 | `args={...}` | a config as a mapping: `{"fit": {"trainer": {...}}}` (with `run=False`: `{"trainer": {...}}`) |
 | `save_config_callback=`, `save_config_kwargs=` | `SaveConfigCallback` or a subclass overriding `save_config(trainer, module, stage)` (runs on global rank 0 after `config.yaml` is written); `None` saves nothing; kwargs `config_filename`, `overwrite` |
 | `auto_configure_optimizers=False` | no `optimizer` / `lr_scheduler` keys |

@@ -317,3 +317,31 @@ def test_callbacks_of_trainer_defaults_are_always_added(tmp_path: Path, extra: l
         kept[side] = [name for name in names if name in ("Persistent", "EarlyStopping")]
     assert kept["trainer"] == kept["lightning"]
     assert "Persistent" in kept["lightning"]
+
+
+@pytest.mark.parametrize("run", [True, False], ids=["fit", "run-false"])
+def test_default_env_reads_lightnings_variable_names(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, run: bool
+) -> None:
+    monkeypatch.setenv("PL_FIT__TRAINER__MAX_EPOCHS", "3")
+    monkeypatch.setenv("PL_TRAINER__MAX_EPOCHS", "2")
+    monkeypatch.setenv("PL_FIT__MODEL__HIDDEN", "6")
+    monkeypatch.setenv("PL_MODEL__HIDDEN", "7")
+    read = {}
+    for side, (cli_base, _, module_base, data_base, defaults) in SIDES.items():
+        net, data = _project(module_base, data_base)
+        args = ["--model.in_features", "3"]
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            cli = cli_base(
+                net,
+                data,
+                args=["fit", *args] if run else args,
+                run=run,
+                trainer_defaults=defaults,
+                save_config_callback=None,
+                parser_kwargs={"default_env": True},
+            )
+        read[side] = (cli.trainer.max_epochs, cli.model.hparams.hidden, cli.trainer.global_step)
+    assert read["trainer"] == read["lightning"]
+    assert read["lightning"] == ((3, 6, 12) if run else (2, 7, 0))

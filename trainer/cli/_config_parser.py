@@ -95,6 +95,8 @@ def build_config_parser(
         "prog": prog or (f"trainer {stage}" if stage else "trainer"),
         "description": STAGE_HELP.get(stage or "", "Build a run from a YAML config.") + ".",
         "allow_abbrev": False,  # --trainer.max_epoch must be an error, not --trainer.max_epochs
+        # With default_env=True, LightningCLI's variable names: PL_FIT__TRAINER__MAX_EPOCHS.
+        "env_prefix": f"PL_{stage}_" if stage else "PL",
         **(parser_kwargs or {}),
     }
     options["exit_on_error"] = False
