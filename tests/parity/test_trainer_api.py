@@ -329,3 +329,39 @@ def test_fast_dev_run_puts_a_dummy_logger_in_place_as_in_lightning(tmp_path) -> 
         logger = fw.loggers.CSVLogger(str(root / "logs"))
         assert _fast_dev_run(fw, str(root), logger) == (2, ["DummyLogger"])
         assert not (root / "logs").exists()
+
+
+def _switches(fw: Framework, root: str, **options: Any) -> tuple[Any, ...]:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        fit = fw.trainer(default_root_dir=root, **options)
+    summaries = [c for c in fit.callbacks if "ModelSummary" in type(c).__name__]
+    return (
+        fit.logger is not None,
+        fit.checkpoint_callback is not None,
+        fit.progress_bar_callback is not None,
+        bool(summaries),
+        fit.log_every_n_steps,
+    )
+
+
+@pytest.mark.parametrize(
+    "options",
+    [
+        {"logger": None},
+        {"enable_checkpointing": None},
+        {"enable_progress_bar": None, "enable_model_summary": None},
+        {"log_every_n_steps": None},
+        {"barebones": True, "logger": None},
+    ],
+    ids=["logger", "checkpointing", "bar-and-summary", "log_every_n_steps", "barebones"],
+)
+def test_none_is_the_default_for_the_opt_out_switches_as_in_lightning(
+    tmp_path, options: dict[str, Any]
+) -> None:
+    """``Trainer(logger=None)`` (as in ``logger=wandb if use_wandb else None``) is Lightning's
+    default logger, not none; likewise None for the enable_* switches and log_every_n_steps."""
+    expected = _switches(BOTH[0], str(tmp_path / "l"), **options)
+    compared = 4 if "barebones" in options else 5  # barebones: Lightning's log_every_n_steps is 0
+    assert _switches(BOTH[1], str(tmp_path / "t"), **options)[:compared] == expected[:compared]
+    assert expected[:4] == ((False,) * 4 if "barebones" in options else (True,) * 4)

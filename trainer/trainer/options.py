@@ -31,6 +31,7 @@ __all__ = [
     "check_overfit_batches",
     "check_positive_int",
     "check_sync_batchnorm",
+    "default_switches",
     "parse_max_time",
     "resolve_device",
     "resolve_limit",
@@ -478,3 +479,17 @@ def check_barebones_profiler(profiler: Any) -> None:
             f"Trainer(barebones=True, profiler={describe(profiler)}): barebones mode turns "
             "profiling off, as in Lightning. Drop barebones=True to profile, or drop profiler."
         )
+
+
+def default_switches(
+    barebones: bool,
+    profiler: Any,
+    logger: Any,
+    *switches: bool | None,
+) -> tuple[Any, ...]:
+    """``logger`` and the ``enable_*`` switches with Lightning's opt-out defaults: None is the
+    default (the CSVLogger; on), and ``barebones=True`` turns every one off."""
+    if barebones:  # Lightning's: everything that costs speed is off
+        check_barebones_profiler(profiler)
+        return (False, *(False for _ in switches))
+    return (True if logger is None else logger, *(True if s is None else s for s in switches))

@@ -42,7 +42,6 @@ from trainer.trainer.optimizer_config import SchedulerConfig
 from trainer.trainer.options import (
     apply_benchmark,
     build_loggers,
-    check_barebones_profiler,
     check_bool,
     check_call_arguments,
     check_clip,
@@ -55,6 +54,7 @@ from trainer.trainer.options import (
     check_sync_batchnorm,
     check_val_interval,
     default_max_epochs,
+    default_switches,
     module_argument,
     parse_max_time,
     resolve_plugins,
@@ -111,10 +111,10 @@ class Trainer(TrainerProperties):
         limit_val_batches: int | float | None = None,
         limit_test_batches: int | float | None = None,
         limit_predict_batches: int | float | None = None,
-        log_every_n_steps: int = 50,
-        enable_progress_bar: bool = True,
-        enable_checkpointing: bool = True,
-        enable_model_summary: bool = True,
+        log_every_n_steps: int | None = 50,
+        enable_progress_bar: bool | None = True,
+        enable_checkpointing: bool | None = True,
+        enable_model_summary: bool | None = True,
         default_root_dir: str | os.PathLike[str] | None = None,
         deterministic: bool = False,
         fast_dev_run: bool | int = False,
@@ -134,10 +134,9 @@ class Trainer(TrainerProperties):
         inference_mode: bool = True,
         enable_autolog_hparams: bool = True,
     ) -> None:
-        if barebones:  # Lightning's: everything that costs speed is off
-            logger, enable_progress_bar, enable_model_summary = False, False, False
-            enable_checkpointing = False
-            check_barebones_profiler(profiler)
+        switches = (enable_progress_bar, enable_model_summary, enable_checkpointing)
+        logger, *switches = default_switches(barebones, profiler, logger, *switches)
+        enable_progress_bar, enable_model_summary, enable_checkpointing = switches
         self.barebones = barebones
         self.default_root_dir = resolve_root_dir(default_root_dir)
         self.fast_dev_run = check_fast_dev_run(fast_dev_run)
@@ -169,7 +168,7 @@ class Trainer(TrainerProperties):
             "predict": dev_batches or limit_predict_batches,
         }
         self.log_every_n_steps = (
-            1 if dev_batches else check_positive_int("log_every_n_steps", log_every_n_steps)
+            1 if dev_batches else check_positive_int("log_every_n_steps", log_every_n_steps or 50)
         )
         self.reload_dataloaders_every_n_epochs = check_positive_int(
             "reload_dataloaders_every_n_epochs", reload_dataloaders_every_n_epochs, allow_zero=True
