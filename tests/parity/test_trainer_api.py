@@ -365,3 +365,18 @@ def test_none_is_the_default_for_the_opt_out_switches_as_in_lightning(
     compared = 4 if "barebones" in options else 5  # barebones: Lightning's log_every_n_steps is 0
     assert _switches(BOTH[1], str(tmp_path / "t"), **options)[:compared] == expected[:compared]
     assert expected[:4] == ((False,) * 4 if "barebones" in options else (True,) * 4)
+
+
+def test_none_is_the_default_of_the_validation_and_clipping_arguments_as_in_lightning(
+    tmp_path,
+) -> None:
+    """None is 1.0 / 2, and clipping by norm (Lightning keeps None and clips by norm then)."""
+    options = quiet(val_check_interval=None, num_sanity_val_steps=None, gradient_clip_val=0.5)
+    read = []
+    for fw in BOTH:
+        fit = fw.trainer(**options, gradient_clip_algorithm=None)
+        read.append((fit.val_check_interval, fit.num_sanity_val_steps))
+    assert read[1] == read[0] == (1.0, 2)
+    assert BOTH[1].trainer(**options, gradient_clip_algorithm=None).gradient_clip_algorithm == (
+        "norm"
+    )

@@ -223,7 +223,10 @@ def resolve_root_dir(value: str | os.PathLike[str] | None) -> str:
     return os.fspath(value)
 
 
-def check_clip(value: float | None, algorithm: str) -> str:
+def check_clip(value: float | None, algorithm: str | None) -> str:
+    """``gradient_clip_algorithm`` (None: "norm", as in Lightning), with its value checked."""
+    if algorithm is None:
+        return check_clip(value, "norm")
     if algorithm not in ("norm", "value"):
         raise ConfigurationError(
             f"Trainer(gradient_clip_algorithm={algorithm!r}): expected 'norm' or 'value'."
@@ -237,12 +240,17 @@ def check_clip(value: float | None, algorithm: str) -> str:
     return algorithm
 
 
-def check_val_interval(value: int | float, check_val_every_n_epoch: int | None) -> int | float:
-    """``val_check_interval``: a fraction of an epoch in (0.0, 1.0], or an int of batches.
+def check_val_interval(
+    value: int | float | None, check_val_every_n_epoch: int | None
+) -> int | float:
+    """``val_check_interval``: a fraction of an epoch in (0.0, 1.0], or an int of batches
+    (None: 1.0, as in Lightning).
 
     A fraction other than 1.0 needs epochs to count it in: with ``check_val_every_n_epoch=None``
     it is refused, as Lightning refuses it.
     """
+    if value is None:
+        return 1.0
     if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
         raise ConfigurationError(
             f"Trainer(val_check_interval={describe(value)}): expected a float in (0.0, 1.0] "
@@ -262,7 +270,10 @@ def check_val_interval(value: int | float, check_val_every_n_epoch: int | None) 
     return value
 
 
-def check_sanity_steps(value: int) -> int:
+def check_sanity_steps(value: int | None) -> int:
+    """``num_sanity_val_steps`` (None: 2, as in Lightning)."""
+    if value is None:
+        return 2
     if not isinstance(value, int) or isinstance(value, bool) or value < -1:
         raise ConfigurationError(
             f"Trainer(num_sanity_val_steps={describe(value)}): expected an int >= 0, or -1 for "
