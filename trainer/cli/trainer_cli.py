@@ -249,12 +249,11 @@ class TrainerCLI:
 
     def instantiate_trainer(self, **kwargs: Any) -> Trainer:
         """The Trainer of the config's ``trainer`` keys, ``kwargs`` replacing them."""
-        options = {key: value for key, value in vars(self._stage(self.config_init).trainer).items()}
-        options = {key: value for key, value in options.items() if not key.startswith("__")}
+        section = vars(self._stage(self.config_init).trainer)
+        options = {key: value for key, value in section.items() if not key.startswith("__")}
         options.update(kwargs)
-        configured = options.get("callbacks")
         options["callbacks"] = [
-            *_as_list(configured),
+            *_as_list(options.get("callbacks")),
             *_as_list(self.trainer_defaults.get("callbacks")),
         ]
         if self.save_config_callback is not None:

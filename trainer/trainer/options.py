@@ -24,14 +24,12 @@ if TYPE_CHECKING:
 
 __all__ = [
     "apply_benchmark",
-    "check_barebones_profiler",
     "check_bool",
     "check_max_steps",
     "check_min_limits",
     "check_overfit_batches",
     "check_positive_int",
     "check_sync_batchnorm",
-    "default_switches",
     "parse_max_time",
     "resolve_device",
     "resolve_limit",
@@ -481,26 +479,3 @@ def check_sync_batchnorm(sync_batchnorm: bool, accelerator: Any, devices: Any) -
             "on CPU, or train on GPUs."
         )
     return True
-
-
-def check_barebones_profiler(profiler: Any) -> None:
-    """``barebones=True`` turns profiling off: a profiler passed with it is a contradiction."""
-    if profiler is not None:
-        raise ConfigurationError(
-            f"Trainer(barebones=True, profiler={describe(profiler)}): barebones mode turns "
-            "profiling off, as in Lightning. Drop barebones=True to profile, or drop profiler."
-        )
-
-
-def default_switches(
-    barebones: bool,
-    profiler: Any,
-    logger: Any,
-    *switches: bool | None,
-) -> tuple[Any, ...]:
-    """``logger`` and the ``enable_*`` switches with Lightning's opt-out defaults: None is the
-    default (the CSVLogger; on), and ``barebones=True`` turns every one off."""
-    if barebones:  # Lightning's: everything that costs speed is off
-        check_barebones_profiler(profiler)
-        return (False, *(False for _ in switches))
-    return (True if logger is None else logger, *(True if s is None else s for s in switches))

@@ -29,6 +29,7 @@ from trainer.profilers import Profiler, resolve_profiler
 from trainer.strategies import Strategy
 from trainer.trainer import profiling
 from trainer.trainer.checkpoint_state import restore_from, save_checkpoint
+from trainer.trainer.defaults import check_log_interval, default_switches
 from trainer.trainer.evaluation_loop import STAGE_OF, run_eval_epoch
 from trainer.trainer.fit_loop import FitLoop, run_sanity_check
 from trainer.trainer.hook_table import HookTable
@@ -54,7 +55,6 @@ from trainer.trainer.options import (
     check_sync_batchnorm,
     check_val_interval,
     default_max_epochs,
-    default_switches,
     module_argument,
     parse_max_time,
     resolve_plugins,
@@ -167,9 +167,7 @@ class Trainer(TrainerProperties):
             "test": dev_batches or limit_test_batches,
             "predict": dev_batches or limit_predict_batches,
         }
-        self.log_every_n_steps = (
-            1 if dev_batches else check_positive_int("log_every_n_steps", log_every_n_steps or 50)
-        )
+        self.log_every_n_steps = 1 if dev_batches else check_log_interval(log_every_n_steps)
         self.reload_dataloaders_every_n_epochs = check_positive_int(
             "reload_dataloaders_every_n_epochs", reload_dataloaders_every_n_epochs, allow_zero=True
         )
