@@ -31,7 +31,6 @@ from trainer.cli import test as test_command
 from trainer.cli.trainer_cli import (
     CLI_CONFIG_KEY,
     ConfigArgumentError,
-    ReduceLROnPlateau,
     SaveConfigCallback,
     TrainerCLI,
     run_cli,
@@ -269,33 +268,35 @@ def test_optimizer_and_lr_scheduler_replace_configure_optimizers(tmp_path: Path)
     assert optimizer.param_groups[0]["lr"] == pytest.approx(0.1 * 0.1**2)  # stepped twice
 
 
-def test_reduce_lr_on_plateau_gets_its_monitor(tmp_path: Path) -> None:
+def plateau_arguments(tmp_path: Path, class_path: str) -> list[str]:
     path = write_yaml(tmp_path / "run.yaml", TINY)
     args = ["fit", "--config", str(path), "--optimizer", "SGD", "--optimizer.lr", "0.01"]
-    args += ["--lr_scheduler", "trainer.cli.trainer_cli.ReduceLROnPlateau"]
-    args += ["--lr_scheduler.monitor", "val/loss"]
+    return [*args, "--lr_scheduler", class_path, "--lr_scheduler.monitor", "val/loss"]
+
+
+@pytest.mark.parametrize(
+    ("class_path", "module"),
+    [
+        ("trainer.cli.trainer_cli.ReduceLROnPlateau", "trainer.cli.trainer_cli"),
+        ("lightning.pytorch.cli.ReduceLROnPlateau", "lightning.pytorch.cli"),  # a ported config
+    ],
+)
+def test_reduce_lr_on_plateau_gets_its_monitor(
+    tmp_path: Path, class_path: str, module: str
+) -> None:
+    pytest.importorskip(module)
     with pytest.warns(UserWarning, match="replaced"):
-        cli = TrainerCLI(args=args, exit_on_error=False)
+        cli = TrainerCLI(args=plateau_arguments(tmp_path, class_path), exit_on_error=False)
     (config,) = cli.trainer.lr_scheduler_configs
-    assert isinstance(config.scheduler, ReduceLROnPlateau)
+    assert isinstance(config.scheduler, torch.optim.lr_scheduler.ReduceLROnPlateau)
+    assert type(config.scheduler).__module__ == module
     assert config.monitor == "val/loss"
 
-    torch_plateau = [*args[:7], "--lr_scheduler", "torch.optim.lr_scheduler.ReduceLROnPlateau"]
+
+def test_torchs_reduce_lr_on_plateau_is_refused_naming_ours(tmp_path: Path) -> None:
+    torch_plateau = plateau_arguments(tmp_path, "torch.optim.lr_scheduler.ReduceLROnPlateau")
     with pytest.raises(ConfigurationError, match=r"trainer\.cli\.trainer_cli\.ReduceLROnPlateau"):
-        TrainerCLI(args=torch_plateau, exit_on_error=False)
-
-
-def test_lightnings_reduce_lr_on_plateau_works_in_a_ported_config(tmp_path: Path) -> None:
-    pytest.importorskip("lightning.pytorch.cli")
-    path = write_yaml(tmp_path / "run.yaml", TINY)
-    args = ["fit", "--config", str(path), "--optimizer", "SGD", "--optimizer.lr", "0.01"]
-    args += ["--lr_scheduler", "lightning.pytorch.cli.ReduceLROnPlateau"]
-    args += ["--lr_scheduler.monitor", "val/loss"]
-    with pytest.warns(UserWarning, match="replaced"):
-        cli = TrainerCLI(args=args, exit_on_error=False)
-    (config,) = cli.trainer.lr_scheduler_configs
-    assert type(config.scheduler).__module__ == "lightning.pytorch.cli"
-    assert config.monitor == "val/loss"
+        TrainerCLI(args=torch_plateau[:-2], exit_on_error=False)
 
 
 def test_a_config_mapping_needs_its_stage(tmp_path: Path) -> None:
