@@ -375,6 +375,27 @@ def test_ckpt_path_gives_the_class_path_model_its_saved_hyperparameters(
     assert "state.json" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize(
+    ("saved", "field"),
+    [
+        (
+            {"class_path": "cli_fixtures.TinyRegressor", "init_args": {"hidden": 3}},
+            "['class_path']",
+        ),
+        ({"hidden": 3, "lr": {"class_path": "os.PathLike"}}, "['lr']['class_path']"),
+    ],
+)
+def test_ckpt_path_hyperparameters_cannot_choose_a_class(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], saved: dict[str, Any], field: str
+) -> None:
+    crafted = tmp_path / "crafted.ckpt"  # a Lightning-style file, read with weights_only=True
+    torch.save({"hyper_parameters": saved, "state_dict": {}}, crafted)
+    path = str(write_yaml(tmp_path / "run.yaml", TINY))
+    assert main.main(["validate", "--config", path, "--ckpt_path", str(crafted)]) == 1
+    err = capsys.readouterr().err
+    assert f"hyper_parameters{field} names a class" in err and "crafted.ckpt" in err
+
+
 # -- errors: the key, the choices, no traceback ---------------------------------------------------
 
 BAD_INPUTS = {

@@ -45,10 +45,13 @@ def checkpoint_hyperparameters(ckpt_path: str | None) -> dict[str, Any]:
     reads them to build the model; ``{}`` for None, ``"last"`` / ``"best"`` or no such path.
 
     A checkpoint directory is verified before it is read; a file is read with
-    ``weights_only=True`` (a Lightning ``.ckpt``) or as safetensors: no code runs.
+    ``weights_only=True`` (a Lightning ``.ckpt``) or as safetensors: no code runs. The values are
+    data: one holding a ``class_path`` (which the parser would import and build) is refused,
+    so a checkpoint cannot choose a class.
 
     Raises:
-        CheckpointError: the checkpoint fails verification or cannot be read.
+        CheckpointError: the checkpoint fails verification or cannot be read, or its
+            hyper_parameters are not a mapping or name a class.
     """
     if ckpt_path is None or not os.path.exists(ckpt_path):
         return {}
@@ -62,7 +65,32 @@ def checkpoint_hyperparameters(ckpt_path: str | None) -> dict[str, Any]:
             f"ckpt_path {ckpt_path!r}: its hyper_parameters are {describe(saved)}, not a "
             "mapping of the model's arguments."
         )
-    return {key: value for key, value in saved.items() if key != "_instantiator"}
+    saved = {key: value for key, value in saved.items() if key != "_instantiator"}
+    field = _class_path_field(saved, "hyper_parameters")
+    if field is not None:
+        raise CheckpointError(
+            f"ckpt_path {ckpt_path!r}: {field} names a class; the model's saved "
+            "hyperparameters are taken as data only. Give the class in the config instead."
+        )
+    return saved
+
+
+def _class_path_field(value: Any, where: str) -> str | None:
+    """The first field at or under ``value`` that is a ``class_path`` key, else None."""
+    if isinstance(value, Mapping):
+        for key, item in value.items():
+            field = f"{where}[{key!r}]"
+            if key in ("class_path", "_class_path"):
+                return field
+            found = _class_path_field(item, field)
+            if found is not None:
+                return found
+    elif isinstance(value, list | tuple):
+        for index, item in enumerate(value):
+            found = _class_path_field(item, f"{where}[{index}]")
+            if found is not None:
+                return found
+    return None
 
 
 def under_stage(stage: str, config: Any) -> Any:
