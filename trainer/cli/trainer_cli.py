@@ -337,7 +337,7 @@ class TrainerCLI:
         self.trainer = self.instantiate_trainer()
         self.after_instantiate_classes()
         if run:
-            self.result = self._run_subcommand(self.trainer)
+            self._run_subcommand(self.trainer)
 
     def _stage(self, config: Any) -> Any:
         return config if self.subcommand is None else config[self.subcommand]
@@ -382,9 +382,9 @@ class TrainerCLI:
         self.subcommand = arguments[0]
         return None, list(arguments[1:])
 
-    def _run_subcommand(self, trainer: Trainer) -> Any:
+    def _run_subcommand(self, trainer: Trainer) -> None:
         """``before_<stage>``, ``trainer.<stage>(model, datamodule=..., ckpt_path=...)`` (eval
-        metrics printed), ``after_<stage>``."""
+        metrics printed; what it returns in ``self.result``), ``after_<stage>``."""
         stage = str(self.subcommand)
         before = getattr(self, f"before_{stage}", None)
         if callable(before):
@@ -400,11 +400,10 @@ class TrainerCLI:
             for metrics in result:  # one dict per dataloader
                 for name, value in sorted(metrics.items()):
                     print(f"{name}: {value:.6g}")
+        self.result = result
         after = getattr(self, f"after_{stage}", None)
         if callable(after):
-            self.result = result
             after()
-        return result
 
 
 def run_cli(
