@@ -12,9 +12,14 @@ weights, on both frameworks; Lightning's run is the expected value.
 
 from __future__ import annotations
 
+import datetime as dt
+import os
+import time
 from typing import Any
 
 import pytest
+import torch
+from torch.utils.data import DataLoader, IterableDataset
 
 import trainer
 from tests.parity.frameworks import LIGHTNING, TRAINER, loader, quiet, recording_callback
@@ -126,3 +131,118 @@ def test_no_validation_batch_runs_no_validation_as_in_lightning(tmp_path) -> Non
     expected = _no_validation_batches(LIGHTNING, tmp_path / "lightning")
     assert expected[0] == [] and expected[2] == ([], [])
     assert _no_validation_batches(TRAINER, tmp_path / "trainer") == expected
+
+
+def _timed(fw: Any, tmp_path: Any, **options: Any) -> Any:
+    """Each training step sleeps 0.2 s; validation is due 0.5 s after training started or the
+    last validation ended. A ModelCheckpoint on ``val_loss`` and an EarlyStopping (told to check
+    after validations: Lightning's own default reads ``trainer.val_check_interval``, which its
+    Trainer does not set for a duration) ride along."""
+    calls: list[Any] = []
+
+    class Slow(regression_class(fw.Module)):  # type: ignore[misc]
+        def training_step(self, batch, batch_idx):
+            time.sleep(0.2)
+            return super().training_step(batch, batch_idx)
+
+    hooks = ("on_validation_start", "on_train_epoch_end")
+    checkpoint = fw.callbacks.ModelCheckpoint(dirpath=str(tmp_path), monitor="val_loss")
+    stopping = fw.callbacks.EarlyStopping(monitor="val_loss", check_on_train_epoch_end=False)
+    callbacks = [recording_callback(fw.Callback, calls, hooks), checkpoint, stopping]
+    options = quiet(num_sanity_val_steps=0, max_epochs=2, enable_checkpointing=True, **options)
+    fit = fw.trainer(callbacks=callbacks, **options)
+    module = Slow()
+    fit.fit(module, loader(8), loader(4, seed=1))
+    kept = sorted(name.removesuffix(".ckpt") for name in os.listdir(tmp_path))
+    weight = [round(v, 5) for v in module.net.weight.detach().flatten().tolist()]
+    return calls, kept, fit.global_step, weight
+
+
+@pytest.mark.parametrize(
+    "interval", [dt.timedelta(milliseconds=500), {"milliseconds": 500}], ids=["timedelta", "dict"]
+)
+def test_a_duration_validates_by_the_clock_as_in_lightning(tmp_path, interval: Any) -> None:
+    """Lightning 2.6's time-based ``val_check_interval``. Epoch 0 (4 steps, 0.8 s) may not
+    validate (``check_val_every_n_epoch=2``), so epoch 1 validates after its first batch (the
+    clock ran out long ago) and again 3 steps later; the epoch's end is not a validation point.
+    The checkpoint saves after each validation (not at the epoch's end)."""
+    options = {"val_check_interval": interval, "check_val_every_n_epoch": 2}
+    expected = _timed(LIGHTNING, tmp_path / "lightning", **options)
+    assert expected[0] == [
+        ("on_train_epoch_end", 0, 4),
+        ("on_validation_start", 1, 5),
+        ("on_validation_start", 1, 8),
+        ("on_train_epoch_end", 1, 8),
+    ]
+    assert _timed(TRAINER, tmp_path / "trainer", **options) == expected
+
+
+def test_duration_forms_and_refusals() -> None:
+    """The forms Lightning takes; a malformed one is a ConfigurationError naming it (Lightning:
+    a MisconfigurationException, or for a bad dict key a bare TypeError from timedelta)."""
+    for value in ("00:00:01:30", dt.timedelta(seconds=90), {"seconds": 90}):
+        fit = TRAINER.trainer(val_check_interval=value)
+        assert fit.val_check_interval == dt.timedelta(seconds=90)
+        assert LIGHTNING.trainer(val_check_interval=value)._val_check_time_interval == 90
+    for value, fragment in (("1:30", "DD:HH:MM:SS"), ({"fortnights": 1}, "timedelta fields")):
+        with pytest.raises((Exception, TypeError)):
+            LIGHTNING.trainer(val_check_interval=value)
+        with pytest.raises(trainer.ConfigurationError, match="val_check_interval") as info:
+            TRAINER.trainer(val_check_interval=value)
+        assert fragment in str(info.value)
+    with pytest.raises(trainer.ConfigurationError, match="above zero"):  # Lightning takes it
+        TRAINER.trainer(val_check_interval="00:00:00:00")
+
+
+class _Stream(IterableDataset):
+    """20 samples with no ``__len__``: the train loader's epoch length is unknown."""
+
+    def __iter__(self):
+        generator = torch.Generator().manual_seed(0)
+        for _ in range(20):
+            x = torch.randn(4, generator=generator)
+            yield x, x.sum(dim=0, keepdim=True)
+
+
+def _streamed(fw: Any, **options: Any) -> Any:
+    calls: list[Any] = []
+    seen: list[Any] = []
+
+    class Scheduled(regression_class(fw.Module)):  # type: ignore[misc]
+        def configure_optimizers(self):
+            seen.append(self.trainer.estimated_stepping_batches)
+            return super().configure_optimizers()
+
+    recorder = recording_callback(fw.Callback, calls, _HOOKS)
+    fit = fw.trainer(callbacks=[recorder], **quiet(num_sanity_val_steps=0, **options))
+    module = Scheduled()
+    try:
+        fit.fit(module, DataLoader(_Stream(), batch_size=2), loader(4, seed=1))
+    except Exception as error:  # each framework raises its own class; the message is compared
+        return "val_check_interval" in str(error), calls
+    weight = [round(v, 5) for v in module.net.weight.detach().flatten().tolist()]
+    return calls, seen, fit.global_step, weight
+
+
+@pytest.mark.parametrize(
+    "options",
+    [
+        {"max_steps": 7, "val_check_interval": 3},  # estimated_stepping_batches: max_steps
+        {"max_epochs": 2, "limit_train_batches": 4},
+        {"max_epochs": 2, "val_check_interval": 0.5},  # refused: a fraction of no length
+    ],
+    ids=lambda options: ",".join(f"{k}={v}" for k, v in options.items()),
+)
+def test_an_iterable_train_loader_as_in_lightning(options: dict[str, Any]) -> None:
+    """A train loader without length: ``estimated_stepping_batches`` is ``max_steps`` when set
+    (it raised OverflowError), and a fractional ``val_check_interval`` is refused after the
+    sanity check and before ``on_train_epoch_start``, as Lightning refuses it."""
+    expected = _streamed(LIGHTNING, **options)
+    assert _streamed(TRAINER, **options) == expected
+
+
+def test_an_unbounded_iterable_fit_estimates_inf_steps() -> None:
+    """No max_steps and no length: Lightning answers -1 when its loader is unsized; trainer
+    answers ``inf`` (its documented "unbounded"), which no scheduler mistakes for a count."""
+    assert _streamed(LIGHTNING, max_epochs=1)[1] == [-1]
+    assert _streamed(TRAINER, max_epochs=1)[1] == [float("inf")]

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 from trainer.callbacks.callback import Checkpoint
 from trainer.callbacks.checkpoint_naming import monitor_candidates
 from trainer.errors import ConfigurationError, describe
+from trainer.trainer.durations import val_check_seconds
 
 if TYPE_CHECKING:
     from trainer.trainer.module import TrainModule
@@ -218,6 +219,8 @@ def should_save_on_train_epoch_end(trainer: Trainer, setting: bool | None) -> bo
     every epoch's end or not at all; after each validation otherwise."""
     if setting is not None:
         return setting
+    if val_check_seconds(trainer) is not None:
+        return False  # time-based validation: save after each one (Lightning)
     if trainer.check_val_every_n_epoch != 1:
         return False  # which epochs validate is not known here: save after validation
     if _val_batches(trainer) == 0:
@@ -230,6 +233,8 @@ def validates_after(trainer: Trainer, batch_idx: int) -> bool:
     total = trainer.num_training_batches
     if not math.isfinite(total) or batch_idx + 1 != int(total) or _val_batches(trainer) == 0:
         return False
+    if val_check_seconds(trainer) is not None:
+        return False  # validation follows the clock, not the epoch's last batch
     every = trainer.check_val_every_n_epoch
     return every is None or (trainer.current_epoch + 1) % every == 0
 

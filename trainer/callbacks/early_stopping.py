@@ -143,7 +143,7 @@ class EarlyStopping(Callback):
             # Validation more or less often than once per epoch: check after each validation.
             self._is_epoch_end_check = (
                 trainer.val_check_interval == 1.0 and trainer.check_val_every_n_epoch == 1
-            )
+            )  # False for a duration (time-based validation)
 
     def on_train_epoch_end(self, trainer: Trainer, module: TrainModule) -> None:
         if self._is_epoch_end_check and not self._should_skip(trainer):

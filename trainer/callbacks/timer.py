@@ -9,12 +9,12 @@ resumable state (the training time already spent). It speaks to the Trainer only
 from __future__ import annotations
 
 import datetime as dt
-import re
 import time
 from typing import TYPE_CHECKING, Any
 
 from trainer.callbacks.callback import Callback
 from trainer.errors import ConfigurationError, describe
+from trainer.trainer.durations import parse_duration
 
 if TYPE_CHECKING:
     from trainer.trainer.module import TrainModule
@@ -23,7 +23,6 @@ if TYPE_CHECKING:
 __all__ = ["Timer"]
 
 _STAGES = ("train", "validate", "test", "predict")
-_DURATION = re.compile(r"(\d+):(\d\d):(\d\d):(\d\d)")
 
 
 class Timer(Callback):
@@ -169,31 +168,7 @@ class Timer(Callback):
 
 def _parse_duration(value: object) -> float | None:
     """Seconds from "DD:HH:MM:SS", a timedelta, a dict of timedelta fields, or None."""
-    if value is None:
-        return None
-    if isinstance(value, str):
-        match = _DURATION.fullmatch(value.strip())
-        if match is None:
-            raise ConfigurationError(
-                f"Timer(duration={value!r}): expected 'DD:HH:MM:SS', e.g. '00:12:00:00' for "
-                "12 hours, a timedelta, or a dict like {'hours': 12}."
-            )
-        days, hours, minutes, seconds = map(int, match.groups())
-        value = dt.timedelta(days=days, hours=hours, minutes=minutes, seconds=seconds)
-    elif isinstance(value, dict):
-        try:
-            value = dt.timedelta(**value)
-        except TypeError as err:
-            raise ConfigurationError(
-                f"Timer(duration={value!r}): the dict keys must be timedelta fields "
-                "(days, hours, minutes, seconds, ...), e.g. {'hours': 12}."
-            ) from err
-    if not isinstance(value, dt.timedelta):
-        raise ConfigurationError(
-            f"Timer(duration={describe(value)}): expected 'DD:HH:MM:SS', a timedelta, a dict "
-            "like {'hours': 12}, or None."
-        )
-    return value.total_seconds()
+    return None if value is None else parse_duration("Timer(duration", value).total_seconds()
 
 
 def _check_stage(stage: str) -> str:

@@ -37,6 +37,7 @@ import torch
 from trainer.runtime.seed import set_rng_states
 from trainer.trainer import profiling
 from trainer.trainer.batch_step import BatchStep
+from trainer.trainer.durations import val_check_seconds
 from trainer.trainer.evaluation_loop import run_eval_epoch
 from trainer.trainer.loaders import is_reload_due, reload_stage
 from trainer.trainer.logger_rows import send_to_loggers
@@ -93,6 +94,7 @@ class FitLoop(BatchStep):
         self._is_exhausted = False  # the train loader yielded nothing: no epoch ever would
         self._has_step_plateau = False  # read again each epoch: callbacks may add schedulers
         self._reloaded_at: dict[str, float] = {}  # set when the run starts
+        self._last_val_time = 0.0  # time-based validation counts from here: set at train start
         self._train_store = run.stores["train"]  # self.log's, read every batch
 
     def run(self) -> None:
@@ -114,6 +116,8 @@ class FitLoop(BatchStep):
             else None
         )
         warn_on_eval_modules(trainer.module)
+        val_check_batches(trainer, self._run)  # refuses an interval it cannot count, up front
+        self._last_val_time = time.monotonic()  # after the sanity check, as in Lightning
         try:
             self._run.hooks.call("on_train_start")
             while not self._is_done():
@@ -182,6 +186,7 @@ class FitLoop(BatchStep):
         run.hooks.call("on_train_epoch_start")
         self._has_step_plateau = self._has_schedulers("step", is_plateau=True)
         val_every = val_check_batches(trainer, run)  # 0: after the epoch's last batch only
+        val_seconds = val_check_seconds(trainer)  # or, with a duration, once it has passed
         is_counted_over_fit = trainer.check_val_every_n_epoch is None
         is_multi_process = trainer.world_size > 1
         is_epoch_complete = True
@@ -211,6 +216,8 @@ class FitLoop(BatchStep):
             if val_every:  # `is_val_check_batch`, inlined: this runs every batch
                 count = progress.total_batches if is_counted_over_fit else batch_idx + 1
                 is_due = count % val_every == 0
+            elif val_seconds is not None:
+                is_due = time.monotonic() - self._last_val_time >= val_seconds
             else:
                 is_due = is_last
             if (is_stopping or is_due) and self._should_validate_epoch():
@@ -235,7 +242,9 @@ class FitLoop(BatchStep):
         """Resumed after the epoch's last batch but before the validation that follows it."""
         progress = self.trainer.progress
         is_validated = progress.last_val_step == progress.global_step
-        is_due = is_val_check_batch(self.trainer, val_every, progress.batch_idx - 1, is_last=True)
+        is_due = val_check_seconds(self.trainer) is None and is_val_check_batch(
+            self.trainer, val_every, progress.batch_idx - 1, is_last=True
+        )
         if is_due and not is_validated and self._should_validate_epoch():
             self._run_validation()
 
@@ -360,3 +369,4 @@ class FitLoop(BatchStep):
             trainer.module.on_validation_model_zero_grad()
         trainer.progress.last_val_step = trainer.global_step
         run_eval_epoch(trainer, self._run, "validation")  # modes restored there
+        self._last_val_time = time.monotonic()

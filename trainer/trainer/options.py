@@ -16,6 +16,7 @@ import torch
 from trainer._warnings import warn_user
 from trainer.errors import ConfigurationError, describe
 from trainer.loggers.logger import Logger
+from trainer.trainer.durations import is_duration, parse_duration
 
 if TYPE_CHECKING:
     from trainer.precision import Precision
@@ -53,19 +54,7 @@ def check_positive_int(argument: str, value: Any, *, allow_zero: bool = False) -
 
 def parse_max_time(value: str | dt.timedelta | dict[str, int] | None) -> dt.timedelta | None:
     """``"DD:HH:MM:SS"``, a timedelta or a dict of timedelta fields -> timedelta."""
-    if value is None or isinstance(value, dt.timedelta):
-        return value
-    if isinstance(value, dict):
-        try:
-            return dt.timedelta(**value)
-        except TypeError as err:
-            raise _fail("max_time", value, "timedelta keywords like {'hours': 1}") from err
-    if isinstance(value, str):
-        parts = value.split(":")
-        if len(parts) == 4 and all(p.isdigit() for p in parts):
-            days, hours, minutes, seconds = map(int, parts)
-            return dt.timedelta(days=days, hours=hours, minutes=minutes, seconds=seconds)
-    raise _fail("max_time", value, "'DD:HH:MM:SS' (e.g. '00:12:00:00'), a timedelta or a dict")
+    return None if value is None else parse_duration("Trainer(max_time", value)
 
 
 def resolve_limit(argument: str, value: int | float | None, length: float) -> float:
@@ -239,20 +228,25 @@ def check_clip(value: float | None, algorithm: str | None) -> str:
 
 
 def check_val_interval(
-    value: int | float | None, check_val_every_n_epoch: int | None
-) -> int | float:
-    """``val_check_interval``: a fraction of an epoch in (0.0, 1.0], or an int of batches
-    (None: 1.0, as in Lightning).
+    value: int | float | str | dt.timedelta | dict[str, int] | None,
+    check_val_every_n_epoch: int | None,
+) -> int | float | dt.timedelta:
+    """``val_check_interval``: a fraction of an epoch in (0.0, 1.0], an int of batches, or a
+    duration (``"DD:HH:MM:SS"``, a timedelta or a dict of its fields: validate once that much
+    time has passed; a timedelta comes back). None: 1.0, as in Lightning.
 
     A fraction other than 1.0 needs epochs to count it in: with ``check_val_every_n_epoch=None``
     it is refused, as Lightning refuses it.
     """
     if value is None:
         return 1.0
+    if is_duration(value):
+        return parse_duration("Trainer(val_check_interval", value, allow_zero=False)
     if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
         raise ConfigurationError(
             f"Trainer(val_check_interval={describe(value)}): expected a float in (0.0, 1.0] "
-            "(fraction of an epoch) or an int number of training batches."
+            "(fraction of an epoch), an int number of training batches, or a duration "
+            "('DD:HH:MM:SS', a timedelta or a dict)."
         )
     if isinstance(value, float) and value > 1.0:
         raise ConfigurationError(

@@ -361,8 +361,10 @@ class TrainerProperties:
                 "trainer.estimated_stepping_batches is known once fit has set up its train "
                 "dataloader: read it in configure_optimizers or later."
             )
-        per_epoch = math.ceil(self.num_training_batches / self.accumulate_grad_batches)
-        total = per_epoch * self.max_epochs if self.max_epochs not in (None, -1) else math.inf
+        batches = self.num_training_batches  # inf: a loader without length (IterableDataset)
+        total = math.inf
+        if math.isfinite(batches) and self.max_epochs not in (None, -1):
+            total = math.ceil(batches / self.accumulate_grad_batches) * self.max_epochs
         return min(total, self.max_steps) if self.max_steps not in (None, -1) else total
 
 

@@ -104,7 +104,7 @@ class Trainer(TrainerProperties):
         accumulate_grad_batches: int = 1,
         gradient_clip_val: float | None = None,
         gradient_clip_algorithm: str | None = "norm",
-        val_check_interval: int | float | None = 1.0,
+        val_check_interval: int | float | str | dt.timedelta | dict[str, int] | None = 1.0,
         check_val_every_n_epoch: int | None = 1,
         num_sanity_val_steps: int | None = 2,
         limit_train_batches: int | float | None = None,

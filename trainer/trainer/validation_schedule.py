@@ -12,6 +12,7 @@ import math
 from typing import TYPE_CHECKING
 
 from trainer.errors import ConfigurationError
+from trainer.trainer.durations import val_check_seconds
 from trainer.trainer.evaluation_loop import run_eval_epoch
 from trainer.trainer.options import overrides, safe_len
 
@@ -71,14 +72,15 @@ def val_check_batches(trainer: Trainer, run: Run) -> int:
 
     Lightning's ``val_check_batch``: an int ``val_check_interval`` as given, a float that
     fraction of the epoch's batches (at least 1; 1.0 is the whole epoch); 0 when the loader has
-    no length and the interval is 1.0. The batches are counted inside the epoch, or over the
+    no length and the interval is 1.0, and for a duration (`val_check_seconds` decides). The batches are counted inside the epoch, or over the
     whole fit with ``check_val_every_n_epoch=None`` (`is_val_check_batch`).
 
     Raises:
         ConfigurationError: an int interval longer than the epoch while
-            ``check_val_every_n_epoch`` counts epochs (Lightning's check).
+            ``check_val_every_n_epoch`` counts epochs, or a fraction other than 1.0 of a loader
+            without length (Lightning's checks).
     """
-    if not has_validation(trainer, run):
+    if not has_validation(trainer, run) or val_check_seconds(trainer) is not None:
         return 0
     interval = trainer.val_check_interval
     batches = trainer.num_training_batches
@@ -96,6 +98,13 @@ def val_check_batches(trainer: Trainer, run: Run) -> int:
             )
         return interval
     if math.isinf(batches):
+        if interval != 1.0:  # a fraction of an epoch of unknown length
+            raise ConfigurationError(
+                f"Trainer(val_check_interval={interval}): the training dataloader has no length "
+                "(an IterableDataset), so a fraction of its epoch cannot be counted. Pass an "
+                "int number of training batches, a duration such as '00:00:10:00', 1.0 for the "
+                "end of each epoch, or set limit_train_batches to an int."
+            )
         return 0
     return max(1, int(batches * interval))
 
