@@ -411,3 +411,60 @@ def test_sigusr1_saves_and_exits_zero_like_sigterm(tmp_path, capsys):
     assert info.value.code == 0 and "received SIGUSR1" in capsys.readouterr().err
     assert [p.name for p in (tmp_path / "checkpoints").iterdir()] == ["preempted-epoch=0-step=4"]
     assert signal.getsignal(signal.SIGUSR1) is signal.SIG_DFL  # the handler is removed again
+
+
+class _Plateau(Net):
+    """Validates, and lowers its learning rate on a plateau of val_loss that never ends (an
+    improvement must be by 10): the first step records the best, each later one halves the
+    rate, so a lost or doubled step shows."""
+
+    def validation_step(self, batch, batch_idx):
+        x, y = batch
+        self.log("val_loss", torch.nn.functional.mse_loss(self.net(x), y))
+
+    def configure_optimizers(self):
+        optimizer = torch.optim.SGD(self.parameters(), lr=0.02, momentum=0.9)
+        plateau = torch.optim.lr_scheduler.ReduceLROnPlateau(
+            optimizer, factor=0.5, patience=0, threshold=10, threshold_mode="abs"
+        )
+        return {
+            "optimizer": optimizer,
+            "lr_scheduler": {"scheduler": plateau, "monitor": "val_loss"},
+        }
+
+
+@pytest.mark.parametrize(
+    "val_check_interval",
+    [1.0, 0.5],
+    ids=["saved in on_train_epoch_end", "saved after the epoch's last validation"],
+)
+def test_resume_from_a_checkpoint_of_the_epoch_end_steps_the_plateau_once(
+    tmp_path, val_check_interval
+):
+    """ModelCheckpoint(monitor="val_loss") saves at the end of epoch 0 either in
+    on_train_epoch_end (validation once per epoch) or right after the epoch's last validation
+    (several per epoch): both before the epoch's ReduceLROnPlateau step. Resuming from it used
+    to go on with epoch 1 without that step (the learning rate stayed twice as high, as it does
+    in Lightning); now the resumed run equals the uninterrupted one."""
+
+    def run(folder: Path, ckpt_path: Path | None = None, *callbacks: Callback) -> Net:
+        torch.manual_seed(1 if ckpt_path is None else 99)
+        module = _Plateau()
+        fit = quiet_trainer(
+            folder,
+            max_epochs=3,
+            num_sanity_val_steps=0,
+            val_check_interval=val_check_interval,
+            enable_checkpointing=bool(callbacks),
+            callbacks=list(callbacks),
+        )
+        fit.fit(module, data(), data(), ckpt_path=ckpt_path)
+        module.final_lr = fit.optimizers[0].param_groups[0]["lr"]
+        return module
+
+    saving = ModelCheckpoint(dirpath=tmp_path / "ck", monitor="val_loss", save_top_k=-1)
+    full = run(tmp_path / "full", None, saving)
+    resumed = run(tmp_path / "resumed", next((tmp_path / "ck").glob("epoch=0-step=10*")))
+    assert full.final_lr == pytest.approx(0.02 * 0.5**2)
+    assert resumed.final_lr == full.final_lr
+    _assert_same(full, resumed)

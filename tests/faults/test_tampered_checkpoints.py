@@ -146,6 +146,8 @@ TAMPERINGS = {
     "progress is a list (re-hashed)": edit_state(_set("progress", [0, 3, 3])),
     "negative batch_idx (re-hashed)": edit_state(_set("progress.batch_idx", -3)),
     "huge global_step (re-hashed)": edit_state(_set("progress.global_step", 10**30)),
+    "is_epoch_ending a string (re-hashed)": edit_state(_set("progress.is_epoch_ending", "no")),
+    "batches_stepped negative (re-hashed)": edit_state(_set("progress.batches_stepped", -1)),
 }
 
 

@@ -292,20 +292,32 @@ def test_reload_dataloaders_every_n_epochs(options: dict[str, Any]) -> None:
 
 
 # ---- where a resumed run starts ----------------------------------------------------------------
-def _resumed_run(fw: Any, folder: Path, saved_at: str, *, has_val: bool) -> list[Any]:
+def _resumed_run(
+    fw: Any, folder: Path, saved_at: str, *, has_val: bool, **resume_options: Any
+) -> list[Any]:
     """Train 2 epochs saving checkpoints, then resume a new run from the one ``saved_at``."""
-    every = {"validation end": {}, "mid-epoch": {"every_n_train_steps": 2}}[saved_at]
-    checkpoint = fw.callbacks.ModelCheckpoint(dirpath=folder, save_top_k=-1, monitor=None, **every)
+    every = {
+        "validation end": {},
+        "mid-epoch": {"every_n_train_steps": 2},
+        "mid-epoch validation": {"monitor": "val_loss"},  # saved after each validation
+    }[saved_at]
+    if saved_at == "mid-epoch validation":
+        every.update(save_top_k=-1)
+    checkpoint = fw.callbacks.ModelCheckpoint(
+        dirpath=folder, **{"save_top_k": -1, "monitor": None, **every}
+    )
     options = quiet(max_epochs=2, num_sanity_val_steps=0, enable_checkpointing=True)
     options["default_root_dir"] = str(folder / "root")  # the resumed run's default checkpoints
     val = loader(4, seed=1) if has_val else None
-    first = fw.trainer(callbacks=[checkpoint], **options)
+    interval = {"val_check_interval": 0.5} if saved_at == "mid-epoch validation" else {}
+    first = fw.trainer(callbacks=[checkpoint], **options, **interval)
     first.fit(regression_class(fw.Module)(), loader(8), val)
-    step = {"validation end": 4, "mid-epoch": 2}[saved_at]
+    step = {"validation end": 4, "mid-epoch": 2, "mid-epoch validation": 4}[saved_at]
     path = next(folder.glob(f"epoch=0-step={step}*"))
     calls: list[Any] = []
-    recorder = recording_callback(fw.Callback, calls, (*_EPOCH_HOOKS, "on_train_start"))
-    fit = fw.trainer(callbacks=[recorder], **options)
+    hooks = (*_EPOCH_HOOKS, "on_train_start", "on_sanity_check_start")
+    recorder = recording_callback(fw.Callback, calls, hooks)
+    fit = fw.trainer(callbacks=[recorder], **{**options, **interval, **resume_options})
     fit.fit(regression_class(fw.Module)(), loader(8), val, ckpt_path=str(path))
     return calls
 
@@ -331,3 +343,35 @@ def test_resumed_run_starts_where_lightning_starts(
 
 def test_both_frameworks_are_compared() -> None:
     assert [fw.name for fw in BOTH] == ["lightning", "trainer"]
+
+
+@pytest.mark.parametrize(
+    ("saved_at", "resume_options"),
+    [
+        ("validation end", {}),  # saved in on_train_epoch_end: a finished epoch, sanity check
+        ("validation end", {"max_steps": 12}),  # Lightning: max_steps set, no sanity check
+        ("mid-epoch", {}),  # inside the epoch: no sanity check
+        ("mid-epoch validation", {}),  # after the epoch's last validation, before its end
+    ],
+    ids=["finished epoch", "finished epoch, max_steps", "mid-epoch", "after last validation"],
+)
+def test_resumed_run_sanity_checks_where_lightning_does(
+    tmp_path: Path, saved_at: str, resume_options: dict[str, Any]
+) -> None:
+    """Lightning skips the sanity check of a resumed fit whose loops are "restarting": the
+    checkpoint was taken inside an epoch (before ``on_train_epoch_end``), or ``max_steps`` is
+    set. trainer ran it on every resume (hooks a callback sees twice, time spent)."""
+    options = {"has_val": True, "num_sanity_val_steps": 2, **resume_options}
+    expected = _resumed_run(LIGHTNING, tmp_path / "lightning", saved_at, **options)
+    received = _resumed_run(TRAINER, tmp_path / "trainer", saved_at, **options)
+    sanity = [call for call in expected if call[0] == "on_sanity_check_start"]
+    assert [call for call in received if call[0] == "on_sanity_check_start"] == sanity
+    assert bool(sanity) == (saved_at == "validation end" and not resume_options)
+    if resume_options:
+        # Lightning, "restarting" from a finished epoch, runs that epoch's on_train_epoch_end
+        # again and stops without a step (global_step 4 at on_train_end); trainer trains on.
+        assert expected[-1] == ("on_train_end", 2, 4) and received[-1] == ("on_train_end", 2, 8)
+        return
+    if saved_at.startswith("mid-epoch"):  # the deliberate difference of the test above
+        assert received.pop(1) == ("on_train_epoch_start", 0, 2 if saved_at == "mid-epoch" else 4)
+    assert received == expected

@@ -225,7 +225,12 @@ _STRING = _instance(str, "a str")
 _BOOLEAN = _instance(bool, "a bool")
 _PROGRESS = _record(
     required={"epoch": _COUNT, "global_step": _COUNT, "batch_idx": _COUNT},
-    optional={"last_val_step": _integer(-1)},
+    optional={
+        "last_val_step": _integer(-1),
+        "total_batches": _COUNT,
+        "batches_stepped": _COUNT,
+        "is_epoch_ending": _BOOLEAN,
+    },
 )
 _OPTIMIZER = _record(
     required={

@@ -231,6 +231,7 @@ def restore_checkpoint(
     # Checkpoints written before these counters existed: automatic optimization's values.
     trainer.progress.total_batches = _count(progress, "total_batches", progress["global_step"])
     trainer.progress.batches_stepped = _count(progress, "batches_stepped", progress["global_step"])
+    trainer.progress.is_epoch_ending = _flag(progress, "is_epoch_ending")
     callback_states = checkpoint.get("callbacks") or {}
     for callback in trainer.callbacks:
         if (key := callback.state_key) in callback_states:
@@ -265,6 +266,21 @@ def _count(progress: dict[str, Any], key: str, default: int) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < 0:
         raise CheckpointError(
             f"the checkpoint's progress.{key} is {describe(value)}; expected an int >= 0. The "
+            "checkpoint was edited or written by another program: resume from another one."
+        )
+    return value
+
+
+def _flag(progress: dict[str, Any], key: str) -> bool | None:
+    """``progress[key]``, a bool; None when the checkpoint has none (written before it existed).
+
+    Raises:
+        CheckpointError: the value is not a bool.
+    """
+    value = progress.get(key)
+    if value is not None and not isinstance(value, bool):
+        raise CheckpointError(
+            f"the checkpoint's progress.{key} is {describe(value)}; expected True or False. The "
             "checkpoint was edited or written by another program: resume from another one."
         )
     return value

@@ -127,16 +127,22 @@ class FitLoop(BatchStep):
                 unbind()
 
     def _take_resumed_position(self) -> None:
-        """Resumed once an epoch's batches and its validation were done: that epoch is complete,
-        go on with the next (Lightning); otherwise continue where the checkpoint stopped."""
+        """Resumed after an epoch's batches: from a checkpoint taken during its end (in
+        ``on_train_epoch_end``: ModelCheckpoint's usual place), finish it as the interrupted
+        run did next — its ReduceLROnPlateau step on the restored metrics — and go on with the
+        next epoch; from one taken before (after its last validation, or before a validation
+        that was due), `_train_epoch` runs what is left: the validation, on_train_epoch_end."""
         trainer = self.trainer
         progress = trainer.progress
-        is_validated = progress.last_val_step == progress.global_step
-        if (
-            progress.batch_idx > 0
-            and progress.batch_idx >= trainer.num_training_batches
-            and (is_validated or not self._should_validate_epoch())
-        ):
+        if progress.batch_idx == 0 or progress.batch_idx < trainer.num_training_batches:
+            return  # at an epoch's start or inside it: continue there
+        is_ending = progress.is_epoch_ending
+        if is_ending is None:  # an older checkpoint, without the field: its epoch was complete
+            is_validated = progress.last_val_step == progress.global_step
+            is_ending = is_validated or not self._should_validate_epoch()
+        if is_ending:
+            if self._has_schedulers("epoch", is_plateau=True):
+                self._step_schedulers("epoch", is_plateau=True)
             progress.epoch += 1
             progress.batch_idx = 0
 
@@ -177,6 +183,7 @@ class FitLoop(BatchStep):
             reload_stage(trainer, "train", self._run)
             self._reloaded_at["train"] = progress.epoch
         loader = run.loaders["train"]
+        progress.is_epoch_ending = False
         self._train_store.start_epoch()
         loader.set_epoch(progress.epoch)
         loader.skip_batches = progress.batch_idx  # > 0 only when resuming mid-epoch
@@ -251,6 +258,7 @@ class FitLoop(BatchStep):
     def _end_train_epoch(self, is_complete: bool) -> None:
         """Epoch-end hooks and metrics; a stopped epoch keeps its position for resuming."""
         trainer, run = self.trainer, self._run
+        trainer.progress.is_epoch_ending = True
         store = run.stores["train"]
         store.finalize_epoch()
         previous_hook = store.hook  # errors of self.log name the hook; its defaults are epoch's

@@ -36,6 +36,12 @@ class Progress:
     # Batches that stepped (automatic optimization: = global_step) or ran (manual optimization,
     # where global_step counts every optimizer's steps): the step loggers write rows at.
     batches_stepped: int = 0
+    # on_train_epoch_end has begun (Lightning's epoch "processed"): the epoch's batches and its
+    # end-of-epoch validation are done. A run resumed before this point continues its epoch
+    # (validation, on_train_epoch_end) and skips the sanity check, as Lightning's does; one
+    # resumed after it finishes the epoch (its ReduceLROnPlateau step) and goes on with the next.
+    # None: restored from a checkpoint written before this field existed.
+    is_epoch_ending: bool | None = False
 
 
 @dataclass
@@ -79,3 +85,4 @@ class Run:
     # The dict ``trainer.callback_metrics`` returns (what callbacks put beside logged values).
     callback_metrics: dict[str, torch.Tensor]
     keep_predictions: bool = True  # predict(return_predictions=False): outputs are not kept
+    is_resumed: bool = False  # fit restored a checkpoint's progress (ckpt_path)

@@ -425,6 +425,7 @@ class Trainer(TrainerProperties):
             callback_metrics=self._callback_metrics,
         )
         resumed = restore_from(self, ckpt_path, stage, self._hooks)
+        self._run.is_resumed = resumed is not None
         if resumed is not None:
             self._restored_metrics = resumed.callback_metrics
             self._pending_rng_state = resumed.rng_state

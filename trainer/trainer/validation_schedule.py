@@ -31,10 +31,13 @@ __all__ = [
 
 def run_sanity_check(trainer: Trainer, run: Run) -> None:
     """A few validation batches of each loader before training (``num_sanity_val_steps``);
-    nothing is logged."""
+    nothing is logged. Skipped, as in Lightning, when ``fit`` resumed from a checkpoint taken
+    inside an epoch or with ``max_steps`` set."""
     loaders = run.loaders.get("validation")
     if trainer.num_sanity_val_steps == 0 or not has_validation(trainer, run):
         return
+    if run.is_resumed and (trainer.max_steps != -1 or _continues_an_epoch(trainer)):
+        return  # Lightning's loops are "restarting" then: its sanity check is skipped
     full_limits = [loader.limit for loader in loaders]
     steps = trainer.num_sanity_val_steps
     for loader, full in zip(loaders, full_limits, strict=True):
@@ -54,6 +57,16 @@ def run_sanity_check(trainer: Trainer, run: Run) -> None:
         trainer.num_val_batches = full_count
         run.stores["validation"].reset()  # sanity values are not real metrics
         run.callback_metrics.clear()  # nor what callbacks put beside them (Lightning)
+
+
+def _continues_an_epoch(trainer: Trainer) -> bool:
+    """The restored progress stands inside an epoch: batches done, ``on_train_epoch_end`` not
+    begun (a checkpoint from ``every_n_train_steps``, or one saved after the epoch's last
+    validation)."""
+    progress = trainer.progress
+    if progress.is_epoch_ending is None:  # an older checkpoint: its epoch ended with its batches
+        return 0 < progress.batch_idx < trainer.num_training_batches
+    return progress.batch_idx > 0 and not progress.is_epoch_ending
 
 
 def has_validation(trainer: Trainer, run: Run) -> bool:
