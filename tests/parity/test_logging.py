@@ -19,7 +19,7 @@ import torch
 from torch.utils.data import DataLoader, TensorDataset
 
 import trainer
-from tests.parity.frameworks import regression, snapshot
+from tests.parity.frameworks import LIGHTNING, TRAINER, loader, quiet, regression, snapshot
 
 pl = pytest.importorskip("lightning.pytorch")
 
@@ -222,3 +222,27 @@ def test_the_batch_that_stops_the_fit_writes_its_row(tmp_path: Path) -> None:
         log_every_n_steps=4,
         known=(("epoch", 9, 2.0), ("epoch", 9, 1.0)),
     )
+
+
+@pytest.mark.parametrize("add_dataloader_idx", [True, False])
+def test_a_name_holding_the_dataloader_suffix(add_dataloader_idx: bool) -> None:
+    """``self.log("acc/dataloader_idx_0", ...)`` is refused while the framework adds that suffix
+    itself (the two would collide), and logged as given with ``add_dataloader_idx=False``."""
+
+    def run(fw: Any) -> Any:
+        class Suffixed(regression(fw.Module)):  # type: ignore[misc]
+            def training_step(self, batch, batch_idx):
+                loss = super().training_step(batch, batch_idx)
+                self.log("acc/dataloader_idx_0", loss, add_dataloader_idx=add_dataloader_idx)
+                return loss
+
+        fit = fw.trainer(**quiet(max_epochs=1))
+        try:
+            fit.fit(Suffixed(), loader(4))
+        except Exception as error:  # each framework raises its own class; the message is compared
+            return "dataloader_idx" in str(error)
+        return sorted(fit.callback_metrics)
+
+    expected = run(LIGHTNING)
+    assert expected == (True if add_dataloader_idx else ["acc/dataloader_idx_0"])
+    assert run(TRAINER) == expected

@@ -164,6 +164,12 @@ class MetricStore:
         the first call with this name in the same hook (Lightning's rule)."""
         on_step, on_epoch, reduce_fx, prog_bar, logger, sync_dist, hook = call
         hook_name, default_on_step, default_on_epoch = hook
+        if add_dataloader_idx and "/dataloader_idx_" in name:  # Lightning refuses it too
+            raise ConfigurationError(
+                f"self.log({name!r}) in {hook_name}: the name holds '/dataloader_idx_', which "
+                "the trainer adds itself for several dataloaders. Log it without the suffix, or "
+                "pass add_dataloader_idx=False."
+            )
         options = LogOptions(
             default_on_step if on_step is None else on_step,
             default_on_epoch if on_epoch is None else on_epoch,
