@@ -343,12 +343,21 @@ def test_predict_returns_one_output_per_batch(tmp_path):
     assert [o.shape[0] for o in out] == [4, 4, 2]
 
 
-def test_validate_reuses_the_fitted_module(tmp_path):
-    t = quiet_trainer(tmp_path, max_epochs=1)
+def test_validate_without_a_module_uses_the_fitted_modules_best_checkpoint(tmp_path):
+    """Lightning's rule: no module and no ckpt_path after fit -> the best checkpoint, with a
+    warning; without a ModelCheckpoint there is none to take, so it is refused."""
+    t = quiet_trainer(tmp_path, max_epochs=2, enable_checkpointing=True)
     module = LinearModule()
     t.fit(module, make_loader())
-    result = t.validate(dataloaders=make_loader())
+    with pytest.warns(UserWarning, match="best checkpoint of the previous fit"):
+        result = t.validate(dataloaders=make_loader())
     assert set(result[0]) == {"val/loss"}
+    assert t.ckpt_path == t.checkpoint_callback.best_model_path
+    unsaved = quiet_trainer(tmp_path / "unsaved", max_epochs=1)
+    unsaved.fit(LinearModule(), make_loader())
+    with pytest.raises(trainer.ConfigurationError, match="no ModelCheckpoint"):
+        unsaved.validate(dataloaders=make_loader())
+    assert unsaved.validate(unsaved.module, make_loader())[0].keys() == {"val/loss"}
 
 
 def test_datamodule_provides_the_loaders_and_hparams(tmp_path):
@@ -758,7 +767,7 @@ def test_a_run_does_not_collect_garbage(tmp_path):
     gc.callbacks.append(record)
     try:
         run.fit(LinearModule(), make_loader())
-        run.validate(verbose=False)
+        run.validate(run.module, verbose=False)
     finally:
         gc.callbacks.remove(record)
         gc.enable()

@@ -208,3 +208,61 @@ def test_checkpoint_callbacks_and_progress_bar_callback(
     expected = _callback_properties(LIGHTNING, tmp_path, enable_progress_bar=enable_progress_bar)
     received = _callback_properties(TRAINER, tmp_path, enable_progress_bar=enable_progress_bar)
     assert received == expected
+
+
+# ---- validate / test / predict without a module after fit --------------------------------------
+def _after_fit_without_module(fw: Any, tmp_path: Path) -> list[Any]:
+    """``trainer.fit(model, ...)`` then ``trainer.test(dataloaders=...)``, the usual last lines
+    of a Lightning script: val_loss is lowest after epoch 0, so the best checkpoint is not the
+    final weights."""
+
+    class Rising(regression_class(fw.Module)):  # type: ignore[misc]
+        def validation_step(self, batch, batch_idx):
+            self.log("val_loss", float(self.current_epoch))
+
+        def test_step(self, batch, batch_idx):
+            self.log("test_loss", self.loss(batch))
+
+        def predict_step(self, batch, batch_idx):
+            return self.net(batch[0])
+
+    checkpoint = fw.callbacks.ModelCheckpoint(dirpath=tmp_path, monitor="val_loss")
+    fit = fw.trainer(callbacks=[checkpoint], **quiet(max_epochs=3, enable_checkpointing=True))
+    fit.fit(Rising(), loader(8), loader(4, seed=1))
+    outcome: list[Any] = []
+    for call, options in (
+        ("test", fw.eval_options),
+        ("validate", fw.eval_options),
+        ("predict", {}),
+    ):
+        with pytest.warns(UserWarning, match="best"):
+            result = getattr(fit, call)(dataloaders=loader(4, seed=2), **options)
+        if call == "predict":
+            result = [round(v, 5) for batch in result for v in batch.flatten().tolist()]
+        outcome.append((call, Path(fit.ckpt_path).name.removesuffix(".ckpt"), result))
+    no_checkpoints = fw.trainer(**quiet(max_epochs=1))
+    no_checkpoints.fit(Rising(), loader(8))
+    with pytest.raises(Exception, match="ModelCheckpoint") as info:
+        no_checkpoints.test(dataloaders=loader(4, seed=2), **fw.eval_options)
+    outcome.append(type(info.value).__name__ in ("ValueError", "ConfigurationError"))
+    return outcome
+
+
+def test_evaluating_without_a_module_after_fit_uses_the_best_checkpoint(tmp_path: Path) -> None:
+    """Lightning loads the best checkpoint of the previous fit (and warns) when validate / test
+    / predict get no module and no ckpt_path; trainer used the final weights, so the same script
+    reported other test metrics. With no ModelCheckpoint both refuse."""
+    expected = _after_fit_without_module(LIGHTNING, tmp_path / "lightning")
+    assert expected[0][1] == "epoch=0-step=4"
+    received = _after_fit_without_module(TRAINER, tmp_path / "trainer")
+    assert received == expected
+
+
+def test_predict_without_predict_step_or_forward_is_refused() -> None:
+    def predict(fw: Any) -> str:
+        with pytest.raises(Exception, match="forward") as info:
+            fw.trainer(**quiet()).predict(regression_class(fw.Module)(), loader(4))
+        return type(info.value).__name__
+
+    assert predict(LIGHTNING) == "MisconfigurationException"
+    assert predict(TRAINER) == "ConfigurationError"

@@ -39,6 +39,7 @@ if TYPE_CHECKING:
 __all__ = [
     "Resumed",
     "checkpoint_dir",
+    "default_eval_ckpt_path",
     "dump_checkpoint",
     "load_checkpoint",
     "resolve_ckpt_path",
@@ -120,6 +121,34 @@ def _add_hparams_name(checkpoint: dict[str, Any], key: str, owner: Any) -> None:
     name = getattr(owner, "_hparams_name", None) if owner is not None else None
     if isinstance(name, str) and owner.hparams:
         checkpoint[key] = name
+
+
+def default_eval_ckpt_path(
+    trainer: Trainer, module: Any, ckpt_path: str | os.PathLike[str] | None, stage: str
+) -> str | os.PathLike[str] | None:
+    """Lightning's rule for ``validate`` / ``test`` / ``predict`` called without a module after
+    one was attached (``trainer.fit(model, ...)`` then ``trainer.test(datamodule=dm)``): with no
+    ``ckpt_path`` they use the best checkpoint of the previous fit, and warn.
+
+    Raises:
+        ConfigurationError: that case, and the Trainer has no ModelCheckpoint (Lightning raises
+            too), so the weights to use are not known.
+    """
+    if module is not None or ckpt_path is not None or trainer.module is None:
+        return ckpt_path
+    if trainer.checkpoint_callback is None:
+        raise ConfigurationError(
+            f"trainer.{stage}() without a module uses the best checkpoint of the previous fit "
+            "(as in Lightning), but this Trainer has no ModelCheckpoint. Pass the module to "
+            f"use its current weights, trainer.{stage}(module, ...), or a ckpt_path."
+        )
+    warnings.warn(
+        f"trainer.{stage}(ckpt_path=None) was called without a module: the best checkpoint of "
+        f"the previous fit is used, as in Lightning. Pass ckpt_path='best' or 'last', or the "
+        "module to use its current weights, to silence this.",
+        stacklevel=3,
+    )
+    return "best"
 
 
 def resolve_ckpt_path(

@@ -52,12 +52,25 @@ def run_eval_epoch(trainer: Trainer, run: Run, stage: str) -> list[Any]:
                 f"Implement {step_name}(self, batch, batch_idx)."
             )
         return [{}]
+    if stage == "predict" and not _has_forward(module):
+        raise ConfigurationError(
+            f"trainer.predict: {type(module).__name__} has neither a predict_step nor a forward "
+            "(the default predict_step calls forward on the batch). Implement one of them."
+        )
     check_dataloader_idx(module, stage, is_multiple=len(loaders) > 1)
     if stage != "predict" and all(safe_len(loader) == 0 for loader in loaders):
         return []  # Lightning skips an evaluation without a batch (limit 0): no hooks, no row
     running = "sanity_check" if trainer.sanity_checking else STAGE_OF[stage]
     with trainer.state.running_as(running), _grad_context(trainer):
         return _run_epoch(trainer, run, stage, loaders)
+
+
+def _has_forward(module: Any) -> bool:
+    """Whether ``predict_step`` can run: the module's own, or the default calling ``forward``."""
+    from trainer.trainer.module import TrainModule
+
+    has_own_step = type(module).predict_step is not TrainModule.predict_step
+    return has_own_step or type(module).forward is not torch.nn.Module.forward
 
 
 def _run_epoch(trainer: Trainer, run: Run, stage: str, loaders: list[Any]) -> list[Any]:

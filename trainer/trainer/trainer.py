@@ -28,7 +28,7 @@ from trainer.precision import Precision
 from trainer.profilers import Profiler, resolve_profiler
 from trainer.strategies import Strategy
 from trainer.trainer import profiling
-from trainer.trainer.checkpoint_state import restore_from, save_checkpoint
+from trainer.trainer.checkpoint_state import default_eval_ckpt_path, restore_from, save_checkpoint
 from trainer.trainer.defaults import check_log_interval, default_switches
 from trainer.trainer.evaluation_loop import STAGE_OF, run_eval_epoch
 from trainer.trainer.fit_loop import FitLoop, run_sanity_check
@@ -330,6 +330,7 @@ class Trainer(TrainerProperties):
         keep: bool = True,
     ) -> Any:
         run_stage = STAGE_OF[stage]
+        ckpt_path = default_eval_ckpt_path(self, module, ckpt_path, run_stage)  # "best"
         module = module if module is not None else self.module
         if module is None:
             raise ConfigurationError(
