@@ -261,26 +261,41 @@ def test_filename_template_with_metric_values(tmp_path):
         ModelCheckpoint(filename="{nope}").format_name(0, 0, {})
 
 
-def test_on_exception_checkpoint(tmp_path):
+def test_on_exception_checkpoint_and_the_run_after_the_crash(tmp_path):
+    """The checkpoint holds the position of the batch that failed (it never stepped), and the
+    same script run again (fit without ckpt_path) resumes from it, as Lightning's does: the
+    failed batch is trained then, and the weights end as an uninterrupted run's."""
     from trainer.callbacks import OnExceptionCheckpoint
 
     class Boom(Net):
+        crash_at = 14  # inside epoch 1 (10 batches per epoch)
+
         def training_step(self, batch, batch_idx):
-            if self.global_step == 4:
+            if self.global_step == self.crash_at:
                 raise RuntimeError("boom")
             return super().training_step(batch, batch_idx)
 
+    def run(crash_at: int) -> tuple[trainer.Trainer, Net]:
+        torch.manual_seed(1)
+        module = Boom()
+        module.crash_at = crash_at
+        callbacks = [OnExceptionCheckpoint(tmp_path / "exc")]
+        # a Checkpoint callback needs enable_checkpointing, as in Lightning
+        fit = quiet_trainer(tmp_path, max_epochs=3, enable_checkpointing=True, callbacks=callbacks)
+        fit.fit(module, data())
+        return fit, module
+
     with pytest.raises(RuntimeError, match="boom"):
-        _fit(
-            tmp_path,
-            Boom(),
-            max_epochs=1,
-            enable_checkpointing=True,  # a Checkpoint callback needs it, as in Lightning
-            callbacks=[OnExceptionCheckpoint(tmp_path / "exc")],
-        )
+        run(crash_at=14)
     from trainer.checkpoint import read_checkpoint
 
-    assert read_checkpoint(tmp_path / "exc" / "on_exception")["global_step"] == 4
+    saved = read_checkpoint(tmp_path / "exc" / "on_exception")
+    assert saved["global_step"] == 14 and saved["progress"]["batch_idx"] == 4  # not 5
+    with pytest.warns(UserWarning, match="OnExceptionCheckpoint resumes"):
+        again, resumed = run(crash_at=-1)
+    assert again.ckpt_path == str(tmp_path / "exc" / "on_exception")
+    assert again.global_step == 30
+    _assert_same(_uninterrupted(tmp_path), resumed)
 
 
 def test_weights_file_and_legacy_pickle_as_ckpt_path_for_test(tmp_path):

@@ -16,6 +16,7 @@ import torch
 from torch.utils.data import DataLoader, TensorDataset
 
 import trainer
+from tests.parity.frameworks import LIGHTNING, TRAINER, loader, quiet, regression
 
 pl = pytest.importorskip("lightning.pytorch")
 
@@ -93,3 +94,50 @@ def test_kept_checkpoints_match_lightning(tmp_path: Path, options: dict[str, Any
         # state at the end of the newest epoch (what fit(ckpt_path="last") should resume).
         assert kept.pop("last") == 12 and expected.pop("last") <= 12
     assert kept == expected
+
+
+def _run_after_a_crash(fw: Any, folder: Path) -> list[Any]:
+    """A fit fails at step 5 with an OnExceptionCheckpoint; the script runs again unchanged."""
+    outcome: list[Any] = []
+
+    class Crashing(regression(fw.Module)):  # type: ignore[misc]
+        crash_at = 5
+
+        def training_step(self, batch, batch_idx):
+            if self.global_step == self.crash_at:
+                raise RuntimeError("boom")
+            return super().training_step(batch, batch_idx)
+
+        def on_train_start(self):
+            outcome.append(("starts at", self.global_step))
+
+    for crash_at in (5, -1):
+        fit = fw.trainer(
+            callbacks=[fw.callbacks.OnExceptionCheckpoint(dirpath=folder)],
+            **quiet(max_epochs=3, enable_checkpointing=True),
+        )
+        module = Crashing()
+        module.crash_at = crash_at
+        try:
+            fit.fit(module, loader(8))
+        except RuntimeError:
+            outcome.append(("crashed at", fit.global_step))
+    outcome.append((Path(fit.ckpt_path).stem, fit.global_step))
+    return outcome
+
+
+def test_a_script_run_again_after_a_crash_resumes_from_its_on_exception_checkpoint(
+    tmp_path: Path,
+) -> None:
+    """Lightning's rule: fit(ckpt_path=None) with an OnExceptionCheckpoint resumes from the
+    newest checkpoint it (or save_last) wrote. trainer started afresh."""
+    with pytest.warns(UserWarning):
+        expected = _run_after_a_crash(LIGHTNING, tmp_path / "lightning")
+    assert expected == [
+        ("starts at", 0),
+        ("crashed at", 5),
+        ("starts at", 5),
+        ("on_exception", 12),
+    ]
+    with pytest.warns(UserWarning, match="OnExceptionCheckpoint"):
+        assert _run_after_a_crash(TRAINER, tmp_path / "trainer") == expected

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from trainer.checkpoint import find_latest_checkpoint, load_weights_file
+from trainer.checkpoint.atomic import MANIFEST
 from trainer.checkpoint.training_state import (
     TrainingObjects,
     capture_training_state,
@@ -209,11 +210,46 @@ def restore_from(
 ) -> Resumed | None:
     """Restore ``ckpt_path`` (see `resolve_ckpt_path`) for ``stage``: the whole training state
     for "fit", the weights otherwise; what `restore_checkpoint` returns (None: no path)."""
+    if stage == "fit" and ckpt_path is None:
+        ckpt_path = _checkpoint_after_an_exception(trainer)
     path = resolve_ckpt_path(trainer, ckpt_path, stage)
     trainer.ckpt_path = None if path is None else os.fspath(path)
     if path is None:
         return None
     return restore_checkpoint(trainer, load_checkpoint(trainer, path), hooks, full=stage == "fit")
+
+
+def _checkpoint_after_an_exception(trainer: Trainer) -> Path | None:
+    """Lightning's rule for ``fit(ckpt_path=None)`` with an `OnExceptionCheckpoint`: resume from
+    the newest of the checkpoints it and the ModelCheckpoints' ``save_last`` wrote, so a script
+    run again after a crash goes on from there (None when there is none: a fresh start)."""
+    from trainer.callbacks.model_checkpoint import ModelCheckpoint, OnExceptionCheckpoint
+
+    candidates = [
+        Path(callback.ckpt_path)
+        for callback in trainer.callbacks
+        if isinstance(callback, OnExceptionCheckpoint)
+    ]
+    if not candidates:
+        return None
+    for callback in trainer.callbacks:
+        if isinstance(callback, ModelCheckpoint) and callback.save_last:
+            folder = callback.dirpath or checkpoint_dir(trainer)
+            candidates.append(Path(folder) / callback.CHECKPOINT_NAME_LAST)
+    written = [
+        ((path / MANIFEST).stat().st_mtime_ns, path)
+        for path in candidates
+        if (path / MANIFEST).is_file()
+    ]
+    if not written:
+        return None
+    newest = max(written)[1]
+    warnings.warn(
+        f"fit(ckpt_path=None) with an OnExceptionCheckpoint resumes from the newest checkpoint "
+        f"it or save_last wrote, {newest}, as in Lightning. Pass ckpt_path to choose another.",
+        stacklevel=4,
+    )
+    return newest
 
 
 def restore_checkpoint(

@@ -207,7 +207,15 @@ class FitLoop(BatchStep):
         for batch_idx, batch in enumerate(batches, start=first_batch_idx):
             progress.batch_idx = batch_idx + 1
             progress.total_batches += 1
-            if self._train_batch(batch, batch_idx) is _SKIP_EPOCH:
+            steps_before = progress.global_step
+            try:
+                outcome = self._train_batch(batch, batch_idx)
+            except BaseException:
+                if progress.global_step == steps_before:  # it never stepped: a checkpoint
+                    progress.batch_idx -= 1  # saved now (OnExceptionCheckpoint) retries it
+                    progress.total_batches -= 1
+                raise
+            if outcome is _SKIP_EPOCH:
                 is_skipped = True  # Lightning: no validation, the epoch counts as complete
                 break
             if (self.received_signal.signum is not None or is_multi_process) and is_preempted(
