@@ -134,7 +134,7 @@ def test_no_validation_batch_runs_no_validation_as_in_lightning(tmp_path) -> Non
 
 
 def _timed(fw: Any, tmp_path: Any, **options: Any) -> Any:
-    """Each training step sleeps 0.2 s; validation is due 0.5 s after training started or the
+    """Each training step sleeps 0.25 s; validation is due 0.6 s after training started or the
     last validation ended. A ModelCheckpoint on ``val_loss`` and an EarlyStopping (told to check
     after validations: Lightning's own default reads ``trainer.val_check_interval``, which its
     Trainer does not set for a duration) ride along."""
@@ -142,7 +142,7 @@ def _timed(fw: Any, tmp_path: Any, **options: Any) -> Any:
 
     class Slow(regression_class(fw.Module)):  # type: ignore[misc]
         def training_step(self, batch, batch_idx):
-            time.sleep(0.2)
+            time.sleep(0.25)
             return super().training_step(batch, batch_idx)
 
     hooks = ("on_validation_start", "on_train_epoch_end")
@@ -159,10 +159,10 @@ def _timed(fw: Any, tmp_path: Any, **options: Any) -> Any:
 
 
 @pytest.mark.parametrize(
-    "interval", [dt.timedelta(milliseconds=500), {"milliseconds": 500}], ids=["timedelta", "dict"]
+    "interval", [dt.timedelta(milliseconds=600), {"milliseconds": 600}], ids=["timedelta", "dict"]
 )
 def test_a_duration_validates_by_the_clock_as_in_lightning(tmp_path, interval: Any) -> None:
-    """Lightning 2.6's time-based ``val_check_interval``. Epoch 0 (4 steps, 0.8 s) may not
+    """Lightning 2.6's time-based ``val_check_interval``. Epoch 0 (4 steps, 1 s) may not
     validate (``check_val_every_n_epoch=2``), so epoch 1 validates after its first batch (the
     clock ran out long ago) and again 3 steps later; the epoch's end is not a validation point.
     The checkpoint saves after each validation (not at the epoch's end)."""
