@@ -266,3 +266,86 @@ def test_predict_without_predict_step_or_forward_is_refused() -> None:
 
     assert predict(LIGHTNING) == "MisconfigurationException"
     assert predict(TRAINER) == "ConfigurationError"
+
+
+def _evaluated_from_a_checkpoint(fw: Any, tmp_path: Path) -> list[Any]:
+    """A DataModule whose ``state_dict`` holds a statistic fit computed (a normalization
+    shift), and a callback with state; a new Trainer in an evaluation script then runs
+    validate / test / predict with the checkpoint."""
+    import lightning.pytorch as pl
+    from torch.utils.data import DataLoader, TensorDataset
+
+    import trainer
+    from tests.parity.frameworks import dataset
+
+    restored: list[Any] = []
+    base = pl.LightningDataModule if fw is LIGHTNING else trainer.DataModule
+
+    class Shifted(base):  # type: ignore[misc, valid-type]
+        def __init__(self) -> None:
+            super().__init__()
+            self.shift = 0.0
+
+        def setup(self, stage):
+            if stage == "fit":
+                self.shift = 1.5  # computed from the training data
+
+        def train_dataloader(self):
+            return loader(8)
+
+        def _shifted(self):
+            x, y = dataset(4, seed=2).tensors
+            return DataLoader(TensorDataset(x + self.shift, y), batch_size=2)
+
+        val_dataloader = test_dataloader = predict_dataloader = _shifted
+
+        def state_dict(self):
+            return {"shift": self.shift}
+
+        def load_state_dict(self, state):
+            restored.append(("datamodule", state))
+            self.shift = state["shift"]
+
+    class Counting(fw.Callback):  # type: ignore[misc, valid-type]
+        def __init__(self) -> None:
+            self.count = 0
+
+        def on_train_batch_end(self, *args):
+            self.count += 1
+
+        def state_dict(self):
+            return {"count": self.count}
+
+        def load_state_dict(self, state):
+            restored.append(("callback", state))
+
+    class Module(regression_class(fw.Module)):  # type: ignore[misc]
+        def test_step(self, batch, batch_idx):
+            self.log("test_loss", self.loss(batch))
+
+        def predict_step(self, batch, batch_idx):
+            return self.net(batch[0])
+
+    options = quiet(max_epochs=1, enable_checkpointing=True)
+    saving = fw.callbacks.ModelCheckpoint(dirpath=tmp_path)
+    fit = fw.trainer(callbacks=[Counting(), saving], **options)
+    fit.fit(Module(), datamodule=Shifted())
+    path = fit.checkpoint_callback.best_model_path
+    results: list[Any] = []
+    for call in ("validate", "test", "predict"):
+        evaluator = fw.trainer(callbacks=[Counting()], **options)
+        extra = fw.eval_options if call != "predict" else {}
+        results.append(
+            getattr(evaluator, call)(Module(), datamodule=Shifted(), ckpt_path=path, **extra)
+        )
+    results[2] = [round(v, 5) for batch in results[2] for v in batch.flatten().tolist()]
+    return [restored, results[:2], results[2]]
+
+
+def test_evaluating_from_a_checkpoint_restores_the_datamodule_and_callbacks(tmp_path) -> None:
+    """Lightning restores the DataModule's and the callbacks' states for validate / test /
+    predict with a ckpt_path; trainer restored them only for fit, so the DataModule evaluated
+    with its initial statistic: other metrics, no error."""
+    expected = _evaluated_from_a_checkpoint(LIGHTNING, tmp_path / "lightning")
+    assert expected[0].count(("datamodule", {"shift": 1.5})) == 3
+    assert _evaluated_from_a_checkpoint(TRAINER, tmp_path / "trainer") == expected

@@ -43,6 +43,7 @@ __all__ = [
     "default_eval_ckpt_path",
     "dump_checkpoint",
     "load_checkpoint",
+    "open_checkpoint",
     "resolve_ckpt_path",
     "restore_checkpoint",
     "restore_from",
@@ -205,18 +206,34 @@ def load_checkpoint(trainer: Trainer, path: Path) -> dict[str, Any]:
     )
 
 
-def restore_from(
-    trainer: Trainer, ckpt_path: str | os.PathLike[str] | None, stage: str, hooks: HookTable
-) -> Resumed | None:
-    """Restore ``ckpt_path`` (see `resolve_ckpt_path`) for ``stage``: the whole training state
-    for "fit", the weights otherwise; what `restore_checkpoint` returns (None: no path)."""
+def open_checkpoint(
+    trainer: Trainer, ckpt_path: str | os.PathLike[str] | None, stage: str
+) -> dict[str, Any] | None:
+    """Read ``ckpt_path`` (see `resolve_ckpt_path`; for fit without one, `OnExceptionCheckpoint`'s)
+    and restore the DataModule's state at once, before its dataloaders are asked for (as in
+    Lightning, so state from fit shapes them); None when there is no checkpoint."""
     if stage == "fit" and ckpt_path is None:
         ckpt_path = _checkpoint_after_an_exception(trainer)
     path = resolve_ckpt_path(trainer, ckpt_path, stage)
     trainer.ckpt_path = None if path is None else os.fspath(path)
     if path is None:
         return None
-    return restore_checkpoint(trainer, load_checkpoint(trainer, path), hooks, full=stage == "fit")
+    checkpoint = load_checkpoint(trainer, path)
+    if trainer.datamodule is not None and checkpoint.get("datamodule") is not None:
+        what = "datamodule does"
+        load_state_into(trainer.datamodule, checkpoint["datamodule"], "ckpt_path", what)
+    return checkpoint
+
+
+def restore_from(
+    trainer: Trainer, checkpoint: dict[str, Any] | None, stage: str, hooks: HookTable
+) -> Resumed | None:
+    """Restore an `open_checkpoint` for ``stage``: the whole training state for "fit", the
+    weights and the callbacks' states otherwise; what `restore_checkpoint` returns (None: no
+    checkpoint, or not for fit)."""
+    if checkpoint is None:
+        return None
+    return restore_checkpoint(trainer, checkpoint, hooks, full=stage == "fit")
 
 
 def _checkpoint_after_an_exception(trainer: Trainer) -> Path | None:
@@ -272,6 +289,7 @@ def restore_checkpoint(
         trainer.strategy, module, checkpoint["state_dict"], "ckpt_path", module.strict_loading
     )
     if not full or "progress" not in checkpoint:
+        _restore_callbacks(trainer, checkpoint)  # for every stage, as Lightning does
         return None
     load_states(
         "optimizer_states",
@@ -297,15 +315,7 @@ def restore_checkpoint(
     trainer.progress.total_batches = _count(progress, "total_batches", progress["global_step"])
     trainer.progress.batches_stepped = _count(progress, "batches_stepped", progress["global_step"])
     trainer.progress.is_epoch_ending = _flag(progress, "is_epoch_ending")
-    callback_states = checkpoint.get("callbacks") or {}
-    for callback in trainer.callbacks:
-        if (key := callback.state_key) in callback_states:
-            what = f"callbacks[{key!r}] does"
-            load_state_into(callback, callback_states[key], "ckpt_path", what)
-    if trainer.datamodule is not None and checkpoint.get("datamodule") is not None:
-        load_state_into(
-            trainer.datamodule, checkpoint["datamodule"], "ckpt_path", "datamodule does"
-        )
+    _restore_callbacks(trainer, checkpoint)
     loader_state = (checkpoint.get("loops") or {}).get("train_loader")
     train_loader = trainer.train_dataloader
     if loader_state is not None and train_loader is not None:
@@ -317,6 +327,14 @@ def restore_checkpoint(
         callback_metrics=dict(checkpoint.get("callback_metrics") or {}),
         rng_state=rng_state_for_rank(checkpoint.get("rng_states"), trainer.global_rank),
     )
+
+
+def _restore_callbacks(trainer: Trainer, checkpoint: dict[str, Any]) -> None:
+    callback_states = checkpoint.get("callbacks") or {}
+    for callback in trainer.callbacks:
+        if (key := callback.state_key) in callback_states:
+            what = f"callbacks[{key!r}] does"
+            load_state_into(callback, callback_states[key], "ckpt_path", what)
 
 
 def _count(progress: dict[str, Any], key: str, default: int) -> int:

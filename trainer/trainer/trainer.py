@@ -27,8 +27,7 @@ from trainer.plugins.async_checkpoint import PendingSave, find_checkpoint_io
 from trainer.precision import Precision
 from trainer.profilers import Profiler, resolve_profiler
 from trainer.strategies import Strategy
-from trainer.trainer import profiling
-from trainer.trainer.checkpoint_state import default_eval_ckpt_path, restore_from, save_checkpoint
+from trainer.trainer import checkpoint_state, profiling
 from trainer.trainer.defaults import check_log_interval, default_switches
 from trainer.trainer.evaluation_loop import STAGE_OF, run_eval_epoch
 from trainer.trainer.fit_loop import FitLoop, run_sanity_check
@@ -191,13 +190,9 @@ class Trainer(TrainerProperties):
         self.checkpoint_io = find_checkpoint_io(plugins)  # AsyncCheckpointIO, or None: synchronous
         self.loggers = build_loggers(logger, self.default_root_dir, fast_dev_run=bool(dev_batches))
         self.enable_checkpointing = enable_checkpointing and not dev_batches
-        self.callbacks = build_callbacks(
-            callbacks,
-            enable_progress_bar,
-            enable_model_summary,
-            self.enable_checkpointing,
-            enable_checkpointing,  # as given: a checkpoint callback with False is refused
-        )
+        switches = (enable_progress_bar, enable_model_summary, self.enable_checkpointing)
+        # enable_checkpointing as given too: a checkpoint callback with False is refused
+        self.callbacks = build_callbacks(callbacks, *switches, enable_checkpointing)
         self.progress = Progress()
         self.state = TrainerState()
         self.should_stop = False
@@ -330,7 +325,7 @@ class Trainer(TrainerProperties):
         keep: bool = True,
     ) -> Any:
         run_stage = STAGE_OF[stage]
-        ckpt_path = default_eval_ckpt_path(self, module, ckpt_path, run_stage)  # "best"
+        ckpt_path = checkpoint_state.default_eval_ckpt_path(self, module, ckpt_path, run_stage)
         module = module if module is not None else self.module
         if module is None:
             raise ConfigurationError(
@@ -364,7 +359,9 @@ class Trainer(TrainerProperties):
         Raises:
             ConfigurationError: no module is attached yet; CheckpointError: the write failed.
         """
-        return save_checkpoint(self, self._hooks, filepath, weights_only=weights_only)
+        return checkpoint_state.save_checkpoint(
+            self, self._hooks, filepath, weights_only=weights_only
+        )
 
     # ---- setup and teardown -----------------------------------------------------------------
     def _attach(self, module: TrainModule, datamodule: DataModule | None, stage: str) -> None:
@@ -406,6 +403,7 @@ class Trainer(TrainerProperties):
             module.compile(**options)
         steps = prepare_steps(self, module, self._router)
         self._router, self._wrapped_model = steps.router, steps.model
+        checkpoint = checkpoint_state.open_checkpoint(self, ckpt_path, stage)  # DataModule first
         self._loaders = {}
         self._given_stages = frozenset(name for name, given in loaders.items() if given is not None)
         for name, given in loaders.items():  # before optimizers: schedulers may need the length
@@ -425,7 +423,7 @@ class Trainer(TrainerProperties):
             start_time=start_time,
             callback_metrics=self._callback_metrics,
         )
-        resumed = restore_from(self, ckpt_path, stage, self._hooks)
+        resumed = checkpoint_state.restore_from(self, checkpoint, stage, self._hooks)
         self._run.is_resumed = resumed is not None
         if resumed is not None:
             self._restored_metrics = resumed.callback_metrics
