@@ -69,8 +69,12 @@ def _has_forward(module: Any) -> bool:
     """Whether ``predict_step`` can run: the module's own, or the default calling ``forward``."""
     from trainer.trainer.module import TrainModule
 
-    has_own_step = type(module).predict_step is not TrainModule.predict_step
-    return has_own_step or type(module).forward is not torch.nn.Module.forward
+    def is_default(name: str, default: Any) -> bool:  # an instance attribute counts as its own
+        return getattr(getattr(module, name), "__func__", None) is default
+
+    return not is_default("predict_step", TrainModule.predict_step) or not is_default(
+        "forward", torch.nn.Module.forward
+    )
 
 
 def _run_epoch(trainer: Trainer, run: Run, stage: str, loaders: list[Any]) -> list[Any]:
