@@ -16,7 +16,8 @@ from typing import Any
 import pytest
 import torch
 
-from tests.parity.frameworks import BOTH, Framework, loader, quiet, regression
+import trainer
+from tests.parity.frameworks import BOTH, LIGHTNING, TRAINER, Framework, loader, quiet, regression
 
 pytest.importorskip("lightning.pytorch")
 
@@ -380,3 +381,39 @@ def test_none_is_the_default_of_the_validation_and_clipping_arguments_as_in_ligh
     assert BOTH[1].trainer(**options, gradient_clip_algorithm=None).gradient_clip_algorithm == (
         "norm"
     )
+
+
+def _datamodule_in_place_of_loaders(fw: Any) -> list[Any]:
+    """``trainer.fit(model, dm)`` / ``trainer.test(model, dm)``: the DataModule passed where the
+    dataloaders go, a common shorthand Lightning accepts."""
+    import lightning.pytorch as pl
+
+    base = pl.LightningDataModule if fw is LIGHTNING else trainer.DataModule
+
+    class Data(base):  # type: ignore[misc, valid-type]
+        def train_dataloader(self):
+            return loader(8)
+
+        def val_dataloader(self):
+            return loader(4, seed=1)
+
+        def test_dataloader(self):
+            return loader(4, seed=2)
+
+    class Tested(regression(fw.Module)):  # type: ignore[misc]
+        def test_step(self, batch, batch_idx):
+            self.log("test_loss", self.loss(batch))
+
+    module, fit = Tested(), fw.trainer(**quiet(max_epochs=1))
+    fit.fit(module, Data())
+    return [
+        fit.global_step,
+        fit.validate(module, Data(), **fw.eval_options),
+        fit.test(module, Data(), **fw.eval_options),
+    ]
+
+
+def test_a_datamodule_in_place_of_the_dataloaders() -> None:
+    expected = _datamodule_in_place_of_loaders(LIGHTNING)
+    assert _datamodule_in_place_of_loaders(TRAINER) == expected
+    assert expected[0] == 4

@@ -31,6 +31,7 @@ __all__ = [
     "check_overfit_batches",
     "check_positive_int",
     "check_sync_batchnorm",
+    "datamodule_argument",
     "parse_max_time",
     "resolve_device",
     "resolve_limit",
@@ -363,6 +364,25 @@ def module_argument(module: Any, model: Any, stage: str) -> Any:
             f"model= (a {type(model).__name__}); pass one (model= is Lightning's name for module)."
         )
     return model
+
+
+def datamodule_argument(loaders: Any, datamodule: Any, stage: str) -> tuple[Any, Any]:
+    """``trainer.<stage>(module, dm)``: a DataModule given where the dataloaders go is the
+    DataModule, as in Lightning -> ``(loaders, datamodule)``.
+
+    Raises:
+        ConfigurationError: a DataModule there and another one as ``datamodule=``.
+    """
+    from trainer.trainer.module import DataModule
+
+    if not isinstance(loaders, DataModule):
+        return loaders, datamodule
+    if datamodule is not None and datamodule is not loaders:
+        raise ConfigurationError(
+            f"trainer.{stage}() received two DataModules, one in place of the dataloaders and "
+            "one as datamodule=; pass one."
+        )
+    return None, loaders
 
 
 def check_call_arguments(module: Any, datamodule: Any, stage: str) -> None:

@@ -53,6 +53,7 @@ from trainer.trainer.options import (
     check_sanity_steps,
     check_sync_batchnorm,
     check_val_interval,
+    datamodule_argument,
     default_max_epochs,
     module_argument,
     parse_max_time,
@@ -246,6 +247,7 @@ class Trainer(TrainerProperties):
         in Lightning. ``ckpt_path`` ("last", "best" or a path) resumes training exactly where it
         stopped. ``model=`` names the module; ``weights_only`` is accepted (nothing unpickled)."""
         module = module_argument(module, model, "fit")
+        train_dataloaders, datamodule = datamodule_argument(train_dataloaders, datamodule, "fit")
         self._attach(module, datamodule, "fit")
         try:
             with catch_preemption_signals() as received_signal:
@@ -325,6 +327,7 @@ class Trainer(TrainerProperties):
         keep: bool = True,
     ) -> Any:
         run_stage = STAGE_OF[stage]
+        dataloaders, datamodule = datamodule_argument(dataloaders, datamodule, run_stage)
         ckpt_path = checkpoint_state.default_eval_ckpt_path(self, module, ckpt_path, run_stage)
         module = module if module is not None else self.module
         if module is None:
