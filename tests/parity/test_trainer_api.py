@@ -294,7 +294,7 @@ def _should_stop_seen(fw: Framework) -> list[Any]:
     fit.fit(module, loader(8), loader(4))
     fit.validate(module, loader(4), **fw.eval_options)
     fit.test(module, loader(4), **fw.eval_options)
-    (fit.fit_loop if fw.name == "lightning" else fit).max_epochs = 3
+    fit.fit_loop.max_epochs = 3  # Lightning's way to train on
     fit.fit(module, loader(8))
     seen.append(("after second fit", fit.should_stop))
     return [tuple(str(v) for v in item) for item in seen]
@@ -417,3 +417,31 @@ def test_a_datamodule_in_place_of_the_dataloaders() -> None:
     expected = _datamodule_in_place_of_loaders(LIGHTNING)
     assert _datamodule_in_place_of_loaders(TRAINER) == expected
     assert expected[0] == 4
+
+
+def _extended_through_fit_loop(fw: Any) -> list[Any]:
+    """``trainer.fit_loop.max_epochs``: read, raised from a callback during fit, then raised
+    again between two fits (a notebook training on), as Lightning's documentation shows."""
+    seen: list[Any] = []
+
+    class Extend(fw.Callback):  # type: ignore[misc, valid-type]
+        def on_train_epoch_end(self, trainer_, module):
+            seen.append((trainer_.current_epoch, trainer_.fit_loop.max_epochs))
+            if trainer_.current_epoch == 1 and trainer_.fit_loop.max_epochs == 2:
+                trainer_.fit_loop.max_epochs = 3
+
+    fit = fw.trainer(**quiet(max_epochs=2, callbacks=[Extend()]))
+    module = regression(fw.Module)()
+    seen.append(("before", fit.fit_loop.max_epochs, fit.fit_loop.max_steps))
+    fit.fit(module, loader(8))
+    seen.append(("after", fit.current_epoch, fit.global_step, fit.fit_loop.max_epochs))
+    fit.fit_loop.max_epochs = 5
+    fit.fit(module, loader(8))
+    seen.append(("again", fit.current_epoch, fit.global_step, fit.max_epochs))
+    return seen
+
+
+def test_fit_loop_max_epochs_extends_training_as_in_lightning() -> None:
+    expected = _extended_through_fit_loop(LIGHTNING)
+    assert expected[-1] == ("again", 5, 20, 5)
+    assert _extended_through_fit_loop(TRAINER) == expected

@@ -235,18 +235,14 @@ class StochasticWeightAveraging(Callback):
                     layer.num_batches_tracked.zero_()  # type: ignore[union-attr]
                 self._momenta[layer] = layer.momentum
                 layer.momentum = None
-        loop = trainer.fit_loop  # Lightning's callback, too, drives its fit loop
-        if loop is not None:
-            loop.skip_backward = True
+        trainer.fit_loop.skip_backward = True  # Lightning's callback, too, drives its fit loop
         self._accumulation = trainer.accumulate_grad_batches
         batches = trainer.num_training_batches
         if isinstance(batches, int) and batches > 0:
             trainer.accumulate_grad_batches = batches
 
     def on_train_epoch_end(self, trainer: Trainer, module: TrainModule) -> None:
-        loop = trainer.fit_loop
-        if loop is not None:
-            loop.skip_backward = False
+        trainer.fit_loop.skip_backward = False
 
     def on_train_end(self, trainer: Trainer, module: TrainModule) -> None:
         if self._average is None:
@@ -272,9 +268,7 @@ class StochasticWeightAveraging(Callback):
         for layer, momentum in self._momenta.items():
             layer.momentum = momentum
         self._momenta = {}
-        loop = trainer.fit_loop
-        if loop is not None:
-            loop.skip_backward = False
+        trainer.fit_loop.skip_backward = False
 
     def state_dict(self) -> dict[str, Any]:
         if self._average is None:

@@ -387,7 +387,7 @@ def save_checkpoint(
     if checkpoint_io is not None:  # at most one save in flight: the previous ends first
         checkpoint_io.wait()
     fit_loop = trainer.fit_loop
-    if fit_loop is not None and fit_loop.is_step_row_due:  # the row the checkpoint covers
+    if getattr(fit_loop, "is_step_row_due", False):  # the row the checkpoint covers
         fit_loop.send_step_row()  # goes to the loggers first
     checkpoint = dump_checkpoint(trainer, weights_only=weights_only)
     hooks.call("on_save_checkpoint", checkpoint)

@@ -57,12 +57,35 @@ if TYPE_CHECKING:
     from trainer.trainer.run import Run
     from trainer.trainer.trainer import Trainer
 
-__all__ = ["FitLoop", "run_sanity_check"]
+__all__ = ["FitLimits", "FitLoop", "run_sanity_check"]
 
 _SKIP_EPOCH = object()  # on_train_batch_start returned -1: the rest of the epoch is skipped
 
 
-class FitLoop(BatchStep):
+def _through(name: str) -> property:
+    """A property reading and writing ``self.trainer.<name>``."""
+    return property(
+        lambda self: getattr(self.trainer, name),
+        lambda self, value: setattr(self.trainer, name, value),
+        doc=f"``trainer.{name}`` (Lightning's ``trainer.fit_loop.{name}``).",
+    )
+
+
+class FitLimits:
+    """``trainer.fit_loop``'s limits as Lightning names them, read and written through to the
+    Trainer: ``trainer.fit_loop.max_epochs = 20`` (between calls, or from a callback during
+    ``fit``) trains on to epoch 20, as in Lightning. What ``trainer.fit_loop`` is outside fit."""
+
+    max_epochs = _through("max_epochs")
+    min_epochs = _through("min_epochs")
+    max_steps = _through("max_steps")
+    min_steps = _through("min_steps")
+
+    def __init__(self, trainer: Trainer) -> None:
+        self.trainer = trainer
+
+
+class FitLoop(BatchStep, FitLimits):
     """Epochs until a limit, ``should_stop`` or a preemption signal; one per ``fit`` call.
 
     Each batch is a `BatchStep` over the run's hooks and prepared model, whose optimizer steps

@@ -320,13 +320,19 @@ class TrainerProperties:
 
     @property
     def fit_loop(self) -> Any:
-        """The running ``fit``'s loop (`trainer.trainer.fit_loop.FitLoop`), None outside ``fit``.
+        """The running ``fit``'s loop (`trainer.trainer.fit_loop.FitLoop`); outside ``fit`` a
+        `trainer.trainer.fit_loop.FitLimits`.
 
-        Lightning's ``trainer.fit_loop``; what callbacks may set on it: ``skip_backward``
-        (``training_step`` runs, zero_grad, backward and the optimizer step do not; the step is
-        counted), which StochasticWeightAveraging's BatchNorm epoch uses.
+        Lightning's ``trainer.fit_loop``: ``max_epochs``, ``min_epochs``, ``max_steps`` and
+        ``min_steps`` read and write the Trainer's; during fit callbacks may also set
+        ``skip_backward`` (``training_step`` runs, zero_grad, backward and the optimizer step do
+        not; the step is counted), which StochasticWeightAveraging's BatchNorm epoch uses.
         """
-        return self._fit_loop
+        if self._fit_loop is not None:
+            return self._fit_loop
+        from trainer.trainer.fit_loop import FitLimits
+
+        return FitLimits(self)
 
     @property
     def scaler(self) -> Any:
