@@ -246,3 +246,28 @@ def test_a_name_holding_the_dataloader_suffix(add_dataloader_idx: bool) -> None:
     expected = run(LIGHTNING)
     assert expected == (True if add_dataloader_idx else ["acc/dataloader_idx_0"])
     assert run(TRAINER) == expected
+
+
+@pytest.mark.parametrize(
+    "hook",
+    ["on_fit_start", "on_validation_end", "on_save_checkpoint", "on_train_end", "on_fit_end"],
+)
+def test_logging_in_a_hook_lightning_refuses_it_in(hook: str) -> None:
+    """Lightning raises for ``self.log`` where no step or epoch of logged metrics is open;
+    trainer took it (in ``on_validation_end`` the value then vanished without a word)."""
+
+    def run(fw: Any) -> str:
+        class Logging(regression(fw.Module)):  # type: ignore[misc]
+            pass
+
+        def log_there(self, *args):
+            self.log("x", 1.0)
+
+        setattr(Logging, hook, log_there)
+        fit = fw.trainer(**quiet(max_epochs=1, enable_checkpointing=hook == "on_save_checkpoint"))
+        with pytest.raises(Exception, match=hook) as info:
+            fit.fit(Logging(), loader(4), loader(2))
+        return type(info.value).__name__
+
+    assert run(LIGHTNING) == "MisconfigurationException"
+    assert run(TRAINER) == "ConfigurationError"

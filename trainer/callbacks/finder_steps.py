@@ -22,6 +22,7 @@ import torch
 from trainer.errors import ConfigurationError
 from trainer.runtime.seed import get_rng_states, set_rng_states
 from trainer.trainer.batch_step import BatchStep, trial_step
+from trainer.trainer.hook_table import logging_allowed
 from trainer.trainer.mode_hooks import capture_modes, put_modes
 
 if TYPE_CHECKING:
@@ -136,14 +137,15 @@ def run_training_steps(
     )
     if before_step is not None:
         before_step(0)
-    while not trial.is_done:
-        steps_before = trial.steps
-        if trial.run_pass(loader) == 0:
-            raise ConfigurationError(
-                "the train dataloader yielded no batch; the finders need at least one."
-            )
-        if trial.steps == steps_before:  # every pass would end the same way
-            break
+    with logging_allowed(trainer.module):  # self.log in training_step, as in fit's steps
+        while not trial.is_done:
+            steps_before = trial.steps
+            if trial.run_pass(loader) == 0:
+                raise ConfigurationError(
+                    "the train dataloader yielded no batch; the finders need at least one."
+                )
+            if trial.steps == steps_before:  # every pass would end the same way
+                break
     return trial.steps
 
 

@@ -7,7 +7,8 @@ applies it. Hooks nobody overrides get an empty list, so the loop skips them wit
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+import contextlib
+from collections.abc import Callable, Iterable, Iterator
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
@@ -16,7 +17,12 @@ from trainer.errors import ConfigurationError
 from trainer.profilers import Profiler
 from trainer.trainer import profiling
 from trainer.trainer.dataloader_idx import takes_dataloader_idx
-from trainer.trainer.hooks import CALLBACK_HOOKS, CALLBACK_ONLY_HOOKS, MONITORING_CALLBACKS
+from trainer.trainer.hooks import (
+    CALLBACK_HOOKS,
+    CALLBACK_ONLY_HOOKS,
+    LOGGING_REFUSED_HOOKS,
+    MONITORING_CALLBACKS,
+)
 from trainer.trainer.module_hooks import ModuleHooks
 from trainer.trainer.options import is_instance_named
 
@@ -24,7 +30,7 @@ if TYPE_CHECKING:
     from trainer.trainer.module import TrainModule
     from trainer.trainer.trainer import Trainer
 
-__all__ = ["HookTable", "is_overridden"]
+__all__ = ["HookTable", "is_overridden", "logging_allowed"]
 
 
 class HookTable:
@@ -72,6 +78,15 @@ class HookTable:
             self._functions[name] = (
                 [*own, *before] if name == "on_load_checkpoint" else [*before, *own]
             )
+            if name in LOGGING_REFUSED_HOOKS:  # only these pay for the guard
+                guarded = [_refusing_logs(f, module, name) for f in self._functions[name]]
+                raw = {
+                    id(g): raw[id(f)] for f, g in zip(self._functions[name], guarded, strict=True)
+                }
+                if name in self._module_functions:
+                    index = self._functions[name].index(self._module_functions[name])
+                    self._module_functions[name] = guarded[index]
+                self._functions[name] = guarded
             if name == "on_train_epoch_end":
                 self.epoch_end_monitors = after
             self._raw[name] = [raw[id(function)] for function in self._functions[name]]
@@ -113,6 +128,50 @@ class HookTable:
 def is_overridden(obj: object, name: str, base: type) -> bool:
     """Whether ``obj`` implements hook ``name``: on its class, or assigned on the instance."""
     return name in vars(obj) or getattr(type(obj), name, None) is not getattr(base, name)
+
+
+class _RefusedLogging:
+    """The module's metric store while a hook runs in which Lightning refuses ``self.log``;
+    ``store`` is the one it stands in for."""
+
+    def __init__(self, hook: str, store: Any) -> None:
+        self.hook = hook
+        self.store = store
+
+    def log(self, name: str, value: Any, **options: Any) -> None:
+        raise ConfigurationError(
+            f"self.log({name!r}) in {self.hook}: logging is not possible in this hook, as in "
+            "Lightning (no step or epoch of logged metrics is open). Log in a *_step, "
+            "*_batch_end or *_epoch_end hook, or write to the logger itself: "
+            "self.logger.log_metrics({...})."
+        )
+
+
+def _refusing_logs(function: Callable[..., Any], module: Any, hook: str) -> Callable[..., Any]:
+    """``function`` with the module's ``self.log`` refused while it runs."""
+
+    def call(*args: Any) -> Any:
+        store = module.metric_store
+        module.metric_store = _RefusedLogging(hook, store)
+        try:
+            return function(*args)
+        finally:
+            module.metric_store = store
+
+    return call
+
+
+@contextlib.contextmanager
+def logging_allowed(module: Any) -> Iterator[None]:
+    """Inside a hook that refuses ``self.log`` (a finder's ``on_fit_start``), let the training
+    steps run there log as fit's own steps do."""
+    store = module.metric_store
+    if isinstance(store, _RefusedLogging):
+        module.metric_store = store.store
+    try:
+        yield
+    finally:
+        module.metric_store = store
 
 
 def _timed(

@@ -21,6 +21,7 @@ __all__ = [
     "CALLBACK_ONLY_HOOKS",
     "EVAL_STAGES",
     "FIT_ORDER",
+    "LOGGING_REFUSED_HOOKS",
     "MONITORING_CALLBACKS",
     "OPTIMIZER_HOOKS",
     "STEP_HOOKS",
@@ -73,6 +74,31 @@ CALLBACK_ONLY_HOOKS: tuple[str, ...] = (
     "on_sanity_check_start",
     "on_sanity_check_end",
     "on_exception",
+)
+
+# Hooks in which self.log raises, as Lightning's: no epoch or step of the logged metrics is
+# open there (a value logged in on_validation_end was dropped without a word).
+LOGGING_REFUSED_HOOKS = frozenset(
+    {
+        "setup",
+        "teardown",
+        "on_fit_start",
+        "on_fit_end",
+        "on_sanity_check_start",
+        "on_sanity_check_end",
+        "on_train_end",
+        "on_validation_end",
+        "on_test_end",
+        "on_predict_start",
+        "on_predict_end",
+        "on_predict_epoch_start",
+        "on_predict_epoch_end",
+        "on_predict_batch_start",
+        "on_predict_batch_end",
+        "on_save_checkpoint",
+        "on_load_checkpoint",
+        "on_exception",
+    }
 )
 
 # Callback classes that run after the module in on_train_epoch_end (they read its metrics).
