@@ -44,6 +44,7 @@ __all__ = [
     "dump_checkpoint",
     "load_checkpoint",
     "open_checkpoint",
+    "open_for_evaluation",
     "resolve_ckpt_path",
     "restore_checkpoint",
     "restore_from",
@@ -210,8 +211,11 @@ def open_checkpoint(
     trainer: Trainer, ckpt_path: str | os.PathLike[str] | None, stage: str
 ) -> dict[str, Any] | None:
     """Read ``ckpt_path`` (see `resolve_ckpt_path`; for fit without one, `OnExceptionCheckpoint`'s)
-    and restore the DataModule's state at once, before its dataloaders are asked for (as in
-    Lightning, so state from fit shapes them); None when there is no checkpoint."""
+    and restore the DataModule's state at once; None when there is no checkpoint.
+
+    ``validate`` / ``test`` / ``predict`` call it before asking the DataModule for dataloaders
+    (as Lightning restores it first, so state from fit shapes them); ``fit`` after configuring
+    the optimizers, which a sharded engine loads its shards into (`restore_from`)."""
     if stage == "fit" and ckpt_path is None:
         ckpt_path = _checkpoint_after_an_exception(trainer)
     path = resolve_ckpt_path(trainer, ckpt_path, stage)
@@ -225,12 +229,27 @@ def open_checkpoint(
     return checkpoint
 
 
+def open_for_evaluation(
+    trainer: Trainer, ckpt_path: str | os.PathLike[str] | None, stage: str
+) -> dict[str, Any] | None:
+    """`open_checkpoint` for validate / test / predict, before their dataloaders are asked for;
+    None for fit, which opens its checkpoint after the optimizers (`restore_from`)."""
+    return None if stage == "fit" else open_checkpoint(trainer, ckpt_path, stage)
+
+
 def restore_from(
-    trainer: Trainer, checkpoint: dict[str, Any] | None, stage: str, hooks: HookTable
+    trainer: Trainer,
+    checkpoint: dict[str, Any] | None,
+    ckpt_path: str | os.PathLike[str] | None,
+    stage: str,
+    hooks: HookTable,
 ) -> Resumed | None:
-    """Restore an `open_checkpoint` for ``stage``: the whole training state for "fit", the
-    weights and the callbacks' states otherwise; what `restore_checkpoint` returns (None: no
-    checkpoint, or not for fit)."""
+    """Restore for ``stage``: for "fit" the whole training state of ``ckpt_path`` (read here,
+    after the optimizers exist); otherwise the weights and the callbacks' states of
+    ``checkpoint``, which the Trainer opened before its dataloaders. What `restore_checkpoint`
+    returns (None: no checkpoint, or not for fit)."""
+    if stage == "fit":
+        checkpoint = open_checkpoint(trainer, ckpt_path, stage)
     if checkpoint is None:
         return None
     return restore_checkpoint(trainer, checkpoint, hooks, full=stage == "fit")
