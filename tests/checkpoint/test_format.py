@@ -21,7 +21,7 @@ from trainer.checkpoint import (
     verify_checkpoint,
     write_checkpoint,
 )
-from trainer.checkpoint.format import MANIFEST, parse_size, write_model_files
+from trainer.checkpoint.format import MANIFEST, parse_size, read_state, write_model_files
 from trainer.errors import CheckpointError
 
 
@@ -337,3 +337,36 @@ def test_sigkill_at_twenty_moments_never_leaves_a_wrong_checkpoint(tmp_path):
         latest = find_latest_checkpoint(root)
         if latest is not None:
             verify_checkpoint(latest)
+
+
+def test_read_state_gives_state_json_verified_without_the_tensors(tmp_path):
+    """What a caller needs before the weights (hyperparameters, a DataModule's state), read
+    after hashing only the state files; the large files are left to read_checkpoint."""
+    original = _checkpoint(_model())
+    original["datamodule"] = {"phase": 2, "mean": torch.tensor([1.5])}
+    path = write_checkpoint(tmp_path / "ck", original)
+    state = read_state(path)
+    assert "state_dict" not in state and "optimizer_states" not in state
+    assert state["global_step"] == 17 and state["datamodule"]["phase"] == 2
+    assert torch.equal(state["datamodule"]["mean"], torch.tensor([1.5]))
+    model_file = path / "model.safetensors"  # a flipped weight: read_checkpoint's to refuse
+    data = bytearray(model_file.read_bytes())
+    data[len(data) // 2] ^= 0x01
+    model_file.write_bytes(bytes(data))
+    assert read_state(path)["global_step"] == 17
+    with pytest.raises(CheckpointError, match="model.safetensors does not match"):
+        read_checkpoint(path)
+
+
+@pytest.mark.parametrize("name", ["state.json", "state.safetensors"])
+def test_read_state_refuses_an_altered_state_file(tmp_path, name):
+    original = _checkpoint(_model())
+    path = write_checkpoint(tmp_path / "ck", original)
+    data = bytearray((path / name).read_bytes())
+    data[-3] ^= 0x01
+    (path / name).write_bytes(bytes(data))
+    with pytest.raises(CheckpointError, match=f"{name} does not match"):
+        read_state(path)
+    (path / name).write_bytes(bytes(data[:-1]))
+    with pytest.raises(CheckpointError, match=f"{name} has \\d+ bytes"):
+        read_state(path)

@@ -133,3 +133,40 @@ def test_lightning_only_state_is_dropped(lightning_run: Path):
     }
     assert not {"loops", "callbacks", "pytorch-lightning_version"} & checkpoint.keys()
     assert {"state_dict", "optimizer_states", "lr_schedulers"} <= checkpoint.keys()
+
+
+def test_the_datamodule_state_of_a_lightning_checkpoint_is_restored_before_its_loaders(
+    tmp_path: Path,
+):
+    """Lightning saves a DataModule's state under its class name; the resumed run's fresh
+    DataModule gets it back before it is asked for the train loader."""
+    seen: list[int] = []
+
+    def phased(base: type) -> type:
+        class Phased(base):  # type: ignore[misc, valid-type]
+            def __init__(self, phase: int = 0) -> None:
+                super().__init__()
+                self.phase = phase
+
+            def train_dataloader(self):
+                seen.append(self.phase)
+                return _loader()
+
+            def state_dict(self):
+                return {"phase": self.phase}
+
+            def load_state_dict(self, state):
+                self.phase = state["phase"]
+
+        return Phased
+
+    saving = L.pytorch.callbacks.ModelCheckpoint(tmp_path)
+    L.Trainer(
+        max_epochs=1, accelerator="cpu", callbacks=[saving], logger=False,
+        enable_progress_bar=False, enable_model_summary=False,
+    ).fit(LightningNet(), datamodule=phased(L.LightningDataModule)(phase=3))  # fmt: skip
+    import trainer
+
+    run = Trainer(max_epochs=2, logger=False, enable_checkpointing=False, enable_progress_bar=False)
+    run.fit(Net(), datamodule=phased(trainer.DataModule)(), ckpt_path=saving.best_model_path)
+    assert seen == [3, 3] and run.global_step == 2 * BATCHES_PER_EPOCH

@@ -223,6 +223,27 @@ def main(out: str) -> None:
 
     facts["ddp_kwargs_static_graph"] = DDPStrategy(static_graph=True).ddp_kwargs["static_graph"]
 
+    # 5c. sync_dist=True reduces a step value when it is logged, as Lightning: every rank's
+    # callback_metrics show the same step value; the epoch value is reduced at the epoch end.
+    class StepSynced(Net):
+        def training_step(self, batch, batch_idx):
+            self.log("rank_step_mean", float(self.global_rank + 1), sync_dist=True, on_step=True)
+            self.log("rank_step_max", float(self.global_rank), sync_dist=True, reduce_fx="max")
+            self.log("rank_local", float(self.global_rank), on_step=True)
+            return super().training_step(batch, batch_idx)
+
+    stepped = quiet(max_steps=2)
+    stepped.fit(StepSynced(), DataLoader(regression(16), batch_size=4))
+    facts["step_synced"] = {k: float(v) for k, v in sorted(stepped.callback_metrics.items())}
+
+    # 5d. predict pads no batch (Lightning's unrepeated sampler): 9 samples, each predicted once.
+    class Indexing(Net):
+        def predict_step(self, batch, batch_idx):
+            return batch
+
+    predicted = quiet().predict(Indexing(), DataLoader(list(range(9)), batch_size=2))
+    facts["predicted"] = [int(v) for batch in predicted for v in batch]
+
     # 6. prepare_data: once per machine, and no rank reaches setup before it is done.
     facts["prepare_data"] = prepare_data_seen(out, rank)
     with open(os.path.join(out, f"rank{rank}.json"), "w", encoding="utf-8") as file:

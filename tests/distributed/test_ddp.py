@@ -190,3 +190,20 @@ def test_prepare_data_runs_once_per_machine_and_every_rank_waits_for_it(ddp_run)
     for f in facts:
         assert f["prepare_data"]["size"] == 64
         assert f["prepare_data"]["ran"] == ["datamodule-by-0", "module-by-0"]
+
+
+def test_sync_dist_reduces_step_values_as_lightning(ddp_run):
+    """Lightning reduces an on_step value logged with sync_dist=True at once; each rank showed
+    its own value (found by running one script on both frameworks under torchrun)."""
+    _, facts = ddp_run
+    for rank, f in enumerate(facts):
+        assert f["step_synced"]["rank_step_mean"] == 1.5  # (1 + 2) / 2 on both ranks
+        assert f["step_synced"]["rank_step_max"] == 1.0
+        assert f["step_synced"]["rank_local"] == float(rank)
+
+
+def test_predict_on_two_processes_predicts_each_sample_once(ddp_run):
+    """Lightning's predict shards without padding; ours completed the last round with samples
+    from the start, so a prediction writer wrote samples 0 and 1 twice."""
+    _, facts = ddp_run
+    assert facts[0]["predicted"] == [0, 1, 4, 5, 8] and facts[1]["predicted"] == [2, 3, 6, 7]

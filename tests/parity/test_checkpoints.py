@@ -141,3 +141,65 @@ def test_a_script_run_again_after_a_crash_resumes_from_its_on_exception_checkpoi
     ]
     with pytest.warns(UserWarning, match="OnExceptionCheckpoint"):
         assert _run_after_a_crash(TRAINER, tmp_path / "trainer") == expected
+
+
+def _resumed_with_a_datamodule(fw: Any, folder: Path) -> list[Any]:
+    """A DataModule whose training data depends on its state (a curriculum's phase, a vocabulary
+    built in the first run): the resumed script passes a fresh one and relies on the checkpoint.
+    What each ``train_dataloader`` call saw, the order of the restore calls, final weights."""
+    from tests.parity.frameworks import dataset
+
+    seen: list[Any] = []
+    base = pl.LightningDataModule if fw is LIGHTNING else trainer.DataModule
+
+    class Phased(base):  # type: ignore[misc, valid-type]
+        def __init__(self, phase: int = 0) -> None:
+            super().__init__()
+            self.phase = phase
+
+        def train_dataloader(self):
+            seen.append(("train_dataloader", self.phase))
+            x, y = dataset(8).tensors
+            return DataLoader(TensorDataset(x * (1 + self.phase), y), batch_size=2)
+
+        def state_dict(self):
+            return {"phase": self.phase}
+
+        def load_state_dict(self, state):
+            seen.append(("datamodule.load_state_dict", state))
+            self.phase = state["phase"]
+
+    class Module(regression(fw.Module)):  # type: ignore[misc]
+        def on_load_checkpoint(self, checkpoint):
+            seen.append(("module.on_load_checkpoint", checkpoint["global_step"]))
+
+    saving = fw.callbacks.ModelCheckpoint(dirpath=folder)
+    first = fw.trainer(max_epochs=1, callbacks=[saving], **quiet(enable_checkpointing=True))
+    first.fit(Module(), datamodule=Phased(2))
+    module = Module()
+    resumed = fw.trainer(max_epochs=2, **quiet())
+    resumed.fit(module, datamodule=Phased(), ckpt_path=saving.best_model_path)
+    weights = [round(v, 5) for v in module.net.weight.flatten().tolist()]
+    return [seen, resumed.global_step, weights]
+
+
+def test_a_resumed_fit_builds_its_train_loader_from_the_restored_datamodule(
+    tmp_path: Path,
+) -> None:
+    """Lightning restores the DataModule's state before asking it for dataloaders, in fit as in
+    evaluation; trainer's fit built the loader first, so the resumed epoch trained on the fresh
+    DataModule's data: other weights, no error."""
+    expected = _resumed_with_a_datamodule(LIGHTNING, tmp_path / "lightning")
+    ours = _resumed_with_a_datamodule(TRAINER, tmp_path / "trainer")
+    hook = ("module.on_load_checkpoint", 4)
+    # Lightning calls the module's on_load_checkpoint before restoring the DataModule; trainer's
+    # fit calls it once the whole checkpoint is read, after the optimizers (docs/migration).
+    assert expected[0][1] == hook and ours[0][-1] == hook
+    expected[0].remove(hook)
+    ours[0].remove(hook)
+    assert expected[0] == [
+        ("train_dataloader", 2),
+        ("datamodule.load_state_dict", {"phase": 2}),
+        ("train_dataloader", 2),
+    ]
+    assert ours == expected

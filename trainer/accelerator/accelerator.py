@@ -9,6 +9,7 @@ Unlike Accelerate, each Accelerator honours its own arguments; only ``PartialSta
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import gc
 import os
 from collections import OrderedDict
@@ -294,14 +295,19 @@ class Accelerator(ProcessAPI, ParallelismAPI, CheckpointAPI, TrackerAPI):
         slice_fn_for_dispatch: Any = None,
         *,
         shard: bool = True,
+        even_batches: bool | None = None,
     ) -> DataLoaderShard:
         """Wrap a DataLoader for this process: its share, placement, end-of-data tracking, cast.
 
         ``shard=False``: the loader already gives each process its part. Every process reads
         its own share, so ``slice_fn_for_dispatch`` (Accelerate's, for dispatched batches) is
-        accepted and not used.
+        accepted and not used. ``even_batches``: this loader's, in place of the
+        ``dataloader_config``'s (None keeps it).
         """
         sharding = self.strategy.distributed_sampler_kwargs
+        config = self.dataloader_config
+        if even_batches is not None and even_batches != config.even_batches:
+            config = dataclasses.replace(config, even_batches=even_batches)
         place = self.device_placement if device_placement is None else device_placement
         cast = self.precision.convert_input if self.precision.param_dtype is not None else None
         prepared = prepare_loader_shard(
@@ -309,7 +315,7 @@ class Accelerator(ProcessAPI, ParallelismAPI, CheckpointAPI, TrackerAPI):
             num_processes=sharding["num_replicas"] if shard else 1,
             process_index=sharding["rank"],
             world_size=self.num_processes,
-            config=self.dataloader_config,
+            config=config,
             broadcast=lambda tensor: self.strategy.broadcast(tensor, src=0),
             device=self.device if place else None,
             gradient_state=self.gradient_state,

@@ -82,6 +82,7 @@ __all__ = [
     "parse_size",
     "read_checkpoint",
     "read_manifest",
+    "read_state",
     "verify_checkpoint",
     "write_checkpoint",
     "write_model_files",
@@ -318,11 +319,14 @@ def _model_tensors(directory: Path, files: Mapping[str, Any], read: _Reader) -> 
     return tensors
 
 
-def _read_state(directory: Path, files: Mapping[str, Any], read: _Reader) -> tuple[dict, Any]:
+def _read_state(
+    directory: Path, files: Mapping[str, Any], read: _Reader, *, with_optimizer: bool = True
+) -> tuple[dict, Any]:
     """``state.json`` decoded and checked (`check_state`), and its still encoded optimizer part.
 
     Optimizer tensors are stand-ins here (``read`` gives only their names), so a bad field is
-    refused before any large tensor is loaded.
+    refused before any large tensor is loaded; without ``with_optimizer`` that part is left out
+    and the optimizer file not opened.
     """
     source = directory / STATE_FILE
     if STATE_FILE not in files:
@@ -334,7 +338,7 @@ def _read_state(directory: Path, files: Mapping[str, Any], read: _Reader) -> tup
     state_tensors = read(str(directory / STATE_TENSORS))[0] if STATE_TENSORS in files else {}
     optimizer_doc = document.pop("optimizer_states", None) if isinstance(document, dict) else None
     state = decode(document, state_tensors, source=str(source))
-    if optimizer_doc is not None:
+    if optimizer_doc is not None and with_optimizer:
         names = (
             read_safetensors_names(str(directory / OPTIMIZER_FILE))[0]
             if OPTIMIZER_FILE in files
@@ -427,6 +431,28 @@ def read_checkpoint(
             path="optimizer_states",
         )
     return checkpoint
+
+
+def read_state(path: str | os.PathLike[str]) -> dict[str, Any]:
+    """``state.json`` of a checkpoint directory, decoded and checked, without the optimizer
+    states and the model: what a caller needs before the weights (the hyperparameters, the
+    DataModule's state). The listing is checked and ``state.json`` and ``state.safetensors``
+    are hashed before either is read; the tensor files are left to `read_checkpoint`.
+
+    Raises:
+        CheckpointError: as `read_checkpoint`, for the manifest and the files read here.
+    """
+    directory = Path(path)
+    manifest = check_listing(directory)
+    not_read = set(manifest["files"]) - {STATE_FILE, STATE_TENSORS}
+    check_hashes(directory, manifest, {}, verified_elsewhere=not_read)  # hashed here
+    try:
+        state = _read_state(directory, manifest["files"], read_safetensors, with_optimizer=False)[0]
+    except CheckpointError:
+        raise
+    except Exception as err:  # safetensors' own error
+        raise CheckpointError(f"checkpoint {directory} could not be read: {err}.") from err
+    return state
 
 
 def _is_top_level_tensors(name: str) -> bool:

@@ -44,7 +44,8 @@ def checkpoint_hyperparameters(ckpt_path: str | None) -> dict[str, Any]:
     """The model hyperparameters saved in the checkpoint at ``ckpt_path``, as LightningCLI
     reads them to build the model; ``{}`` for None, ``"last"`` / ``"best"`` or no such path.
 
-    A checkpoint directory is verified before it is read; a file is read with
+    Of a checkpoint directory only ``state.json`` is read, verified first (the weights are the
+    Trainer's to read); a file is read with
     ``weights_only=True`` (a Lightning ``.ckpt``) or as safetensors: no code runs. The values are
     data: one holding a ``class_path`` (which the parser would import and build) is refused,
     so a checkpoint cannot choose a class.
@@ -55,10 +56,11 @@ def checkpoint_hyperparameters(ckpt_path: str | None) -> dict[str, Any]:
     """
     if ckpt_path is None or not os.path.exists(ckpt_path):
         return {}
-    from trainer.checkpoint import load_weights_file, read_checkpoint
+    from trainer.checkpoint import load_weights_file
+    from trainer.checkpoint.format import read_state
 
     path = Path(ckpt_path)
-    checkpoint = read_checkpoint(path) if path.is_dir() else load_weights_file(path)
+    checkpoint = read_state(path) if path.is_dir() else load_weights_file(path)
     saved = checkpoint.get("hyper_parameters") or {}
     if not isinstance(saved, Mapping):
         raise CheckpointError(

@@ -38,13 +38,13 @@ if TYPE_CHECKING:
     from trainer.trainer.trainer import Trainer
 
 __all__ = [
+    "OpenedCheckpoint",
     "Resumed",
     "checkpoint_dir",
     "default_eval_ckpt_path",
     "dump_checkpoint",
     "load_checkpoint",
     "open_checkpoint",
-    "open_for_evaluation",
     "resolve_ckpt_path",
     "restore_checkpoint",
     "restore_from",
@@ -207,51 +207,62 @@ def load_checkpoint(trainer: Trainer, path: Path) -> dict[str, Any]:
     )
 
 
+@dataclasses.dataclass(frozen=True)
+class OpenedCheckpoint:
+    """A checkpoint resolved and opened before the dataloaders (`open_checkpoint`).
+
+    Attributes:
+        path: where it is.
+        checkpoint: the whole checkpoint dict; None for a directory ``fit`` reads whole only
+            after configuring the optimizers, which a sharded engine loads its shards into.
+    """
+
+    path: Path
+    checkpoint: dict[str, Any] | None
+
+
 def open_checkpoint(
     trainer: Trainer, ckpt_path: str | os.PathLike[str] | None, stage: str
-) -> dict[str, Any] | None:
-    """Read ``ckpt_path`` (see `resolve_ckpt_path`; for fit without one, `OnExceptionCheckpoint`'s)
-    and restore the DataModule's state at once; None when there is no checkpoint.
+) -> OpenedCheckpoint | None:
+    """Resolve ``ckpt_path`` (see `resolve_ckpt_path`; for fit without one,
+    `OnExceptionCheckpoint`'s) and restore the DataModule's state at once, before the Trainer
+    asks it for dataloaders (as Lightning, so state from an earlier run shapes them); None when
+    there is no checkpoint.
 
-    ``validate`` / ``test`` / ``predict`` call it before asking the DataModule for dataloaders
-    (as Lightning restores it first, so state from fit shapes them); ``fit`` after configuring
-    the optimizers, which a sharded engine loads its shards into (`restore_from`)."""
+    ``validate`` / ``test`` / ``predict`` read the whole checkpoint here; ``fit`` reads only
+    the verified ``state.json`` of a directory (`trainer.checkpoint.format.read_state`) and the
+    rest after the optimizers exist (`restore_from`)."""
     if stage == "fit" and ckpt_path is None:
         ckpt_path = _checkpoint_after_an_exception(trainer)
     path = resolve_ckpt_path(trainer, ckpt_path, stage)
     trainer.ckpt_path = None if path is None else os.fspath(path)
     if path is None:
         return None
-    checkpoint = load_checkpoint(trainer, path)
-    if trainer.datamodule is not None and checkpoint.get("datamodule") is not None:
-        what = "datamodule does"
-        load_state_into(trainer.datamodule, checkpoint["datamodule"], "ckpt_path", what)
-    return checkpoint
+    is_read_later = stage == "fit" and path.is_dir()
+    checkpoint = None if is_read_later else load_checkpoint(trainer, path)
+    datamodule = trainer.datamodule
+    if datamodule is not None:
+        from trainer.checkpoint.format import read_state
 
-
-def open_for_evaluation(
-    trainer: Trainer, ckpt_path: str | os.PathLike[str] | None, stage: str
-) -> dict[str, Any] | None:
-    """`open_checkpoint` for validate / test / predict, before their dataloaders are asked for;
-    None for fit, which opens its checkpoint after the optimizers (`restore_from`)."""
-    return None if stage == "fit" else open_checkpoint(trainer, ckpt_path, stage)
+        saved = read_state(path) if checkpoint is None else checkpoint
+        # a Lightning .ckpt keeps it under the DataModule's class name
+        state = saved.get("datamodule", saved.get(type(datamodule).__qualname__))
+        if state is not None:
+            load_state_into(datamodule, state, "ckpt_path", "datamodule does")
+    return OpenedCheckpoint(path, checkpoint)
 
 
 def restore_from(
-    trainer: Trainer,
-    checkpoint: dict[str, Any] | None,
-    ckpt_path: str | os.PathLike[str] | None,
-    stage: str,
-    hooks: HookTable,
+    trainer: Trainer, opened: OpenedCheckpoint | None, stage: str, hooks: HookTable
 ) -> Resumed | None:
-    """Restore for ``stage``: for "fit" the whole training state of ``ckpt_path`` (read here,
-    after the optimizers exist); otherwise the weights and the callbacks' states of
-    ``checkpoint``, which the Trainer opened before its dataloaders. What `restore_checkpoint`
-    returns (None: no checkpoint, or not for fit)."""
-    if stage == "fit":
-        checkpoint = open_checkpoint(trainer, ckpt_path, stage)
-    if checkpoint is None:
+    """Restore ``opened`` for ``stage`` (its DataModule state is already back): for "fit" the
+    whole training state, read now if `open_checkpoint` left it; otherwise the weights and the
+    callbacks' states. What `restore_checkpoint` returns (None: no checkpoint, or not fit)."""
+    if opened is None:
         return None
+    checkpoint = opened.checkpoint
+    if checkpoint is None:
+        checkpoint = load_checkpoint(trainer, opened.path)
     return restore_checkpoint(trainer, checkpoint, hooks, full=stage == "fit")
 
 

@@ -142,7 +142,10 @@ class MetricStore:
         else:
             value = torch.tensor(float(value), dtype=logging_dtype())
         if entry.on_step:
-            entry.step_value = value
+            # Lightning reduces a step value over the processes at once with sync_dist (a
+            # collective per call); the epoch accumulates the local values, synced at its end.
+            is_synced = entry.sync_dist and self.reducer is not None
+            entry.step_value = self.reducer(value, entry.reduce_fx) if is_synced else value
         if entry.on_epoch:
             self._accumulate(entry, value, batch_size)
 

@@ -406,7 +406,7 @@ class Trainer(TrainerProperties):
             module.compile(**options)
         steps = prepare_steps(self, module, self._router)
         self._router, self._wrapped_model = steps.router, steps.model
-        checkpoint = checkpoint_state.open_for_evaluation(self, ckpt_path, stage)
+        opened = checkpoint_state.open_checkpoint(self, ckpt_path, stage)
         self._loaders = {}
         self._given_stages = frozenset(name for name, given in loaders.items() if given is not None)
         for name, given in loaders.items():  # before optimizers: schedulers may need the length
@@ -426,7 +426,7 @@ class Trainer(TrainerProperties):
             start_time=start_time,
             callback_metrics=self._callback_metrics,
         )
-        resumed = checkpoint_state.restore_from(self, checkpoint, ckpt_path, stage, self._hooks)
+        resumed = checkpoint_state.restore_from(self, opened, stage, self._hooks)
         self._run.is_resumed = resumed is not None
         if resumed is not None:
             self._restored_metrics = resumed.callback_metrics

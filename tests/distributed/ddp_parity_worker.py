@@ -1,0 +1,118 @@
+"""One DDP script run on Lightning 2.6 and on trainer (``torchrun --nproc_per_node 2``, gloo):
+what each process read, logged and ended with, written to ``OUT/<framework><rank>.json``.
+
+Usage: ``torchrun --standalone --nproc_per_node 2 ddp_parity_worker.py lightning|trainer OUT``.
+The loaders carry their own ``DistributedSampler`` with ``use_distributed_sampler=False``, so
+both frameworks read the same samples on each process (how each shards a plain loader differs
+and is documented in docs/migration/lightning.md); test_ddp_parity.py compares the files.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import warnings
+
+import torch
+from torch.utils.data import DataLoader, Dataset, DistributedSampler
+
+
+class Indexed(Dataset):
+    """Regression samples that also give their index, so a test sees who read what."""
+
+    def __init__(self, n: int, seed: int) -> None:
+        generator = torch.Generator().manual_seed(seed)
+        self.x = torch.randn(n, 4, generator=generator)
+        self.y = self.x.sum(1, keepdim=True)
+
+    def __len__(self) -> int:
+        return len(self.x)
+
+    def __getitem__(self, i: int):
+        return self.x[i], self.y[i], i
+
+
+def loader(n: int, seed: int, batch_size: int, shuffle: bool = False) -> DataLoader:
+    data = Indexed(n, seed)
+    rank = int(os.environ["RANK"])
+    sampler = DistributedSampler(data, num_replicas=2, rank=rank, shuffle=shuffle, seed=3)
+    return DataLoader(data, batch_size=batch_size, sampler=sampler)
+
+
+def main(framework: str, out: str) -> None:
+    warnings.simplefilter("ignore")
+    if framework == "lightning":
+        import lightning.pytorch as pl
+
+        Base, Trainer, seed_everything = pl.LightningModule, pl.Trainer, pl.seed_everything
+    else:
+        import trainer
+
+        Base, Trainer, seed_everything = (
+            trainer.TrainModule,
+            trainer.Trainer,
+            trainer.seed_everything,
+        )
+    seen: dict[str, list] = {"train": [], "val": [], "test": []}
+
+    class Module(Base):  # type: ignore[misc, valid-type]
+        def __init__(self) -> None:
+            super().__init__()
+            torch.manual_seed(0)
+            self.net = torch.nn.Linear(4, 1)
+
+        def loss(self, batch, stage: str):
+            x, y, index = batch
+            seen[stage].append(index.tolist())
+            return torch.nn.functional.mse_loss(self.net(x), y)
+
+        def training_step(self, batch, batch_idx):
+            loss = self.loss(batch, "train")
+            self.log("loss_sync", loss, on_step=True, on_epoch=True, sync_dist=True)
+            self.log("loss_local", loss, on_step=True, on_epoch=True)
+            self.log(
+                "rank", float(self.global_rank), on_epoch=True, sync_dist=True, reduce_fx="max"
+            )
+            return loss
+
+        def validation_step(self, batch, batch_idx):
+            loss = self.loss(batch, "val")
+            self.log("val_loss", loss, sync_dist=True)
+            self.log("val_local", loss)
+
+        def test_step(self, batch, batch_idx):
+            self.log("test_loss", self.loss(batch, "test"), sync_dist=True)
+
+        def predict_step(self, batch, batch_idx):
+            return batch[2]
+
+        def configure_optimizers(self):
+            return torch.optim.SGD(self.parameters(), lr=0.05)
+
+    seed_everything(7)
+    run = Trainer(
+        max_epochs=2, accelerator="cpu", devices=2, strategy="ddp", use_distributed_sampler=False,
+        default_root_dir=os.path.join(out, framework), enable_progress_bar=False,
+        enable_model_summary=False, log_every_n_steps=1, num_sanity_val_steps=1,
+    )  # fmt: skip
+    module = Module()
+    run.fit(module, loader(22, 0, 3, shuffle=True), loader(11, 1, 2))
+    result = {
+        "callback_metrics": {
+            k: round(float(v), 5) for k, v in sorted(run.callback_metrics.items())
+        },
+        "global_step": run.global_step,
+        "weights": [round(v, 5) for v in module.net.weight.flatten().tolist()],
+        "test": run.test(module, loader(9, 2, 2), verbose=False),
+        "predicted": [p.tolist() for p in run.predict(module, loader(9, 2, 2))],
+        "seen": seen,
+    }
+    with open(os.path.join(out, f"{framework}{run.global_rank}.json"), "w") as file:
+        json.dump(result, file)
+    if torch.distributed.is_initialized():  # Lightning leaves it; ending it makes the exit clean
+        torch.distributed.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main(sys.argv[1], sys.argv[2])
