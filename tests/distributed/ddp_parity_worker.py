@@ -1,7 +1,8 @@
 """One DDP script run on Lightning 2.6 and on trainer (``torchrun --nproc_per_node 2``, gloo):
 what each process read, logged and ended with, written to ``OUT/<framework><rank>.json``.
 
-Usage: ``torchrun --standalone --nproc_per_node 2 ddp_parity_worker.py lightning|trainer OUT``.
+Usage: ``torchrun --standalone --nproc_per_node 2 ddp_parity_worker.py lightning|trainer OUT
+automatic|manual`` (the optimization the module uses).
 The loaders carry their own ``DistributedSampler`` with ``use_distributed_sampler=False``, so
 both frameworks read the same samples on each process (how each shards a plain loader differs
 and is documented in docs/migration/lightning.md); test_ddp_parity.py compares the files.
@@ -40,7 +41,7 @@ def loader(n: int, seed: int, batch_size: int, shuffle: bool = False) -> DataLoa
     return DataLoader(data, batch_size=batch_size, sampler=sampler)
 
 
-def main(framework: str, out: str) -> None:
+def main(framework: str, out: str, optimization: str) -> None:
     warnings.simplefilter("ignore")
     if framework == "lightning":
         import lightning.pytorch as pl
@@ -61,6 +62,7 @@ def main(framework: str, out: str) -> None:
             super().__init__()
             torch.manual_seed(0)
             self.net = torch.nn.Linear(4, 1)
+            self.automatic_optimization = optimization == "automatic"
 
         def loss(self, batch, stage: str):
             x, y, index = batch
@@ -69,6 +71,14 @@ def main(framework: str, out: str) -> None:
 
         def training_step(self, batch, batch_idx):
             loss = self.loss(batch, "train")
+            if not self.automatic_optimization:  # two batches per step, clipped
+                self.manual_backward(loss / 2)
+                if batch_idx % 2 == 1:
+                    optimizer = self.optimizers()
+                    self.clip_gradients(optimizer, gradient_clip_val=0.2)
+                    optimizer.step()
+                    optimizer.zero_grad()
+                    self.lr_schedulers().step()
             self.log("loss_sync", loss, on_step=True, on_epoch=True, sync_dist=True)
             self.log("loss_local", loss, on_step=True, on_epoch=True)
             self.log(
@@ -88,7 +98,8 @@ def main(framework: str, out: str) -> None:
             return batch[2]
 
         def configure_optimizers(self):
-            return torch.optim.SGD(self.parameters(), lr=0.05)
+            optimizer = torch.optim.SGD(self.parameters(), lr=0.05, momentum=0.9)
+            return [optimizer], [torch.optim.lr_scheduler.StepLR(optimizer, 1, gamma=0.7)]
 
     seed_everything(7)
     run = Trainer(
@@ -115,4 +126,4 @@ def main(framework: str, out: str) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], sys.argv[2])
+    main(sys.argv[1], sys.argv[2], sys.argv[3])

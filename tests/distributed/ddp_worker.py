@@ -248,6 +248,28 @@ def main(out: str) -> None:
     facts["prepare_data"] = prepare_data_seen(out, rank)
     with open(os.path.join(out, f"rank{rank}.json"), "w", encoding="utf-8") as file:
         json.dump(facts, file)
+    unused_parameters(out, rank)  # last: the failed fit leaves its process group short-timed
+
+
+def unused_parameters(out: str, rank: int) -> None:
+    """A layer the loss never uses: Lightning's strategy name trains; plain DDP fails the second
+    step with the Trainer's StrategyError (torch's message named its own constructor)."""
+
+    class Unused(Net):
+        def __init__(self) -> None:
+            super().__init__()
+            self.spare = torch.nn.Linear(4, 1)
+
+    data = DataLoader(regression(32), batch_size=4)
+    named = quiet(max_steps=3, strategy="ddp_find_unused_parameters_true")
+    named.fit(Unused(), data)
+    facts: dict[str, object] = {"named_steps": named.global_step, "error": None}
+    try:
+        quiet(max_steps=3).fit(Unused(), data)
+    except trainer.TrainerError as err:
+        facts["error"] = [type(err).__name__, str(err)]
+    with open(os.path.join(out, f"rank{rank}_unused.json"), "w", encoding="utf-8") as file:
+        json.dump(facts, file)
 
 
 if __name__ == "__main__":

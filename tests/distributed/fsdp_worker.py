@@ -33,9 +33,15 @@ class Net(trainer.TrainModule):
         self.blocks = torch.nn.Sequential(Block(), Block())
         self.out = torch.nn.Linear(8, 1)
 
+    def forward(self, x):
+        return self.out(self.blocks(self.inp(x)))
+
+    def predict_step(self, batch, batch_idx):
+        return self(batch[0])
+
     def training_step(self, batch, batch_idx):
         x, y = batch
-        return torch.nn.functional.mse_loss(self.out(self.blocks(self.inp(x))), y)
+        return torch.nn.functional.mse_loss(self(x), y)
 
     def configure_optimizers(self):
         return torch.optim.AdamW(self.parameters(), lr=0.01)
@@ -92,6 +98,10 @@ def main(out: str) -> None:
         name for name, sub in module.named_modules() if isinstance(sub, FSDPModule)
     )
     facts["param_is_dtensor"] = type(module.inp.weight).__name__
+    # Predict on 9 samples: every forward gathers the shards, so both ranks run 3 batches (the
+    # last round padded); without padding rank 0's last forward waited for a rank that had left.
+    predicted = fit.predict(module, DataLoader(regression(9), batch_size=2))
+    facts["predicted_batches"] = [len(batch) for batch in predicted]
     if rank == 0:
         save_file(
             {k: v.contiguous() for k, v in weights.items()}, os.path.join(out, "fsdp.safetensors")

@@ -207,3 +207,15 @@ def test_predict_on_two_processes_predicts_each_sample_once(ddp_run):
     from the start, so a prediction writer wrote samples 0 and 1 twice."""
     _, facts = ddp_run
     assert facts[0]["predicted"] == [0, 1, 4, 5, 8] and facts[1]["predicted"] == [2, 3, 6, 7]
+
+
+def test_unused_parameters_name_the_trainer_setting(ddp_run):
+    """Lightning's strategy="ddp_find_unused_parameters_true" trains a module with a layer the
+    loss never uses; with plain DDP the second step fails with a StrategyError that says so
+    (torch's RuntimeError named DistributedDataParallel's own keyword)."""
+    out, _ = ddp_run
+    for rank in range(2):
+        facts = json.loads((out / f"rank{rank}_unused.json").read_text())
+        assert facts["named_steps"] == 3
+        kind, message = facts["error"]
+        assert kind == "StrategyError" and "ddp_find_unused_parameters_true" in message

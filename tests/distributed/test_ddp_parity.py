@@ -13,18 +13,22 @@ pytest.importorskip("lightning.pytorch")
 pytestmark = pytest.mark.distributed
 
 
-def _run(framework: str, out) -> list[dict]:
-    result = torchrun(str(ROOT / "tests/distributed/ddp_parity_worker.py"), framework, str(out))
+def _run(framework: str, out, optimization: str) -> list[dict]:
+    worker = ROOT / "tests/distributed/ddp_parity_worker.py"
+    result = torchrun(str(worker), framework, str(out), optimization)
     assert result.returncode == 0, output_tail(result)
     return [json.loads((out / f"{framework}{rank}.json").read_text()) for rank in range(2)]
 
 
-def test_a_ddp_script_logs_syncs_and_trains_as_on_lightning(tmp_path):
-    """sync_dist step values were each rank's own here (Lightning reduces them when logged);
-    found by this comparison. (A plain loader's sharding differs by design; predict's padding
-    of one is checked in test_ddp.py.)"""
-    expected = _run("lightning", tmp_path)
-    ours = _run("trainer", tmp_path)
+@pytest.mark.parametrize("optimization", ["automatic", "manual"])
+def test_a_ddp_script_logs_syncs_and_trains_as_on_lightning(tmp_path, optimization):
+    """Found by this comparison: sync_dist step values were each rank's own here (Lightning
+    reduces them when logged); manual optimization failed at its second step ("initialize_buckets
+    must NOT be called during autograd execution"), its first manual_backward's gradients left
+    unsynced. (A plain loader's sharding differs by design; predict's padding is checked in
+    test_ddp.py.)"""
+    expected = _run("lightning", tmp_path, optimization)
+    ours = _run("trainer", tmp_path, optimization)
     for rank in range(2):
         assert ours[rank] == expected[rank], f"rank {rank}"
     metrics = [expected[rank]["callback_metrics"] for rank in range(2)]

@@ -36,6 +36,13 @@ def test_fsdp_matches_ddp(fsdp_run):
     assert facts[0]["param_is_dtensor"] == "DTensor"
 
 
+def test_predict_runs_as_many_forwards_on_every_rank(fsdp_run):
+    """Predict pads no batch under DDP; an FSDP forward gathers the shards from every rank, so
+    there it keeps the padded last round instead of leaving one rank waiting."""
+    _, facts = fsdp_run
+    assert [f["predicted_batches"] for f in facts] == [[2, 2, 2]] * 2
+
+
 def test_transformer_based_wrap_shards_exactly_the_named_layers(fsdp_run):
     _, facts = fsdp_run
     assert facts[0]["sharded_modules"] == ["blocks.0", "blocks.1"]  # plus the root, nothing else

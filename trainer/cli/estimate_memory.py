@@ -59,7 +59,10 @@ OPTIMIZERS = ("adamw", "adam", "sgd", "sgd-momentum")
 # The ZeRO stage whose division each engine's memory matches (0: every process holds it all;
 # 3: parameters, gradients and states divided); deepspeed's is --stage. Engine names are the
 # registry's: a registered name missing here is refused by name (tests keep the table complete).
-_STAGE_OF = {"single": 0, "ddp": 0, "xla": 0, "fsdp": 3, "model_parallel": 3, "megatron": 3}
+_STAGE_OF = {
+    "single": 0, "ddp": 0, "ddp_find_unused_parameters_true": 0,
+    "ddp_find_unused_parameters_false": 0, "xla": 0, "fsdp": 3, "model_parallel": 3, "megatron": 3,
+}  # fmt: skip
 _EVEN_SPLIT_ASSUMED = ("model_parallel", "megatron")  # tensor-parallel plans may replicate some
 _STEP_BYTES = 4  # torch's Adam/AdamW keep `step` as a float32 scalar tensor per parameter
 _STATES_PER_PARAMETER = {"adamw": 2, "adam": 2, "sgd": 0, "sgd-momentum": 1}

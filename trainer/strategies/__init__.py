@@ -33,10 +33,20 @@ __all__ = [
     "resolve_strategy",
 ]
 
+
+def _ddp_finding_unused(**kwargs: Any) -> Strategy:
+    """Lightning's strategy="ddp_find_unused_parameters_true"."""
+    from trainer.strategies.ddp import DDPStrategy
+
+    return DDPStrategy(find_unused_parameters=True, **kwargs)
+
+
 # name -> "module:Class" (imported on use) or a factory
 STRATEGY_REGISTRY: dict[str, str | Callable[..., Strategy]] = {
     "single": "trainer.strategies.single:SingleDeviceStrategy",
     "ddp": "trainer.strategies.ddp:DDPStrategy",
+    "ddp_find_unused_parameters_false": "trainer.strategies.ddp:DDPStrategy",  # Lightning's
+    "ddp_find_unused_parameters_true": _ddp_finding_unused,
     "deepspeed": "trainer.strategies.deepspeed:DeepSpeedStrategy",
     "fsdp": "trainer.strategies.fsdp:FSDPStrategy",
     "megatron": "trainer.strategies.megatron:MegatronStrategy",

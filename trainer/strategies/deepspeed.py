@@ -117,6 +117,7 @@ class DeepSpeedStrategy(DDPStrategy):
 
     name = "deepspeed"
     should_keep_process_group = True  # its sharded state / engine holds the group after fit
+    forward_needs_all_processes = True  # gathers shards or tensor-parallel parts
 
     def __init__(
         self,
@@ -163,8 +164,7 @@ class DeepSpeedStrategy(DDPStrategy):
             sub_group_size=int(sub_group_size), contiguous_gradients=contiguous_gradients,
             overlap_comm=overlap_comm, allgather_partitions=allgather_partitions,
             reduce_scatter=reduce_scatter, allgather_bucket_size=int(allgather_bucket_size),
-            reduce_bucket_size=int(reduce_bucket_size),
-        )  # fmt: skip
+            reduce_bucket_size=int(reduce_bucket_size))  # fmt: skip
         defaults: dict[str, Any] = {"zero_allow_untested_optimizer": True}
         if zero_optimization:
             defaults["zero_optimization"] = zero

@@ -121,6 +121,7 @@ class MegatronStrategy(DDPStrategy):
 
     name = "megatron"
     should_keep_process_group = True  # its sharded state / engine holds the group after fit
+    forward_needs_all_processes = True  # gathers shards or tensor-parallel parts
 
     def __init__(
         self,

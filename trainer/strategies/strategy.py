@@ -198,6 +198,11 @@ class Strategy:
     # `end_process_group` is called by ``Accelerator.end_training`` (or the process exits).
     should_keep_process_group: bool = False
 
+    # Whether a forward on one process waits for the others (parameters gathered from shards,
+    # tensor-parallel layers, an XLA graph): then every process must run as many forwards, so
+    # the Trainer's predict keeps the last round's padding (`trainer.trainer.prepare`).
+    forward_needs_all_processes: bool = False
+
     def teardown(self) -> None:
         """Release what the run prepared (engine wrappers); the process group is left as it is."""
 

@@ -80,6 +80,8 @@ class XLAStrategy(Strategy):
     name = "xla"
     distributed_type = DistributedType.XLA
 
+    forward_needs_all_processes = True  # every replica runs the compiled graph in step
+
     def __init__(
         self,
         accelerator: str | None = None,

@@ -32,6 +32,7 @@ from trainer._warnings import warn_user
 from trainer.errors import ConfigurationError
 from trainer.precision import Precision
 from trainer.profilers import PassThroughProfiler
+from trainer.strategies.ddp_reducer import manual_backward, manual_step_forward
 from trainer.trainer.closure import check_closure_precision, needs_closure, stepping_with
 from trainer.trainer.hook_table import HookTable, is_overridden
 from trainer.trainer.loss import anomaly_backward, check_finite, loss_of
@@ -155,11 +156,12 @@ class BatchStep:
         as stepping and ``loss`` is the output's (a Tensor, or a dict's "loss"), if any.
         """
         if not self._is_automatic:
-            if self._has_autocast:
-                with self._accelerator.autocast():
+            with manual_step_forward(self._model):  # each manual_backward syncs (DDP)
+                if self._has_autocast:
+                    with self._accelerator.autocast():
+                        output = self._training_step(batch, batch_idx)
+                else:
                     output = self._training_step(batch, batch_idx)
-            else:
-                output = self._training_step(batch, batch_idx)
             return output, _loss_in(output), True
         # The Accelerator decides whether this batch ends an accumulation window; what it
         # returns for a batch that needs no context (a nullcontext) is not entered.
@@ -231,7 +233,8 @@ class BatchStep:
         """``TrainModule.manual_backward``: the same hooks and path as automatic backward."""
         if self.trainer.detect_anomaly:
             check_finite(loss, "training_step (manual_backward)")
-        self.backward(loss, **kwargs)
+        with manual_backward(self._model, loss):
+            self.backward(loss, **kwargs)
 
     def _run_batch(self, batch: Any, batch_idx: int) -> tuple[Any, torch.Tensor | None]:
         """``training_step``, then (Lightning's order) ``zero_grad`` on the first batch of a

@@ -35,6 +35,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from trainer.runtime.seed import set_rng_states
+from trainer.strategies.ddp_reducer import unused_parameters_error
 from trainer.trainer import profiling
 from trainer.trainer.batch_step import BatchStep
 from trainer.trainer.durations import val_check_seconds
@@ -233,10 +234,12 @@ class FitLoop(BatchStep, FitLimits):
             steps_before = progress.global_step
             try:
                 outcome = self._train_batch(batch, batch_idx)
-            except BaseException:
+            except BaseException as err:
                 if progress.global_step == steps_before:  # it never stepped: a checkpoint
                     progress.batch_idx -= 1  # saved now (OnExceptionCheckpoint) retries it
                     progress.total_batches -= 1
+                if (unused := unused_parameters_error(err)) is not None:
+                    raise unused from err
                 raise
             if outcome is _SKIP_EPOCH:
                 is_skipped = True  # Lightning: no validation, the epoch counts as complete

@@ -202,12 +202,14 @@ def prepare_loader(
         trainer.module, trainer.datamodule, accelerator.device, dataloader_idx
     )
     # use_distributed_sampler=False: the user's sampler already shards (Lightning's meaning).
-    # Predict pads no batch (Lightning's unrepeated sampler): each sample predicted once.
+    # Predict pads no batch (Lightning's unrepeated sampler): each sample predicted once,
+    # unless a forward waits for every process (sharded parameters): then all run as many.
+    is_unpadded = name == "predict" and not trainer.strategy.forward_needs_all_processes
     prepared = accelerator.prepare_data_loader(
         loader,
         device_placement=False if transfer is not None else None,
         shard=trainer.use_distributed_sampler,
-        even_batches=False if name == "predict" else None,
+        even_batches=False if is_unpadded else None,
     )
     if transfer is not None and with_transfer_hooks:  # after the precision's cast, as Lightning
         cast = prepared.transform
