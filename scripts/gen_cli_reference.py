@@ -262,8 +262,14 @@ fitting 5 features
 fit 5 4
 ```
 
-Not there: LightningCLI's `trainer_class`, `parser_class` and `load_from_checkpoint_support`
-arguments, a CLI method named after the stage replacing `trainer.<stage>`, the parser's
+`trainer_class=` builds a Trainer subclass (its own `__init__` arguments are `trainer.<arg>` keys
+too) and `parser_class=` a `jsonargparse.ArgumentParser` subclass (LightningCLI's
+`LightningArgumentParser` methods are not there). `load_from_checkpoint_support` is accepted and
+either value behaves as LightningCLI's `False`: a checkpoint's hyperparameters are what
+`__init__` received, never an instantiator that would build classes on load
+([security](security.md)).
+
+Not there: a CLI method named after the stage replacing `trainer.<stage>`, the parser's
 `add_lightning_class_args` / `add_optimizer_args` / `add_lr_scheduler_args`, and
 `save_config_kwargs`' `multifile` and `save_to_log_dir`. `SaveConfigCallback` replaces an
 existing `config.yaml` unless `overwrite=False` (LightningCLI refuses by default).

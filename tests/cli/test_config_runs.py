@@ -671,3 +671,20 @@ def test_cli_reference_page_is_up_to_date() -> None:
     assert generator.main(["--check"]) == 0, (
         "docs/cli.md is stale: run `python scripts/gen_cli_reference.py`"
     )
+
+
+def test_parser_class_builds_the_parser_and_trainer_class_is_checked(tmp_path: Path) -> None:
+    import jsonargparse
+
+    class RecordingParser(jsonargparse.ArgumentParser):
+        built = 0
+
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            super().__init__(*args, **kwargs)
+            RecordingParser.built += 1
+
+    config = write_yaml(tmp_path / "run.yaml", TINY)
+    cli = TrainerCLI(args=["--config", str(config)], run=False, parser_class=RecordingParser)
+    assert isinstance(cli.parser, RecordingParser) and RecordingParser.built >= 1
+    with pytest.raises(ConfigurationError, match=r"TrainerCLI\(trainer_class=.*expected Trainer"):
+        TrainerCLI(args=["--config", str(config)], run=False, trainer_class=dict)

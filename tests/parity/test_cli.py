@@ -347,3 +347,57 @@ def test_default_env_reads_lightnings_variable_names(
         read[side] = (cli.trainer.max_epochs, cli.model.hparams.hidden, cli.trainer.global_step)
     assert read["trainer"] == read["lightning"]
     assert read["lightning"] == ((3, 6, 12) if run else (2, 7, 0))
+
+
+def test_a_trainer_subclass_with_its_own_arguments_as_lightnings(tmp_path: Path) -> None:
+    """``trainer_class=`` (refused before): the subclass is built, and its own ``__init__``
+    argument is a ``--trainer.<arg>`` option beside the Trainer's."""
+    outcomes = {}
+    for side, (cli_base, _, module_base, data_base, defaults) in SIDES.items():
+        net, data = _project(module_base, data_base)
+        trainer_base = pl.Trainer if side == "lightning" else trainer.Trainer
+
+        class ReportingTrainer(trainer_base):  # type: ignore[misc, valid-type]
+            def __init__(self, *args: Any, report_every: int = 1, **kwargs: Any) -> None:
+                super().__init__(*args, **kwargs)
+                self.report_every = report_every
+
+        args = ["--trainer.report_every", "5", "--trainer.max_epochs", "3"]
+        with warnings.catch_warnings(), pytest.MonkeyPatch.context() as patch:
+            warnings.simplefilter("ignore")
+            patch.chdir(tmp_path)
+            cli = cli_base(
+                net, data, args=args, run=False, trainer_class=ReportingTrainer,
+                trainer_defaults=defaults, save_config_callback=None,
+            )  # fmt: skip
+        built = cli.trainer
+        outcomes[side] = (type(built).__name__, built.report_every, built.max_epochs)
+    assert outcomes["trainer"] == outcomes["lightning"] == ("ReportingTrainer", 5, 3)
+
+
+def test_load_from_checkpoint_support_false_as_lightnings(tmp_path: Path) -> None:
+    """``load_from_checkpoint_support=False`` (refused before) runs as in Lightning: the
+    hyperparameters are what ``__init__`` received, and ``ckpt_path``'s still win."""
+    outcomes = {}
+    for side, (cli_base, _, module_base, data_base, defaults) in SIDES.items():
+        net, data = _project(module_base, data_base)
+        options = {
+            "trainer_defaults": {**defaults, "enable_checkpointing": True},
+            "save_config_callback": None,
+            "seed_everything_default": 0,
+            "load_from_checkpoint_support": False,
+        }
+        (tmp_path / side).mkdir()
+        with warnings.catch_warnings(), pytest.MonkeyPatch.context() as patch:
+            warnings.simplefilter("ignore")
+            patch.chdir(tmp_path / side)
+            model = ["--model.hidden", "3", "--model.in_features", "3"]
+            fitted = cli_base(
+                net, data, args=["fit", *model, "--trainer.max_epochs", "1"], **options
+            )
+            path = fitted.trainer.checkpoint_callback.best_model_path
+            args = ["validate", "--ckpt_path", path, *model, "--model.lr", "0.5"]
+            validated = cli_base(net, data, args=args, **options)
+        outcomes[side] = [dict(fitted.model.hparams), dict(validated.model.hparams)]
+    assert outcomes["trainer"] == outcomes["lightning"]
+    assert outcomes["lightning"][1] == {"in_features": 3, "hidden": 3, "lr": 0.1}

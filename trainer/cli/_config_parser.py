@@ -76,12 +76,15 @@ def build_config_parser(
     auto_configure_optimizers: bool = True,
     prog: str | None = None,
     parser_kwargs: Mapping[str, Any] | None = None,
+    trainer_class: type[Trainer] = Trainer,
+    parser_class: type | None = None,
 ) -> Any:
     """The jsonargparse parser of a run of ``stage`` (None: no subcommand, no ``ckpt_path``).
 
     ``auto_configure_optimizers=False`` leaves out the ``optimizer`` / ``lr_scheduler`` keys;
-    ``parser_kwargs`` go to ``jsonargparse.ArgumentParser`` (``default_config_files``,
-    ``default_env``, ...), except ``exit_on_error``: errors are always raised, then explained.
+    ``parser_kwargs`` go to ``parser_class`` (default ``jsonargparse.ArgumentParser``:
+    ``default_config_files``, ``default_env``, ...), except ``exit_on_error``: errors are always
+    raised, then explained. The ``trainer`` keys are ``trainer_class``'s arguments.
 
     Returns:
         A ``jsonargparse.ArgumentParser`` that raises ``argparse.ArgumentError`` on bad input.
@@ -100,7 +103,7 @@ def build_config_parser(
         **(parser_kwargs or {}),
     }
     options["exit_on_error"] = False
-    parser = jsonargparse.ArgumentParser(**options)
+    parser = (parser_class or jsonargparse.ArgumentParser)(**options)
     parser.add_argument(
         "-c",
         "--config",
@@ -115,7 +118,7 @@ def build_config_parser(
         "writes it into the saved config, false does not seed",
     )
     parser.add_class_arguments(
-        Trainer, "trainer", instantiate=False, fail_untyped=False, sub_configs=True
+        trainer_class, "trainer", instantiate=False, fail_untyped=False, sub_configs=True
     )
     if trainer_defaults:
         parser.set_defaults({f"trainer.{key}": value for key, value in trainer_defaults.items()})

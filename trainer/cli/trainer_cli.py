@@ -66,7 +66,7 @@ from trainer.cli._run_steps import (
     yaml_mapping,
 )
 from trainer.cli.save_config import CLI_CONFIG_KEY, SaveConfigCallback
-from trainer.errors import ConfigurationError, TrainerError
+from trainer.errors import ConfigurationError, TrainerError, describe
 from trainer.trainer.module import DataModule, TrainModule
 from trainer.trainer.trainer import Trainer
 
@@ -159,6 +159,15 @@ class TrainerCLI:
         exit_on_error: print ``error: <message>`` and exit (status 2 for a parse error, 1 for
             another TrainerError) instead of raising, as a command should.
         prog: the program name in help and errors (default: the script's name).
+        trainer_class: the Trainer (sub)class built from ``trainer``; its own ``__init__``
+            arguments are ``trainer.<arg>`` keys too.
+        parser_class: a ``jsonargparse.ArgumentParser`` subclass to build the parser with
+            (None: ``jsonargparse.ArgumentParser``).
+        load_from_checkpoint_support: accepted for LightningCLI's signature; either value
+            behaves as LightningCLI's False. LightningCLI's True saves the parsed config with an
+            instantiator in the hyperparameters, so ``load_from_checkpoint`` rebuilds nested
+            classes; here a checkpoint never names a class to build (docs/security.md), and
+            the hyperparameters are what ``__init__`` received.
 
     Attributes:
         subcommand: the stage that ran: "fit", "validate", "test" or "predict".
@@ -203,6 +212,9 @@ class TrainerCLI:
         auto_configure_optimizers: bool = True,
         exit_on_error: bool = True,
         prog: str | None = None,
+        trainer_class: type[Trainer] = Trainer,
+        parser_class: type | None = None,
+        load_from_checkpoint_support: bool = True,
     ) -> None:
         self.model_class = model_class
         self.datamodule_class = datamodule_class
@@ -214,6 +226,9 @@ class TrainerCLI:
         self.save_config_kwargs = dict(save_config_kwargs or {})
         self.parser_kwargs = dict(parser_kwargs or {})
         self.auto_configure_optimizers = auto_configure_optimizers
+        self.trainer_class = _checked_class(trainer_class, Trainer, "trainer_class")
+        self.parser_class = parser_class
+        self.load_from_checkpoint_support = load_from_checkpoint_support
         self.prog = prog or Path(sys.argv[0]).name or "trainer"
         self.subcommand: str | None = None
         self.parser: Any = None
@@ -268,7 +283,7 @@ class TrainerCLI:
                     "config_filename and overwrite."
                 ) from err
             options["callbacks"].append(callback)
-        return Trainer(**options)
+        return self.trainer_class(**options)
 
     @staticmethod
     def configure_optimizers(
@@ -303,6 +318,8 @@ class TrainerCLI:
             auto_configure_optimizers=self.auto_configure_optimizers,
             prog=f"{self.prog} {self.subcommand}" if self.subcommand else self.prog,
             parser_kwargs=self._parser_kwargs(),
+            trainer_class=self.trainer_class,
+            parser_class=self.parser_class,
         )
         self.add_arguments_to_parser(self.parser)
         config = (
@@ -442,3 +459,17 @@ def _as_list(callbacks: Any) -> list[Any]:
     if callbacks is None:
         return []
     return [callbacks] if isinstance(callbacks, Callback) else list(callbacks)
+
+
+def _checked_class(value: Any, base: type, argument: str) -> Any:
+    """``value`` when it is ``base`` or a subclass of it.
+
+    Raises:
+        ConfigurationError: it is not.
+    """
+    if not (isinstance(value, type) and issubclass(value, base)):
+        raise ConfigurationError(
+            f"TrainerCLI({argument}={describe(value)}): expected {base.__name__} or a subclass "
+            "of it."
+        )
+    return value
