@@ -154,6 +154,9 @@ def test_update_attr_needs_the_attribute(tmp_path):
     t = quiet_trainer(tmp_path, max_epochs=1, callbacks=[LearningRateFinder(attr_name="lr")])
     with pytest.raises(ConfigurationError, match=r"attr_name='lr'.*update_attr=False"):
         t.fit(NoLr(), make_loader())
+    t = quiet_trainer(tmp_path, max_epochs=1, callbacks=[LearningRateFinder()])
+    with pytest.raises(ConfigurationError, match=r"no `lr` or `learning_rate`.*update_attr=False"):
+        t.fit(NoLr(), make_loader())
 
 
 _BATCH_HOOKS = ("on_train_batch_start", "on_before_optimizer_step", "on_train_batch_end")
@@ -312,7 +315,7 @@ def test_trial_steps_train_exactly_as_the_fit_does(tmp_path):
         ({"num_training_steps": 1}, "num_training_steps"),
         ({"mode": "cosine"}, "mode"),
         ({"early_stop_threshold": -1.0}, "early_stop_threshold"),
-        ({"attr_name": ""}, "attr_name"),
+        ({"attr_name": 3}, "attr_name"),
     ],
 )
 def test_bad_arguments_name_the_argument(kwargs, argument):

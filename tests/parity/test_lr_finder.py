@@ -130,3 +130,29 @@ def test_tuner_lr_find_equals_lightnings_tuner(tmp_path):
     assert ours == lightning
     for mine, theirs in zip(our_weights, lightning_weights):
         torch.testing.assert_close(mine, theirs, rtol=1e-5, atol=1e-6)
+
+
+def test_the_default_attr_name_finds_learning_rate_as_lightnings(tmp_path):
+    """``LearningRateFinder()`` on a module that stores ``self.learning_rate`` (no ``lr``):
+    Lightning's default ``attr_name=""`` finds it; ours refused the fit (it looked for ``lr``)."""
+    outcomes = {}
+    for framework in BOTH:
+
+        class Named(type(_module(framework.Module))):  # type: ignore[misc]
+            def __init__(self) -> None:
+                super().__init__()
+                del self.lr
+                self.learning_rate = 1e-3
+
+            def configure_optimizers(self):
+                return torch.optim.SGD(self.parameters(), lr=self.learning_rate)
+
+        module = Named()
+        finder = framework.callbacks.LearningRateFinder(min_lr=1e-4, num_training_steps=20)
+        run = framework.trainer(
+            **quiet(max_epochs=2, default_root_dir=tmp_path / framework.name, callbacks=[finder])
+        )
+        run.fit(module, loader(400, batch_size=4))
+        outcomes[framework.name] = (module.learning_rate, run.global_step)
+    assert outcomes["trainer"] == pytest.approx(outcomes["lightning"], rel=1e-9)
+    assert outcomes["lightning"][0] != 1e-3

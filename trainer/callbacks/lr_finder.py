@@ -57,7 +57,9 @@ class LearningRateFinder(Callback):
         early_stop_threshold: stop when the smoothed loss exceeds this times the best; None
             never stops early.
         update_attr: write the suggestion to the module and the optimizer.
-        attr_name: the module attribute or ``hparams`` key that holds the learning rate.
+        attr_name: the module attribute or ``hparams`` key that holds the learning rate;
+            "" (Lightning's default) takes ``lr``, else ``learning_rate``, whichever the module
+            (or its DataModule) has.
 
     Attributes:
         results: ``{"lr": [...], "loss": [...]}``, one entry per step (loss smoothed).
@@ -82,7 +84,7 @@ class LearningRateFinder(Callback):
         mode: str = "exponential",
         early_stop_threshold: float | None = 4.0,
         update_attr: bool = True,
-        attr_name: str = "lr",
+        attr_name: str = "",
     ) -> None:
         for name, value in (("min_lr", min_lr), ("max_lr", max_lr)):
             if not is_number(value) or value <= 0:
@@ -103,7 +105,7 @@ class LearningRateFinder(Callback):
             raise bad_argument(
                 "LearningRateFinder", "early_stop_threshold", threshold, "a float > 0 or None"
             )
-        if not isinstance(attr_name, str) or not attr_name:
+        if not isinstance(attr_name, str):
             raise bad_argument("LearningRateFinder", "attr_name", attr_name, "a name such as 'lr'")
         self.min_lr = float(min_lr)
         self.max_lr = float(max_lr)
@@ -222,6 +224,9 @@ class LearningRateFinder(Callback):
 
     # ---- applying the suggestion ---------------------------------------------------------
     def _check_attr(self, module: TrainModule) -> None:
+        if not self.attr_name:
+            lr_attribute(module, module.trainer.datamodule, required=True)
+            return
         if not (hasattr(module, self.attr_name) or self.attr_name in module.hparams):
             raise ConfigurationError(
                 f"LearningRateFinder(attr_name={self.attr_name!r}): {type(module).__name__} has "
@@ -231,10 +236,11 @@ class LearningRateFinder(Callback):
             )
 
     def _set_attr(self, module: TrainModule, lr: float) -> None:
-        if self.attr_name in module.hparams:
-            module.hparams[self.attr_name] = lr
-        if hasattr(module, self.attr_name):
-            setattr(module, self.attr_name, lr)
+        name = self.attr_name or lr_attribute(module, module.trainer.datamodule, required=False)
+        if name in module.hparams:
+            module.hparams[name] = lr
+        if hasattr(module, name):
+            setattr(module, name, lr)
 
     def _apply(self, trainer: Trainer, module: TrainModule, lr: float) -> None:
         """The fit trains with ``lr``: module attribute, parameter groups, schedulers' bases."""
@@ -323,3 +329,25 @@ class _RangeTest:
             return True
         self._best = min(self._best, smoothed)
         return False
+
+
+def lr_attribute(module: TrainModule, datamodule: Any, *, required: bool) -> str:
+    """``lr`` or ``learning_rate``: the first the module (its hparams) or DataModule has
+    (Lightning's search for ``attr_name=""``); "lr" when neither has one.
+
+    Raises:
+        ConfigurationError: neither has one and ``required``.
+    """
+    for name in ("lr", "learning_rate"):
+        for holder in (module, datamodule):
+            if holder is not None and (
+                hasattr(holder, name) or name in getattr(holder, "hparams", {})
+            ):
+                return name
+    if required:
+        raise ConfigurationError(
+            f"learning-rate finder: {type(module).__name__} has no `lr` or `learning_rate` "
+            "attribute or hparams entry to update. Add one, pass attr_name=..., or "
+            "update_attr=False."
+        )
+    return "lr"

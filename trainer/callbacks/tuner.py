@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from trainer.callbacks.batch_size_finder import BatchSizeFinder
 from trainer.callbacks.callback import TunerExit
-from trainer.callbacks.lr_finder import LearningRateFinder
+from trainer.callbacks.lr_finder import LearningRateFinder, lr_attribute
 from trainer.errors import ConfigurationError
 
 if TYPE_CHECKING:
@@ -86,7 +86,7 @@ class Tuner:
             mode=mode,
             early_stop_threshold=early_stop_threshold,
             update_attr=update_attr,
-            attr_name=attr_name or _lr_attribute(model, datamodule, required=update_attr),
+            attr_name=attr_name or lr_attribute(model, datamodule, required=update_attr),
         )
         self._run(finder, model, train_dataloaders, val_dataloaders, datamodule)
         return finder
@@ -148,19 +148,3 @@ def _check_method(method: str, name: str) -> None:
             "before a fit; for evaluation, subclass the finder callback and call its search "
             "from on_validation_start (docs/callbacks_averaging_finders.md)."
         )
-
-
-def _lr_attribute(model: TrainModule, datamodule: Any, *, required: bool) -> str:
-    """``lr`` or ``learning_rate``: the first the module (its hparams) or DataModule has."""
-    for name in ("lr", "learning_rate"):
-        for holder in (model, datamodule):
-            if holder is None:
-                continue
-            if hasattr(holder, name) or name in getattr(holder, "hparams", {}):
-                return name
-    if required:
-        raise ConfigurationError(
-            f"Tuner.lr_find: {type(model).__name__} has no `lr` or `learning_rate` attribute or "
-            "hparams entry to update. Add one, pass attr_name=..., or update_attr=False."
-        )
-    return "lr"
