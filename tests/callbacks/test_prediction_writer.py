@@ -89,3 +89,27 @@ def test_batch_size_of_common_batches():
     assert _batch_size((torch.zeros(6, 2), torch.zeros(6))) == 6
     assert _batch_size({"input_ids": torch.zeros(3, 7), "mask": torch.zeros(3, 7)}) == 3
     assert _batch_size(["a", "b"]) == 2
+
+
+def test_batch_indices_are_the_dataset_indices_of_a_shuffled_loader(tmp_path):
+    """Lightning's batch_indices are what the sampler drew; ours were positions (0, 1, ...),
+    so a shuffled loader's predictions could not be put back in the dataset's order."""
+    from torch.utils.data import DataLoader
+
+    class Echo(LinearModule):
+        def predict_step(self, batch, batch_idx):
+            return batch.flatten().long()
+
+    class Recording(BasePredictionWriter):
+        def write_on_epoch_end(self, trainer, module, predictions, batch_indices):
+            self.written = (predictions, batch_indices)
+
+    writer = Recording("epoch")
+    data = torch.arange(10.0).unsqueeze(1)
+    run = quiet_trainer(tmp_path, callbacks=[writer])
+    run.predict(Echo(), DataLoader(data, batch_size=4, shuffle=True))
+    predictions, (indices,) = writer.written
+    assert [p.tolist() for p in predictions] == indices  # each sample's own index
+    assert sorted(i for batch in indices for i in batch) == list(range(10))
+    assert indices != [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9]]  # shuffled
+    assert run.predict_batch_indices == indices[-1]

@@ -241,8 +241,16 @@ def main(out: str) -> None:
         def predict_step(self, batch, batch_idx):
             return batch
 
-    predicted = quiet().predict(Indexing(), DataLoader(list(range(9)), batch_size=2))
+    class Recording(trainer.callbacks.BasePredictionWriter):
+        def write_on_epoch_end(self, trainer_, module, predictions, batch_indices):
+            self.indices = batch_indices
+
+    writer = Recording("epoch")
+    predicted = quiet(callbacks=[writer]).predict(
+        Indexing(), DataLoader(list(range(9)), batch_size=2)
+    )
     facts["predicted"] = [int(v) for batch in predicted for v in batch]
+    facts["writer_indices"] = [i for batch in writer.indices[0] for i in batch]
 
     # 6. prepare_data: once per machine, and no rank reaches setup before it is done.
     facts["prepare_data"] = prepare_data_seen(out, rank)

@@ -207,6 +207,9 @@ def test_predict_on_two_processes_predicts_each_sample_once(ddp_run):
     from the start, so a prediction writer wrote samples 0 and 1 twice."""
     _, facts = ddp_run
     assert facts[0]["predicted"] == [0, 1, 4, 5, 8] and facts[1]["predicted"] == [2, 3, 6, 7]
+    # A prediction writer's batch_indices are those dataset indices (they were 0, 1, 2, ...
+    # on each process, so files written per rank could not be merged back).
+    assert [f["writer_indices"] for f in facts] == [f["predicted"] for f in facts]
 
 
 def test_unused_parameters_name_the_trainer_setting(ddp_run):

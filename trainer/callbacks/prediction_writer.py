@@ -42,11 +42,11 @@ class BasePredictionWriter(Callback):
     """Subclass to write predictions as ``trainer.predict`` produces them.
 
     Implement `write_on_batch_end` (``write_interval="batch"``), `write_on_epoch_end`
-    (``"epoch"``), or both (``"batch_and_epoch"``). ``batch_indices`` are the positions of the
-    batch's samples in the order this process received them (``[0, 1, 2, 3]``, then
-    ``[4, 5, 6, 7]`` ...): the dataset indices for an unshuffled loader in one process. Under
-    several processes each numbers its own share; add ``trainer.global_rank`` to file names.
-    The batch size is the length of the batch's first tensor.
+    (``"epoch"``), or both (``"batch_and_epoch"``). ``batch_indices`` are the dataset indices
+    of the batch's samples, as the sampler drew them (Lightning's): shuffled, or this process's
+    share on several processes, they still say which sample each prediction belongs to. A loader
+    without index batches (an iterable dataset) gives the positions in the order this process
+    received them. Add ``trainer.global_rank`` to file names.
 
     Args:
         write_interval: ``"batch"``, ``"epoch"`` or ``"batch_and_epoch"``.
@@ -139,7 +139,10 @@ class BasePredictionWriter(Callback):
             self._batch_indices.append([])
             self._seen = 0
         size = _batch_size(batch)
-        indices = list(range(self._seen, self._seen + size))
+        # The dataset indices the sampler drew (Lightning's); positions when it drew none.
+        indices = trainer.predict_batch_indices
+        if indices is None or len(indices) != size:
+            indices = list(range(self._seen, self._seen + size))
         self._seen += size
         if self.interval.on_epoch:
             self._predictions[dataloader_idx].append(outputs)

@@ -22,6 +22,7 @@ from torch.utils.data import DataLoader
 
 from trainer.accelerator.accelerator import Accelerator
 from trainer.accelerator.launchers import relaunch_with_torchrun
+from trainer.data.index_recording import record_indices
 from trainer.errors import ConfigurationError, HookResultError, describe
 from trainer.precision import resolve_precision
 from trainer.runtime.configs import DataLoaderConfiguration
@@ -211,6 +212,8 @@ def prepare_loader(
         shard=trainer.use_distributed_sampler,
         even_batches=False if is_unpadded else None,
     )
+    if name == "predict":  # a BasePredictionWriter gets each batch's dataset indices
+        prepared.index_recorder = record_indices(prepared)
     if transfer is not None and with_transfer_hooks:  # after the precision's cast, as Lightning
         cast = prepared.transform
         prepared.transform = transfer if cast is None else lambda batch: transfer(cast(batch))

@@ -43,6 +43,11 @@ class TrainerProperties:
     # resolved), or None; set by trainer.trainer.checkpoint_state.restore_from.
     ckpt_path: str | None = None
 
+    # The dataset indices of the samples of the batch trainer.predict is on (what
+    # BasePredictionWriter receives as batch_indices; Lightning's
+    # trainer.predict_loop.current_batch_indices), or None; set by the evaluation loop.
+    predict_batch_indices: list[int] | None = None
+
     # set by Trainer.__init__ / Trainer._setup
     accelerator: Accelerator
     progress: Progress
