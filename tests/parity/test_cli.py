@@ -259,28 +259,36 @@ def test_a_save_config_subclass_records_where_the_project_wants(tmp_path: Path) 
     assert recorded["trainer"] == recorded["lightning"] == ([("fit", 0, "Net")], True)
 
 
+def _fit_then_validate(
+    tmp_path: Path, side: str, validate_args: list[str], **cli_options: Any
+) -> tuple[Any, Any]:
+    """``fit --model.hidden 3 --model.in_features 3`` for one epoch, then ``validate`` with its
+    checkpoint and ``validate_args``; the two CLIs of ``side``."""
+    cli_base, _, module_base, data_base, defaults = SIDES[side]
+    net, data = _project(module_base, data_base)
+    options = {
+        "trainer_defaults": {**defaults, "enable_checkpointing": True},
+        "save_config_callback": None,
+        "seed_everything_default": 0,
+        **cli_options,
+    }
+    (tmp_path / side).mkdir()
+    with warnings.catch_warnings(), pytest.MonkeyPatch.context() as patch:
+        warnings.simplefilter("ignore")
+        patch.chdir(tmp_path / side)
+        model = ["--model.hidden", "3", "--model.in_features", "3"]
+        fitted = cli_base(net, data, args=["fit", *model, "--trainer.max_epochs", "1"], **options)
+        path = fitted.trainer.checkpoint_callback.best_model_path
+        args = ["validate", "--ckpt_path", path, *validate_args]
+        return fitted, cli_base(net, data, args=args, **options)
+
+
 def test_a_stage_with_ckpt_path_builds_the_model_the_checkpoint_saved(tmp_path: Path) -> None:
     """``fit --model.hidden 3``, then ``validate --ckpt_path <it>`` without the model's options:
     the model is built with the checkpoint's hyperparameters, which win over the options."""
     outcomes = {}
-    for side, (cli_base, _, module_base, data_base, defaults) in SIDES.items():
-        net, data = _project(module_base, data_base)
-        options = {
-            "trainer_defaults": {**defaults, "enable_checkpointing": True},
-            "save_config_callback": None,
-            "seed_everything_default": 0,
-        }
-        (tmp_path / side).mkdir()
-        with warnings.catch_warnings(), pytest.MonkeyPatch.context() as patch:
-            warnings.simplefilter("ignore")
-            patch.chdir(tmp_path / side)
-            model = ["--model.hidden", "3", "--model.in_features", "3"]
-            fitted = cli_base(
-                net, data, args=["fit", *model, "--trainer.max_epochs", "1"], **options
-            )
-            path = fitted.trainer.checkpoint_callback.best_model_path
-            args = ["validate", "--ckpt_path", path, "--model.hidden", "7"]
-            validated = cli_base(net, data, args=args, **options)
+    for side in SIDES:
+        _, validated = _fit_then_validate(tmp_path, side, ["--model.hidden", "7"])
         outcomes[side] = {
             "metrics": round(float(validated.trainer.callback_metrics["val_loss"]), 5),
             **_outcome(validated),
@@ -379,25 +387,10 @@ def test_load_from_checkpoint_support_false_as_lightnings(tmp_path: Path) -> Non
     """``load_from_checkpoint_support=False`` (refused before) runs as in Lightning: the
     hyperparameters are what ``__init__`` received, and ``ckpt_path``'s still win."""
     outcomes = {}
-    for side, (cli_base, _, module_base, data_base, defaults) in SIDES.items():
-        net, data = _project(module_base, data_base)
-        options = {
-            "trainer_defaults": {**defaults, "enable_checkpointing": True},
-            "save_config_callback": None,
-            "seed_everything_default": 0,
-            "load_from_checkpoint_support": False,
-        }
-        (tmp_path / side).mkdir()
-        with warnings.catch_warnings(), pytest.MonkeyPatch.context() as patch:
-            warnings.simplefilter("ignore")
-            patch.chdir(tmp_path / side)
-            model = ["--model.hidden", "3", "--model.in_features", "3"]
-            fitted = cli_base(
-                net, data, args=["fit", *model, "--trainer.max_epochs", "1"], **options
-            )
-            path = fitted.trainer.checkpoint_callback.best_model_path
-            args = ["validate", "--ckpt_path", path, *model, "--model.lr", "0.5"]
-            validated = cli_base(net, data, args=args, **options)
+    for side in SIDES:
+        fitted, validated = _fit_then_validate(
+            tmp_path, side, ["--model.lr", "0.5"], load_from_checkpoint_support=False
+        )
         outcomes[side] = [dict(fitted.model.hparams), dict(validated.model.hparams)]
     assert outcomes["trainer"] == outcomes["lightning"]
     assert outcomes["lightning"][1] == {"in_features": 3, "hidden": 3, "lr": 0.1}
