@@ -113,3 +113,28 @@ def test_batch_indices_are_the_dataset_indices_of_a_shuffled_loader(tmp_path):
     assert sorted(i for batch in indices for i in batch) == list(range(10))
     assert indices != [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9]]  # shuffled
     assert run.predict_batch_indices == indices[-1]
+
+
+def test_an_index_sampler_without_a_length_still_predicts_with_its_indices(tmp_path):
+    """A batch sampler with no __len__ (a stream of index batches): the recording of each
+    batch's indices must not ask for its length (it did, and predict raised TypeError)."""
+    from torch.utils.data import DataLoader
+
+    class Batches:
+        def __iter__(self):
+            return iter([[0, 1], [4], [2, 3]])
+
+    class Echo(LinearModule):
+        def predict_step(self, batch, batch_idx):
+            return batch.flatten().long()
+
+    class Recording(BasePredictionWriter):
+        def write_on_batch_end(self, trainer, module, prediction, batch_indices, *args):
+            self.seen.append((prediction.tolist(), list(batch_indices)))
+
+    writer = Recording("batch")
+    writer.seen = []
+    data = torch.arange(5.0).unsqueeze(1)
+    run = quiet_trainer(tmp_path, callbacks=[writer])
+    run.predict(Echo(), DataLoader(data, batch_sampler=Batches()), return_predictions=False)
+    assert writer.seen == [([0, 1], [0, 1]), ([4], [4]), ([2, 3], [2, 3])]

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 from trainer.checkpoint import find_latest_checkpoint, load_weights_file
 from trainer.checkpoint.atomic import MANIFEST
+from trainer.checkpoint.format import read_state
 from trainer.checkpoint.training_state import (
     TrainingObjects,
     capture_training_state,
@@ -242,8 +243,6 @@ def open_checkpoint(
     checkpoint = None if is_read_later else load_checkpoint(trainer, path)
     datamodule = trainer.datamodule
     if datamodule is not None:
-        from trainer.checkpoint.format import read_state
-
         saved = read_state(path) if checkpoint is None else checkpoint
         # a Lightning .ckpt keeps it under the DataModule's class name
         state = saved.get("datamodule", saved.get(type(datamodule).__qualname__))

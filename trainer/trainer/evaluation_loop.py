@@ -101,7 +101,7 @@ def _run_epoch(trainer: Trainer, run: Run, stage: str, loaders: list[Any]) -> li
         recorder = getattr(loader, "index_recorder", None)  # predict's (`record_indices`)
         for batch_idx, batch in enumerate(loader):
             if stage == "predict":  # the batch's dataset indices, for BasePredictionWriter
-                trainer.predict_batch_indices = recorder.take() if recorder else None
+                trainer.predict_batch_indices = None if recorder is None else recorder.take()
             if store is not None:
                 store.current_batch = batch
             call_batch_hook(f"on_{stage}_batch_start", batch, batch_idx, *extra)

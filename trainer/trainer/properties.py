@@ -45,7 +45,8 @@ class TrainerProperties:
 
     # The dataset indices of the samples of the batch trainer.predict is on (what
     # BasePredictionWriter receives as batch_indices; Lightning's
-    # trainer.predict_loop.current_batch_indices), or None; set by the evaluation loop.
+    # trainer.predict_loop.current_batch_indices), or None; set by the evaluation loop for
+    # each predict batch (after a predict, its last batch's).
     predict_batch_indices: list[int] | None = None
 
     # set by Trainer.__init__ / Trainer._setup
