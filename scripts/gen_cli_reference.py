@@ -92,7 +92,8 @@ trainer test --config run.yaml --ckpt_path checkpoints/epoch=19-step=400
   model the hyperparameters it was saved with, as LightningCLI does: `trainer test --config
   run.yaml --ckpt_path checkpoints/epoch=3-step=40` builds the model that was trained even when
   `run.yaml` (or an option) says otherwise. The checkpoint is verified before it is read, and
-  saved values that name a class (a `class_path` key) are refused: they stay data.
+  saved values the parser would turn into code are refused: a `class_path` (also inside a
+  string), or a string for an argument typed as a class or a callable (docs/security.md).
 - `validate` and `test` print their metrics, one `name: value` line each. Without arguments
   (or with only `--config_file FILE`), `trainer test` runs the distributed self-check of
   `trainer launch` instead.

@@ -4,8 +4,6 @@
   relaunch starts);
 - `replace_configure_optimizers`: the ``optimizer`` / ``lr_scheduler`` keys in place of the
   module's ``configure_optimizers``;
-- `checkpoint_hyperparameters`: the model's saved hyperparameters, which LightningCLI builds
-  the model with when ``ckpt_path`` names a checkpoint;
 - `under_stage` and `yaml_mapping`: the shapes LightningCLI gives its config.
 """
 
@@ -17,17 +15,15 @@ import os
 import random
 import types
 import warnings
-from collections.abc import Callable, Mapping
-from pathlib import Path
+from collections.abc import Callable
 from typing import Any
 
 import torch
 
-from trainer.errors import CheckpointError, ConfigurationError, describe
+from trainer.errors import ConfigurationError, describe
 from trainer.trainer.module import TrainModule
 
 __all__ = [
-    "checkpoint_hyperparameters",
     "import_class",
     "init_args",
     "replace_configure_optimizers",
@@ -38,61 +34,6 @@ __all__ = [
 
 _MAX_SEED = 2**32 - 1
 _SEED_ENV = "TRAINER_CLI_SEED"  # a drawn seed, for the processes a relaunch starts
-
-
-def checkpoint_hyperparameters(ckpt_path: str | None) -> dict[str, Any]:
-    """The model hyperparameters saved in the checkpoint at ``ckpt_path``, as LightningCLI
-    reads them to build the model; ``{}`` for None, ``"last"`` / ``"best"`` or no such path.
-
-    Of a checkpoint directory only ``state.json`` is read, verified first (the weights are the
-    Trainer's to read); a file is read with
-    ``weights_only=True`` (a Lightning ``.ckpt``) or as safetensors: no code runs. The values are
-    data: one holding a ``class_path`` (which the parser would import and build) is refused,
-    so a checkpoint cannot choose a class.
-
-    Raises:
-        CheckpointError: the checkpoint fails verification or cannot be read, or its
-            hyper_parameters are not a mapping or name a class.
-    """
-    if ckpt_path is None or not os.path.exists(ckpt_path):
-        return {}
-    from trainer.checkpoint import load_weights_file
-    from trainer.checkpoint.format import read_state
-
-    path = Path(ckpt_path)
-    checkpoint = read_state(path) if path.is_dir() else load_weights_file(path)
-    saved = checkpoint.get("hyper_parameters") or {}
-    if not isinstance(saved, Mapping):
-        raise CheckpointError(
-            f"ckpt_path {ckpt_path!r}: its hyper_parameters are {describe(saved)}, not a "
-            "mapping of the model's arguments."
-        )
-    saved = {key: value for key, value in saved.items() if key != "_instantiator"}
-    field = _class_path_field(saved, "hyper_parameters")
-    if field is not None:
-        raise CheckpointError(
-            f"ckpt_path {ckpt_path!r}: {field} names a class; the model's saved "
-            "hyperparameters are taken as data only. Give the class in the config instead."
-        )
-    return saved
-
-
-def _class_path_field(value: Any, where: str) -> str | None:
-    """The first field at or under ``value`` that is a ``class_path`` key, else None."""
-    if isinstance(value, Mapping):
-        for key, item in value.items():
-            field = f"{where}[{key!r}]"
-            if key in ("class_path", "_class_path"):
-                return field
-            found = _class_path_field(item, field)
-            if found is not None:
-                return found
-    elif isinstance(value, list | tuple):
-        for index, item in enumerate(value):
-            found = _class_path_field(item, f"{where}[{index}]")
-            if found is not None:
-                return found
-    return None
 
 
 def under_stage(stage: str, config: Any) -> Any:

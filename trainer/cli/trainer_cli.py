@@ -48,6 +48,7 @@ from typing import Any, Literal
 import torch
 
 from trainer.callbacks.callback import Callback
+from trainer.cli._checkpoint_hparams import checkpoint_hyperparameters
 from trainer.cli._config_parser import (
     STAGE_HELP,
     STAGES,
@@ -59,7 +60,7 @@ from trainer.cli._config_parser import (
     parse_config_object,
 )
 from trainer.cli._run_steps import (
-    checkpoint_hyperparameters,
+    import_class,
     replace_configure_optimizers,
     seed_run,
     under_stage,
@@ -299,6 +300,13 @@ class TrainerCLI:
         return {"optimizer": optimizer, "lr_scheduler": entry}
 
     # ---- the run ------------------------------------------------------------------------------
+    def _model_class_of(self, config: Any) -> type | None:
+        """The class the config builds the model from: ``model_class``, or its ``class_path``."""
+        if self.model_class is not None and not self.subclass_mode_model:
+            return self.model_class
+        class_path = getattr(config.get("model"), "class_path", None)
+        return None if class_path is None else import_class(class_path, "model")
+
     def _main(self, arguments: Sequence[str] | Mapping[str, Any], run: bool) -> None:
         """Parse, seed, build, and (with ``run``) run: the whole life of a config-driven run."""
         if hasattr(arguments, "as_dict"):  # a jsonargparse Namespace
@@ -328,7 +336,7 @@ class TrainerCLI:
             else parse_config_object(self.parser, given)
         )
         if self.subcommand is not None:  # LightningCLI builds the model the checkpoint saved
-            saved = checkpoint_hyperparameters(config.ckpt_path)
+            saved = checkpoint_hyperparameters(config.ckpt_path, self._model_class_of(config))
             if saved:
                 source = f"the hyperparameters saved in ckpt_path {config.ckpt_path!r}: "
                 config = parse_config_object(self.parser, {"model": saved}, config, source=source)
