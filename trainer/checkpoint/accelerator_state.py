@@ -57,6 +57,12 @@ __all__ = [
 ]
 
 _AUTO_NAME = re.compile(r"^checkpoint_(\d+)$")
+# The weight files save_model (ours or Accelerate's) writes; an earlier save's are replaced, and
+# every other entry of the folder is kept.
+_WEIGHT_FILE = re.compile(
+    r"model\.safetensors(\.index\.json)?|model-\d{5,}-of-\d{5,}\.safetensors"
+    r"|pytorch_model\.bin(\.index\.json)?|pytorch_model-\d{5,}-of-\d{5,}\.bin"
+)
 
 
 @dataclass(frozen=True)
@@ -287,8 +293,13 @@ def save_model_weights(
     atomically: the folder is built complete under a temporary sibling and swapped in, so a crash
     or a failed write leaves the previous save whole.
 
-    The other files of an earlier save there (a config.json, a tokenizer) are kept (hard-linked
-    into the new folder, not copied); its weight files (``model*``, ``pytorch_model*``) are not.
+    The other entries of the folder (a config.json, a tokenizer, modeling_*.py) are kept
+    (hard-linked into the new folder, not copied); an earlier save's weight files are not:
+    ``model.safetensors``, ``model-0000i-of-0000N.safetensors``, ``model.safetensors.index.json``
+    and their ``pytorch_model`` ``.bin`` counterparts.
+
+    Raises:
+        CheckpointError: the path is a file, or a folder has a weight file's name.
     """
     directory = Path(save_directory)
     if directory.is_symlink():
@@ -301,7 +312,7 @@ def save_model_weights(
     try:
         if directory.is_dir():
             for entry in directory.iterdir():
-                if not entry.name.startswith(("model", "pytorch_model")):
+                if not _is_weight_file(entry):
                     _link_into(entry, staged / entry.name)
         if safe_serialization:
             write_model_files(staged, state_dict, max_shard_size)
@@ -316,6 +327,18 @@ def save_model_weights(
     except BaseException:
         shutil.rmtree(staged, ignore_errors=True)
         raise
+
+
+def _is_weight_file(entry: Path) -> bool:
+    """Whether ``entry`` is an earlier save's weight file, which the new save replaces."""
+    if _WEIGHT_FILE.fullmatch(entry.name) is None:
+        return False
+    if entry.is_dir() and not entry.is_symlink():  # kept, it would collide with the new file
+        raise CheckpointError(
+            f"save_model: {entry} is a folder with a weight file's name; save_model writes its "
+            "weights there. Move or rename the folder, or save into another directory."
+        )
+    return True
 
 
 def _link_into(source: Path, target: Path) -> None:
