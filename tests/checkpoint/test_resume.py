@@ -483,3 +483,42 @@ def test_resume_from_a_checkpoint_of_the_epoch_end_steps_the_plateau_once(
     assert full.final_lr == pytest.approx(0.02 * 0.5**2)
     assert resumed.final_lr == full.final_lr
     _assert_same(full, resumed)
+
+
+def test_fit_refuses_to_resume_from_a_weights_only_checkpoint(tmp_path):
+    # Lightning: "Trying to restore optimizer state but checkpoint contains only the model".
+    first = quiet_trainer(tmp_path, max_epochs=2)
+    first.fit(LinearModule(), make_loader(n=8))
+    first.save_checkpoint(tmp_path / "weights", weights_only=True)
+    module = LinearModule()
+    before = module.net.weight.detach().clone()
+    with pytest.raises(trainer.errors.CheckpointError, match="holds the weights only"):
+        quiet_trainer(tmp_path, max_epochs=4).fit(
+            module, make_loader(n=8), ckpt_path=tmp_path / "weights"
+        )
+    assert torch.equal(module.net.weight, before)  # nothing was loaded
+
+
+def test_fit_refuses_a_checkpoint_past_max_epochs(tmp_path):
+    # Lightning: "You restored a checkpoint with current_epoch=4, but you have set
+    # Trainer(max_epochs=2)." (saved after fit: the 4 epochs are done)
+    first = quiet_trainer(tmp_path, max_epochs=4)
+    first.fit(LinearModule(), make_loader(n=8))
+    first.save_checkpoint(tmp_path / "four")
+    with pytest.raises(trainer.errors.ConfigurationError, match=r"current_epoch=4.*max_epochs=2"):
+        quiet_trainer(tmp_path, max_epochs=2).fit(
+            LinearModule(), make_loader(n=8), ckpt_path=tmp_path / "four"
+        )
+    resumed = quiet_trainer(tmp_path, max_epochs=4)  # all done: nothing left, no error
+    resumed.fit(LinearModule(), make_loader(n=8), ckpt_path=tmp_path / "four")
+    assert resumed.global_step == first.global_step
+
+
+def test_a_ckpt_whose_state_dict_is_not_a_mapping_is_refused(tmp_path):
+    torch.save({"state_dict": [1, 2], "epoch": 0, "global_step": 0}, tmp_path / "bad.ckpt")
+    with pytest.raises(trainer.errors.CheckpointError, match="state_dict"):
+        LinearModule.load_from_checkpoint(tmp_path / "bad.ckpt")
+    with pytest.raises(trainer.errors.CheckpointError, match="state_dict"):
+        quiet_trainer(tmp_path).validate(
+            LinearModule(), make_loader(n=8), ckpt_path=tmp_path / "bad.ckpt"
+        )

@@ -203,3 +203,27 @@ def test_a_resumed_fit_builds_its_train_loader_from_the_restored_datamodule(
         ("train_dataloader", 2),
     ]
     assert ours == expected
+
+
+def _kept_after_a_resume(framework: str, folder: Path) -> dict[str, int]:
+    """Fit 2 epochs (ModelCheckpoint's defaults: the newest one kept), then fit on to 4 epochs
+    from that checkpoint; {name kept without suffix: its global step}."""
+    fw = LIGHTNING if framework == "lightning" else TRAINER
+    for max_epochs, resume in ((2, False), (4, True)):
+        callback = fw.callbacks.ModelCheckpoint(dirpath=folder)
+        fit = fw.trainer(
+            callbacks=[callback], **quiet(max_epochs=max_epochs, enable_checkpointing=True)
+        )
+        fit.fit(_module(fw.Module), _loader(), ckpt_path=next(folder.iterdir()) if resume else None)
+    if framework == "lightning":
+        return {p.stem: torch.load(p, weights_only=False)["global_step"] for p in folder.iterdir()}
+    return {
+        path.name: json.loads((path / "manifest.json").read_text())["global_step"]
+        for path in folder.iterdir()
+    }
+
+
+def test_a_resumed_fit_keeps_the_checkpoint_it_resumed_from(tmp_path: Path) -> None:
+    expected = _kept_after_a_resume("lightning", tmp_path / "lightning")
+    assert expected == {"epoch=1-step=8": 8, "epoch=3-step=16": 16}
+    assert _kept_after_a_resume("trainer", tmp_path / "trainer") == expected

@@ -1,4 +1,5 @@
-"""ModelCheckpoint and OnExceptionCheckpoint: when to save, what to keep, what is best.
+"""ModelCheckpoint: when to save, what to keep, what is best (OnExceptionCheckpoint, re-exported
+here, is in ``on_exception_checkpoint.py``).
 
 The Trainer writes the files (``trainer.save_checkpoint``, atomic, see ``trainer/checkpoint``);
 this callback decides when (Lightning 2.6's rules, ``checkpoint_triggers.py``), names the
@@ -23,7 +24,6 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import torch
 
-from trainer.callbacks.callback import Checkpoint
 from trainer.callbacks.checkpoint_folder import (
     adopt_path,
     checked_state,
@@ -37,6 +37,7 @@ from trainer.callbacks.checkpoint_naming import (
     monitor_candidates,
 )
 from trainer.callbacks.checkpoint_triggers import CheckpointSchedule, resolve_triggers
+from trainer.callbacks.on_exception_checkpoint import OnExceptionCheckpoint
 from trainer.checkpoint.atomic import remove_stale_temporaries
 from trainer.errors import ConfigurationError, TrainerError, describe
 
@@ -416,8 +417,10 @@ class ModelCheckpoint(CheckpointSchedule):
         """Once ``saved`` is complete: delete what it replaced, tell the loggers."""
         if not trainer.is_global_zero:
             return
+        resumed_from = os.path.realpath(trainer.ckpt_path) if trainer.ckpt_path else None
         for old in dropped:  # only now: the new checkpoint and `last` are in place
-            self._delete(old)
+            if os.path.realpath(old) != resumed_from:  # Lightning keeps what fit resumed from
+                self._delete(old)
         if saved:  # artifact upload (WandbLogger/MLFlowLogger log_model)
             for logger in trainer.loggers:
                 logger.after_save_checkpoint(self)
@@ -466,26 +469,6 @@ class ModelCheckpoint(CheckpointSchedule):
         """The directory name (no folder) for ``epoch``, ``step`` and ``metrics``."""
         path = self.format_checkpoint_name({"epoch": epoch, "step": step, **metrics})
         return os.path.basename(path)
-
-
-class OnExceptionCheckpoint(Checkpoint):
-    """Save a checkpoint when fit raises, to ``dirpath/filename``.
-
-    Examples:
-        >>> OnExceptionCheckpoint(dirpath="checkpoints", filename="on_exception")
-    """
-
-    def __init__(self, dirpath: str | os.PathLike[str], filename: str = "on_exception") -> None:
-        self.dirpath = os.fspath(dirpath)
-        self.filename = filename
-
-    @property
-    def ckpt_path(self) -> str:
-        return os.path.join(self.dirpath, self.filename)
-
-    def on_exception(self, trainer: Trainer, module: TrainModule, exception: BaseException) -> None:
-        if trainer.state.stage == "fit" and trainer.optimizers:
-            trainer.save_checkpoint(self.ckpt_path)
 
 
 def _float_or_none(value: torch.Tensor | float | None) -> float | None:

@@ -285,6 +285,7 @@ _STATE = _record(
         "lr_schedulers": _list_of(_SCHEDULER),
         "precision": _optional(_record(optional={"scaler": _GRAD_SCALER})),
         "callbacks": _optional(_mapping_of(_anything)),
+        "state_dict": _mapping_of(_anything),  # a legacy file's; a directory's is safetensors
         "hyper_parameters": _optional(_mapping_of(_anything)),
         "datamodule_hyper_parameters": _optional(_mapping_of(_anything)),
         "hparams_name": _optional(_STRING),  # Lightning writes None for a config it cannot name

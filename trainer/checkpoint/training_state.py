@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from trainer.checkpoint.optimizer_state import check_optimizer_state
 from trainer.errors import CheckpointError
 from trainer.runtime.seed import get_rng_states
 
@@ -155,14 +156,17 @@ def load_states(
 
     Raises:
         CheckpointError: the counts differ, or a state does not fit its object (a torch
-            optimizer's ValueError / KeyError ...), naming ``source`` and the object.
+            optimizer's ValueError / KeyError ..., or `check_optimizer_state`'s checks),
+            naming ``source`` and the object.
     """
     if len(states) != len(targets):
         raise CheckpointError(
             f"{source}: the checkpoint has {len(states)} {kind} but {len(targets)} are "
             f"prepared or registered now. {fix}"
         )
-    for target, state in zip(targets, states, strict=True):
+    for index, (target, state) in enumerate(zip(targets, states, strict=True)):
+        if kind == "optimizer_states":
+            check_optimizer_state(target, state, source, index)
         load_state_into(target, state, source, f"{kind} do")
 
 

@@ -312,12 +312,14 @@ def restore_checkpoint(
     Returns:
         What the Trainer keeps for later; None when only the weights were restored.
     """
+    if full:
+        _check_resumable(trainer, checkpoint)
     module = trainer.module
     hooks.call("on_load_checkpoint", checkpoint)
     load_model_state(
         trainer.strategy, module, checkpoint["state_dict"], "ckpt_path", module.strict_loading
     )
-    if not full or "progress" not in checkpoint:
+    if not full:
         _restore_callbacks(trainer, checkpoint)  # for every stage, as Lightning does
         return None
     load_states(
@@ -356,6 +358,28 @@ def restore_checkpoint(
         callback_metrics=dict(checkpoint.get("callback_metrics") or {}),
         rng_state=rng_state_for_rank(checkpoint.get("rng_states"), trainer.global_rank),
     )
+
+
+def _check_resumable(trainer: Trainer, checkpoint: dict[str, Any]) -> None:
+    """Refuse, before anything is loaded, what Lightning refuses to resume fit from.
+
+    Raises:
+        CheckpointError: the checkpoint holds the weights only (``save_weights_only``).
+        ConfigurationError: its epoch is past ``max_epochs``.
+    """
+    if "progress" not in checkpoint:
+        raise CheckpointError(
+            f"fit(ckpt_path={trainer.ckpt_path!r}): the checkpoint holds the weights only "
+            "(save_weights_only=True, or a weights file), not the optimizer state and position "
+            "fit resumes from. To train from these weights, load them into the module "
+            "(Module.load_from_checkpoint(path)) and call fit without ckpt_path."
+        )
+    epoch, max_epochs = checkpoint["progress"]["epoch"], trainer.max_epochs
+    if max_epochs is not None and max_epochs != -1 and epoch > max_epochs:
+        raise ConfigurationError(
+            f"fit(ckpt_path={trainer.ckpt_path!r}): the checkpoint is at current_epoch={epoch}, "
+            f"past Trainer(max_epochs={max_epochs}). Raise max_epochs to train on from it."
+        )
 
 
 def _restore_callbacks(trainer: Trainer, checkpoint: dict[str, Any]) -> None:
