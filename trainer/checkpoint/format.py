@@ -461,7 +461,8 @@ def _is_top_level_tensors(name: str) -> bool:
 
 
 def find_latest_checkpoint(dirpath: str | os.PathLike[str]) -> Path | None:
-    """The newest complete and valid checkpoint under ``dirpath`` (by global step, then time).
+    """The newest complete and valid checkpoint under ``dirpath`` (by the time its manifest was
+    written, then by global step: the run written last, as Lightning's newest ``last``).
 
     Torn or corrupt directories are skipped with a warning that names them.
     """
@@ -481,7 +482,7 @@ def find_latest_checkpoint(dirpath: str | os.PathLike[str]) -> Path | None:
                 warnings.warn(f"skipping {entry}: {err}", stacklevel=2)
             continue
         candidates.append(
-            (int(manifest.get("global_step") or 0), str(manifest.get("created", "")), entry)
+            (str(manifest.get("created", "")), int(manifest.get("global_step") or 0), entry)
         )
     for _, _, entry in sorted(candidates, reverse=True):
         try:

@@ -21,7 +21,8 @@ from typing import TYPE_CHECKING, Any
 
 from trainer.checkpoint import find_latest_checkpoint, load_weights_file
 from trainer.checkpoint.atomic import MANIFEST
-from trainer.checkpoint.format import read_state
+from trainer.checkpoint.format import read_state, verify_checkpoint
+from trainer.checkpoint.manifest import read_manifest
 from trainer.checkpoint.training_state import (
     TrainingObjects,
     capture_training_state,
@@ -177,7 +178,7 @@ def resolve_ckpt_path(
             "e.g. ckpt_path='checkpoints/epoch=2-step=300'."
         )
     if ckpt_path == "last":
-        latest = find_latest_checkpoint(checkpoint_dir(trainer))
+        latest = _newest_checkpoint(trainer)
         if latest is None:
             warnings.warn(
                 f"{stage}(ckpt_path='last'): no checkpoint in {checkpoint_dir(trainer)} yet; starting from scratch.",
@@ -197,6 +198,31 @@ def resolve_ckpt_path(
             f"{stage}(ckpt_path={os.fspath(ckpt_path)!r}): no such file or directory."
         )
     return path
+
+
+def _newest_checkpoint(trainer: Trainer) -> Path | None:
+    """``ckpt_path="last"``: the most recently written valid checkpoint of every checkpoint
+    callback (each ModelCheckpoint's ``dirpath``, an OnExceptionCheckpoint's folder), as
+    Lightning takes the newest of their ``last`` files; without one, ``<root>/checkpoints``."""
+    from trainer.callbacks.model_checkpoint import ModelCheckpoint, OnExceptionCheckpoint
+
+    default = Path(trainer.default_root_dir) / "checkpoints"
+    folders = [
+        Path(callback.dirpath or default)
+        for callback in trainer.callbacks
+        if isinstance(callback, ModelCheckpoint)
+    ] or [default]
+    found = [find_latest_checkpoint(folder) for folder in dict.fromkeys(folders)]
+    for callback in trainer.callbacks:
+        if isinstance(callback, OnExceptionCheckpoint) and Path(callback.ckpt_path).is_dir():
+            try:
+                verify_checkpoint(callback.ckpt_path)
+            except CheckpointError as err:
+                warnings.warn(f"skipping {callback.ckpt_path}: {err}", stacklevel=4)
+                continue
+            found.append(Path(callback.ckpt_path))
+    written = [(read_manifest(path).get("created", ""), path) for path in found if path is not None]
+    return max(written)[1] if written else None
 
 
 def load_checkpoint(trainer: Trainer, path: Path) -> dict[str, Any]:
