@@ -213,7 +213,7 @@ def test_nan_loss_without_detect_anomaly_does_not_raise(tmp_path):
         ({"gradient_clip_algorithm": "l2"}, "gradient_clip_algorithm='l2'"),
         ({"gradient_clip_val": -1.0}, "gradient_clip_val=-1.0"),
         ({"val_check_interval": 2.5}, "val_check_interval=2.5"),
-        ({"num_sanity_val_steps": -3}, "num_sanity_val_steps=-3"),
+        ({"num_sanity_val_steps": 1.5}, "num_sanity_val_steps=1.5"),
         ({"max_time": "12 hours"}, "max_time='12 hours'.*DD:HH:MM:SS"),
         ({"log_every_n_steps": 0}, "log_every_n_steps=0"),
         ({"fast_dev_run": -1}, "fast_dev_run=-1"),

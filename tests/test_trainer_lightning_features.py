@@ -28,7 +28,7 @@ from trainer.trainer.closure import check_closure_precision, needs_closure
 @pytest.mark.parametrize(
     ("kwargs", "argument"),
     [
-        ({"min_epochs": -1}, "min_epochs"),
+        ({"min_epochs": 1.5}, "min_epochs"),
         ({"min_steps": 2.5}, "min_steps"),
         ({"overfit_batches": 1.5}, "overfit_batches"),
         ({"overfit_batches": -1}, "overfit_batches"),

@@ -16,7 +16,15 @@ import torch
 from trainer._warnings import warn_user
 from trainer.errors import ConfigurationError, describe
 from trainer.loggers.logger import Logger
-from trainer.trainer.durations import is_duration, parse_duration
+from trainer.trainer.durations import parse_duration
+from trainer.trainer.limits import (  # the counting arguments, re-exported for the Trainer
+    check_accumulation,
+    check_min_limits,
+    check_overfit_batches,
+    check_sanity_steps,
+    check_val_interval,
+    resolve_limit,
+)
 
 if TYPE_CHECKING:
     from trainer.precision import Precision
@@ -25,12 +33,15 @@ if TYPE_CHECKING:
 
 __all__ = [
     "apply_benchmark",
+    "check_accumulation",
     "check_bool",
     "check_max_steps",
     "check_min_limits",
     "check_overfit_batches",
     "check_positive_int",
+    "check_sanity_steps",
     "check_sync_batchnorm",
+    "check_val_interval",
     "datamodule_argument",
     "parse_max_time",
     "resolve_device",
@@ -56,23 +67,6 @@ def check_positive_int(argument: str, value: Any, *, allow_zero: bool = False) -
 def parse_max_time(value: str | dt.timedelta | dict[str, int] | None) -> dt.timedelta | None:
     """``"DD:HH:MM:SS"``, a timedelta or a dict of timedelta fields -> timedelta."""
     return None if value is None else parse_duration("Trainer(max_time", value)
-
-
-def resolve_limit(argument: str, value: int | float | None, length: float) -> float:
-    """How many batches ``limit_*_batches`` keeps of a loader of ``length`` batches."""
-    if value is None:
-        return length
-    if isinstance(value, bool) or not isinstance(value, int | float) or value < 0:
-        raise _fail(argument, value, "None, an int number of batches, or a float in [0.0, 1.0]")
-    if isinstance(value, int):
-        return min(value, length)
-    if value > 1.0:
-        raise _fail(argument, value, "a float fraction in [0.0, 1.0], or an int number of batches")
-    if math.isinf(length):
-        if value == 1.0:
-            return length
-        raise _fail(argument, value, "an int when the dataloader has no length")
-    return int(length * value) if value < 1.0 else length
 
 
 def resolve_device(accelerator: str, devices: Any) -> torch.device:
@@ -156,29 +150,6 @@ def check_max_steps(value: int | None) -> int:
     return value
 
 
-def check_min_limits(min_epochs: int | None, min_steps: int | None) -> tuple[int, int | None]:
-    """``min_epochs`` / ``min_steps`` checked and resolved as Lightning resolves them.
-
-    ``min_epochs`` defaults to 0, or to 1 when ``min_steps`` is set (so a stop requested in
-    ``on_fit_start`` is re-examined after the first epoch); ``min_steps`` stays None when unset.
-    """
-    for argument, value in (("min_epochs", min_epochs), ("min_steps", min_steps)):
-        if value is not None:
-            check_positive_int(argument, value, allow_zero=True)
-    if min_epochs is None:
-        min_epochs = 1 if min_steps is not None else 0
-    return min_epochs, min_steps
-
-
-def check_overfit_batches(value: int | float) -> int | float:
-    """``overfit_batches``: an int count of batches or a float fraction in [0.0, 1.0] (0: off)."""
-    if isinstance(value, bool) or not isinstance(value, int | float) or value < 0:
-        raise _fail("overfit_batches", value, "an int >= 0 or a float in [0.0, 1.0]; 0 is off")
-    if isinstance(value, float) and value > 1.0:
-        raise _fail("overfit_batches", value, "a float fraction in [0.0, 1.0], or an int count")
-    return value
-
-
 def check_bool(argument: str, value: Any) -> bool:
     if not isinstance(value, bool):
         raise _fail(argument, value, "True or False")
@@ -226,53 +197,6 @@ def check_clip(value: float | None, algorithm: str | None) -> str:
             f"Trainer(gradient_clip_val={describe(value)}): expected a positive number or None."
         )
     return algorithm
-
-
-def check_val_interval(
-    value: int | float | str | dt.timedelta | dict[str, int] | None,
-    check_val_every_n_epoch: int | None,
-) -> int | float | dt.timedelta:
-    """``val_check_interval``: a fraction of an epoch in (0.0, 1.0], an int of batches, or a
-    duration (``"DD:HH:MM:SS"``, a timedelta or a dict of its fields: validate once that much
-    time has passed; a timedelta comes back). None: 1.0, as in Lightning.
-
-    A fraction other than 1.0 needs epochs to count it in: with ``check_val_every_n_epoch=None``
-    it is refused, as Lightning refuses it.
-    """
-    if value is None:
-        return 1.0
-    if is_duration(value):
-        return parse_duration("Trainer(val_check_interval", value, allow_zero=False)
-    if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
-        raise ConfigurationError(
-            f"Trainer(val_check_interval={describe(value)}): expected a float in (0.0, 1.0] "
-            "(fraction of an epoch), an int number of training batches, or a duration "
-            "('DD:HH:MM:SS', a timedelta or a dict)."
-        )
-    if isinstance(value, float) and value > 1.0:
-        raise ConfigurationError(
-            f"Trainer(val_check_interval={value}): a float must be in (0.0, 1.0]; for a count of "
-            "batches pass an int."
-        )
-    if isinstance(value, float) and value != 1.0 and check_val_every_n_epoch is None:
-        raise ConfigurationError(
-            f"Trainer(val_check_interval={value}, check_val_every_n_epoch=None): a fraction of "
-            "an epoch needs epochs to count in. Pass an int number of training batches, or "
-            "set check_val_every_n_epoch."
-        )
-    return value
-
-
-def check_sanity_steps(value: int | None) -> int:
-    """``num_sanity_val_steps`` (None: 2, as in Lightning)."""
-    if value is None:
-        return 2
-    if not isinstance(value, int) or isinstance(value, bool) or value < -1:
-        raise ConfigurationError(
-            f"Trainer(num_sanity_val_steps={describe(value)}): expected an int >= 0, or -1 for "
-            "the whole validation set."
-        )
-    return value
 
 
 def build_loggers(logger: Any, root: str, *, fast_dev_run: bool = False) -> list[Logger]:

@@ -188,7 +188,8 @@ def prepare_loader(
     goes through the hooks) it leaves the move to the hooks but does not call them.
 
     Raises:
-        ConfigurationError: ``loader`` is not a DataLoader.
+        ConfigurationError: ``loader`` is not a DataLoader, or its ``limit_*_batches`` fraction
+            keeps less than one batch (`trainer.trainer.limits.resolve_limit`).
     """
     if not isinstance(loader, DataLoader):
         argument = {"train": "train_dataloaders", "validation": "val_dataloaders"}.get(
@@ -219,14 +220,22 @@ def prepare_loader(
         prepared.transform = transfer if cast is None else lambda batch: transfer(cast(batch))
     length = safe_len(prepared)
     warn_on_empty_loader(name, length)
-    limit = resolve_limit(
-        f"limit_{'val' if name == 'validation' else name}_batches",
-        trainer.limit_batches[name],
-        length,
-    )
+    argument, value, described = _limit_names(trainer, name, dataloader_idx)
+    limit = resolve_limit(argument, value, length, described)
     prepared.limit = None if math.isinf(limit) else int(limit)
     count = limit if math.isinf(limit) else int(limit)
     return prepared, count
+
+
+def _limit_names(trainer: Trainer, name: str, dataloader_idx: int) -> tuple[str, Any, str]:
+    """The argument that limits the ``name`` loader, its value, and the loader, for messages."""
+    prefix = "val" if name == "validation" else name
+    is_overfit = trainer.overfit_batches and name in ("train", "validation")
+    argument = "overfit_batches" if is_overfit else f"limit_{prefix}_batches"
+    loader = f"{prefix}_dataloader" + (
+        f" (dataloader_idx {dataloader_idx})" if dataloader_idx else ""
+    )
+    return argument, trainer.limit_batches[name], loader
 
 
 def find_loader(name: str, datamodule: DataModule | None, module: TrainModule | None) -> Any:

@@ -17,7 +17,7 @@ import torch
 from trainer.errors import ConfigurationError
 from trainer.trainer.metrics import to_float
 from trainer.trainer.options import (
-    check_positive_int,
+    check_accumulation,
     is_checkpoint_callback,
     is_instance_named,
     is_progress_bar,
@@ -78,8 +78,8 @@ class TrainerProperties:
 
     @accumulate_grad_batches.setter
     def accumulate_grad_batches(self, value: int) -> None:
-        self._accumulate_grad_batches = check_positive_int("accumulate_grad_batches", value)
-        self.accelerator.gradient_accumulation_steps = value
+        self._accumulate_grad_batches = check_accumulation(value)
+        self.accelerator.gradient_accumulation_steps = self._accumulate_grad_batches
 
     # ---- read-only facts -------------------------------------------------------------
     @property
@@ -367,7 +367,10 @@ class TrainerProperties:
 
     @property
     def estimated_stepping_batches(self) -> float:
-        """Optimizer steps ``fit`` will take (``inf`` when unbounded); needs the train loader."""
+        """Optimizer steps ``fit`` will take (``inf`` when unbounded); needs the train loader.
+
+        ``max_epochs=0`` counts one epoch, as Lightning does, so a scheduler sized from it in
+        ``configure_optimizers`` (``OneCycleLR(total_steps=...)``) can be built."""
         if "train" not in self._loaders:
             raise ConfigurationError(
                 "trainer.estimated_stepping_batches is known once fit has set up its train "
@@ -376,7 +379,7 @@ class TrainerProperties:
         batches = self.num_training_batches  # inf: a loader without length (IterableDataset)
         total = math.inf
         if math.isfinite(batches) and self.max_epochs not in (None, -1):
-            total = math.ceil(batches / self.accumulate_grad_batches) * self.max_epochs
+            total = math.ceil(batches / self.accumulate_grad_batches) * max(self.max_epochs, 1)
         return min(total, self.max_steps) if self.max_steps not in (None, -1) else total
 
 

@@ -42,6 +42,7 @@ from trainer.trainer.optimizer_config import SchedulerConfig
 from trainer.trainer.options import (
     apply_benchmark,
     build_loggers,
+    check_accumulation,
     check_bool,
     check_call_arguments,
     check_clip,
@@ -147,9 +148,8 @@ class Trainer(TrainerProperties):
         self.max_steps = dev_batches or max_steps
         self.min_epochs, self.min_steps = check_min_limits(min_epochs, min_steps)
         self.max_time = parse_max_time(max_time)
-        self._accumulate_grad_batches = check_positive_int(
-            "accumulate_grad_batches", accumulate_grad_batches
-        )
+        accumulate_grad_batches = check_accumulation(accumulate_grad_batches)  # 2.0 (YAML): 2
+        self._accumulate_grad_batches = accumulate_grad_batches
         self.gradient_clip_val = gradient_clip_val
         self.gradient_clip_algorithm = check_clip(gradient_clip_val, gradient_clip_algorithm)
         if check_val_every_n_epoch is not None:
