@@ -1,8 +1,10 @@
 """Turn what ``configure_optimizers`` returned into optimizers and scheduler configs.
 
-Accepted (DESIGN §2): an Optimizer; a list/tuple of them; ``([optimizers], [schedulers])``; a dict
-``{"optimizer": o, "lr_scheduler": s | {"scheduler": s, "interval", "frequency", "monitor"}}``;
-or a list of such dicts. Anything else raises HookResultError naming the hook and the fix.
+Accepted (DESIGN §2): an Optimizer; a list/tuple of them; ``([optimizers], [schedulers])`` (or
+``([optimizers], scheduler)``); a dict ``{"optimizer": o, "lr_scheduler": s | {"scheduler": s,
+"interval", "frequency", "monitor", "strict", "name", "reduce_on_plateau"}}``; or a list of such
+dicts. As in Lightning, other keys of these dicts are dropped with a warning, and a scheduler must
+belong to a returned optimizer. Anything else raises HookResultError naming the hook and the fix.
 """
 
 from __future__ import annotations
@@ -13,11 +15,16 @@ from typing import Any
 
 import torch
 
+from trainer._warnings import warn_user
 from trainer.errors import ConfigurationError, HookResultError, describe
 
 __all__ = ["SchedulerConfig", "parse_optimizer_config", "step_schedulers"]
 
-_SCHEDULER_KEYS = {"scheduler", "interval", "frequency", "monitor", "strict", "name"}
+# Lightning's LRSchedulerConfig fields; another key of an lr_scheduler dict is dropped, with a warning
+_SCHEDULER_KEYS = {
+    "scheduler", "interval", "frequency", "monitor", "strict", "name", "reduce_on_plateau"
+}  # fmt: skip
+_OPTIMIZER_KEYS = {"optimizer", "lr_scheduler", "monitor"}
 
 
 @dataclass
@@ -30,10 +37,14 @@ class SchedulerConfig:
     monitor: str | None = None
     strict: bool = True
     name: str | None = None
+    # stepped with its monitor's value; configure_optimizers' parsing sets it for a
+    # ReduceLROnPlateau unless the dict says otherwise (Lightning's LRSchedulerConfig field)
+    reduce_on_plateau: bool = False
 
     @property
     def is_plateau(self) -> bool:
-        return isinstance(self.scheduler, torch.optim.lr_scheduler.ReduceLROnPlateau)
+        """Whether it is stepped with its ``monitor``'s value (``reduce_on_plateau``)."""
+        return self.reduce_on_plateau
 
 
 def _fail(where: str, received: Any, detail: str = "") -> HookResultError:
@@ -44,17 +55,31 @@ def _fail(where: str, received: Any, detail: str = "") -> HookResultError:
     )
 
 
+def _without_unknown_keys(item: dict[str, Any], known: set[str], what: str, where: str) -> dict:
+    """``item`` without keys Lightning does not know; those it warns about, and so do we."""
+    unknown = set(item) - known
+    if unknown:
+        warn_user(
+            f"configure_optimizers: the {what} has keys {sorted(unknown)} that are not used; "
+            f"known keys are {sorted(known)} ({where}). Remove them.",
+            RuntimeWarning,
+        )
+    return {key: value for key, value in item.items() if key in known}
+
+
 def _scheduler_config(item: Any, where: str, monitor: str | None = None) -> SchedulerConfig:
     if isinstance(item, dict):
-        unknown = set(item) - _SCHEDULER_KEYS
-        if "scheduler" not in item or unknown:
+        item = _without_unknown_keys(item, _SCHEDULER_KEYS, "lr_scheduler dict", where)
+        if "scheduler" not in item:
             raise HookResultError(
-                f"configure_optimizers: the lr_scheduler dict needs the key 'scheduler' and "
-                f"accepts only {sorted(_SCHEDULER_KEYS)}; received keys {sorted(item)} ({where})."
+                f"configure_optimizers: the lr_scheduler dict needs the key 'scheduler'; received "
+                f"keys {sorted(item)} ({where}). Return {{'scheduler': s, 'interval': 'step'}}."
             )
         config = SchedulerConfig(**item)
+        if "reduce_on_plateau" not in item:
+            config.reduce_on_plateau = _is_plateau(config.scheduler)
     else:
-        config = SchedulerConfig(item, monitor=monitor)
+        config = SchedulerConfig(item, monitor=monitor, reduce_on_plateau=_is_plateau(item))
     if not hasattr(config.scheduler, "step") or not hasattr(config.scheduler, "optimizer"):
         raise HookResultError(
             f"configure_optimizers: {describe(config.scheduler)} is not a learning-rate scheduler "
@@ -79,15 +104,37 @@ def _scheduler_config(item: Any, where: str, monitor: str | None = None) -> Sche
     return config
 
 
+def _is_plateau(scheduler: Any) -> bool:
+    return isinstance(scheduler, torch.optim.lr_scheduler.ReduceLROnPlateau)
+
+
 def parse_optimizer_config(
     returned: Any, where: str
 ) -> tuple[list[torch.optim.Optimizer], list[SchedulerConfig]]:
-    """Normalise ``configure_optimizers``'s result; ``where`` names the module for messages."""
+    """Normalise ``configure_optimizers``'s result; ``where`` names the module for messages.
+
+    Raises:
+        HookResultError: an unknown shape, a bad scheduler entry, or a scheduler whose optimizer
+            was not returned (Lightning refuses it: it would run at a constant learning rate).
+    """
+    optimizers, schedulers = _parse(returned, where)
+    for config in schedulers:
+        if not any(config.scheduler.optimizer is optimizer for optimizer in optimizers):
+            raise HookResultError(
+                f"configure_optimizers: the scheduler {type(config.scheduler).__name__} is "
+                "attached to an optimizer that configure_optimizers did not return "
+                f"({where}). Build the scheduler on a returned optimizer, or return its optimizer."
+            )
+    return optimizers, schedulers
+
+
+def _parse(returned: Any, where: str) -> tuple[list[torch.optim.Optimizer], list[SchedulerConfig]]:
     if isinstance(returned, torch.optim.Optimizer):
         return [returned], []
     if isinstance(returned, dict):
         if "optimizer" not in returned:
             raise _fail(where, returned, " (a dict without the key 'optimizer')")
+        returned = _without_unknown_keys(returned, _OPTIMIZER_KEYS, "optimizer dict", where)
         optimizer = returned["optimizer"]
         if not isinstance(optimizer, torch.optim.Optimizer):
             raise _fail(where, optimizer, " under 'optimizer'")
@@ -101,19 +148,17 @@ def parse_optimizer_config(
         if all(isinstance(item, dict) for item in returned):
             optimizers, schedulers = [], []
             for item in returned:
-                opts, scheds = parse_optimizer_config(item, where)
+                opts, scheds = _parse(item, where)
                 optimizers += opts
                 schedulers += scheds
             return optimizers, schedulers
-        if (
-            len(returned) == 2
-            and isinstance(returned[0], list | tuple)
-            and isinstance(returned[1], list | tuple)
-        ):
+        if len(returned) == 2 and isinstance(returned[0], list | tuple):
             optimizers = list(returned[0])
             if not optimizers or not all(isinstance(o, torch.optim.Optimizer) for o in optimizers):
                 raise _fail(where, returned[0], " as the optimizers list")
-            return optimizers, [_scheduler_config(s, where) for s in returned[1]]
+            # ([optimizers], scheduler): one scheduler outside a list, as Lightning takes it
+            given = returned[1] if isinstance(returned[1], list | tuple) else [returned[1]]
+            return optimizers, [_scheduler_config(s, where) for s in given]
         if all(isinstance(item, torch.optim.Optimizer) for item in returned):
             return list(returned), []
     raise _fail(where, returned)
