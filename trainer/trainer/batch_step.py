@@ -92,6 +92,7 @@ class BatchStep:
                 optimizer,
                 run_batch=self._run_batch,
                 before_step=self._before_step,
+                is_step_skipped=self._is_step_skipped,
                 normalize=trainer.accumulate_grad_batches,
             )
             if optimizer is not None and is_overridden(module, "optimizer_step", TrainModule)
@@ -192,6 +193,8 @@ class BatchStep:
             self._accelerator.backward(loss)
             if is_stepping:
                 optimizer.step()
+        elif is_stepping and self._accelerator.scaler is None:
+            optimizer.step()  # Lightning steps on what the window accumulated: `_is_step_skipped`
         return output, loss, is_stepping
 
     def _step_automatic(self, batch: Any, batch_idx: int) -> tuple[Any, torch.Tensor | None, bool]:
@@ -205,8 +208,14 @@ class BatchStep:
                 if self._needs_closure:  # LBFGS: the closure's first call: this loss
                     self._closure_batch = (batch, batch_idx)
                     self._closure_loss = None if loss is None else loss.detach()
-                self._optimizer_step(loss is None or self.skip_backward)
+                self._optimizer_step(self.skip_backward or self._is_step_skipped(loss))
         return output, loss, is_stepping
+
+    def _is_step_skipped(self, loss: torch.Tensor | None) -> bool:
+        """Whether a stepping batch's optimizer step is left out: as in Lightning, only when
+        ``training_step`` returned None under a gradient scaler; otherwise the optimizer steps
+        on what the window accumulated (nothing without accumulation: zero_grad cleared it)."""
+        return loss is None and self._accelerator.scaler is not None
 
     def end_batch(self, output: Any, batch: Any, batch_idx: int) -> None:
         """``on_train_batch_end`` with ``training_step``'s output (a Tensor as ``{"loss": t}``)."""
@@ -272,8 +281,9 @@ class BatchStep:
     def _optimizer_step(self, is_skipped: bool = False) -> None:
         """Unscale, hook, clip, step.
 
-        ``is_skipped`` (training_step returned None): as in Lightning, the hook runs (and the
-        fit counts the step), but the optimizer does not step.
+        ``is_skipped`` (`_is_step_skipped`, or StochasticWeightAveraging's BatchNorm epoch):
+        as in Lightning, the hook runs (and the fit counts the step), but the optimizer does not
+        step.
         """
         trainer = self.trainer
         optimizer = trainer.optimizers[0]

@@ -60,7 +60,8 @@ class HookedStep:
     During the hook the prepared optimizer's ``step(closure=None)`` is Lightning's: it runs the
     closure, then ``before_step(is_skipped)`` (``on_before_optimizer_step``,
     unscaling, clipping), then the step through the strategy, which is left out when
-    ``training_step`` returned None; an optimizer such as LBFGS calls the closure, and
+    ``is_step_skipped(loss)`` (``training_step`` returned None under a gradient scaler, as in
+    Lightning: otherwise the step takes what the window accumulated); an optimizer such as LBFGS calls the closure, and
     ``before_step`` after it, for each evaluation.
     """
 
@@ -71,12 +72,14 @@ class HookedStep:
         *,
         run_batch: RunBatch,
         before_step: Callable[[bool], None],
+        is_step_skipped: Callable[[torch.Tensor | None], bool],
         normalize: int,
     ) -> None:
         self._module = module
         self._optimizer = optimizer
         self._run_batch = run_batch
         self._before_step = before_step
+        self._is_step_skipped = is_step_skipped
         self._normalize = normalize
         self._closure: TrainingClosure | None = None  # the current batch's
 
@@ -137,5 +140,6 @@ class HookedStep:
         return results[0] if results else None
 
     def _is_skipped(self) -> bool:
-        """Whether the batch has no loss (``training_step`` returned None, or never ran)."""
-        return self._closure is None or self._closure.loss is None
+        """Whether the step is left out: the closure never ran, or ``is_step_skipped`` says so
+        for its loss (None under a gradient scaler, as in Lightning)."""
+        return self._closure is None or self._is_step_skipped(self._closure.loss)
