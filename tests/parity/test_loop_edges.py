@@ -66,3 +66,104 @@ def test_none_on_a_stepping_batch_steps_on_the_accumulated_gradients(recipe: str
     """Batch 1 ends the first window: Lightning still steps (and clips) with batch 0's
     gradients; batch 4 starts a window, whose step takes batch 5's alone."""
     assert _none_on_stepping_batch(TRAINER, recipe) == _none_on_stepping_batch(LIGHTNING, recipe)
+
+
+# ---- an epoch skipped inside an accumulation window -----------------------------------------
+def _skip_inside_window(fw: Any) -> dict[str, Any]:
+    calls: list[Any] = []
+
+    class SkipsInsideWindow(regression_class(fw.Module)):  # type: ignore[misc]
+        def on_train_batch_start(self, batch, batch_idx):
+            return -1 if (self.current_epoch, batch_idx) == (0, 2) else None
+
+        def configure_optimizers(self):
+            return torch.optim.SGD(self.parameters(), lr=0.1)
+
+    recorder = recording_callback(fw.Callback, calls, _BATCH_HOOKS)
+    fit = fw.trainer(callbacks=[recorder], **quiet(max_epochs=2, accumulate_grad_batches=3))
+    module = SkipsInsideWindow()
+    fit.fit(module, loader(10))
+    return {"calls": calls, "global_step": fit.global_step, "weights": _weights(module)}
+
+
+def test_an_epoch_skipped_inside_a_window_leaves_the_next_epoch_fresh_windows() -> None:
+    """Epoch 0 ends after 2 of 3 batches of its first window; epoch 1 steps after its batches 2
+    and 4 (Lightning's windows count the epoch's batches), not after 0, 3 and 4."""
+    assert _skip_inside_window(TRAINER) == _skip_inside_window(LIGHTNING)
+
+
+# ---- should_stop set in on_train_epoch_start ------------------------------------------------
+_EPOCH_HOOKS = ("on_train_epoch_start", "on_train_epoch_end", "on_validation_start")
+
+
+def _stop_at_epoch_start(fw: Any, **options: Any) -> dict[str, Any]:
+    calls: list[Any] = []
+
+    class StopAtEpochOne(fw.Callback):  # type: ignore[misc, name-defined]
+        def on_train_epoch_start(self, trainer_, module):
+            if trainer_.current_epoch == 1:
+                trainer_.should_stop = True
+
+    recorder = recording_callback(fw.Callback, calls, (*_EPOCH_HOOKS, "on_train_batch_end"))
+    fit = fw.trainer(callbacks=[StopAtEpochOne(), recorder], **quiet(max_epochs=4, **options))
+    module = regression_class(fw.Module)()
+    fit.fit(module, loader(8), loader(4, seed=1))
+    return {"calls": calls, "global_step": fit.global_step, "weights": _weights(module)}
+
+
+@pytest.mark.parametrize("options", [{}, {"min_epochs": 3}], ids=["stops", "min_epochs=3"])
+def test_should_stop_in_on_train_epoch_start_ends_the_epoch_before_its_first_batch(
+    options: dict[str, Any],
+) -> None:
+    """Epoch 1 runs on_train_epoch_start and on_train_epoch_end only: no step, no validation
+    (with min_epochs=3 unmet, the stop waits and epochs 1 and 2 train in full)."""
+    assert _stop_at_epoch_start(TRAINER, **options) == _stop_at_epoch_start(LIGHTNING, **options)
+
+
+# ---- max_time asks to stop: min_epochs / min_steps win ---------------------------------------
+def _out_of_time(fw: Any, **options: Any) -> dict[str, Any]:
+    calls: list[Any] = []
+    recorder = recording_callback(fw.Callback, calls, (*_EPOCH_HOOKS, "on_train_batch_end"))
+    fit = fw.trainer(
+        callbacks=[recorder], **quiet(max_epochs=5, max_time={"seconds": 0}, **options)
+    )
+    module = regression_class(fw.Module)()
+    fit.fit(module, loader(6))
+    facts = {"global_step": fit.global_step, "should_stop": fit.should_stop}
+    return {"calls": calls, "weights": _weights(module), **facts}
+
+
+@pytest.mark.parametrize(
+    "options", [{"min_epochs": 2}, {"min_steps": 4}], ids=["min_epochs=2", "min_steps=4"]
+)
+def test_max_time_waits_for_min_epochs_and_min_steps(options: dict[str, Any]) -> None:
+    """max_time=0 is up at once; as Lightning's Timer, it sets should_stop (True after the fit),
+    which ends training only once the minimum is trained (min_steps=4: inside epoch 1)."""
+    expected = _out_of_time(LIGHTNING, **options)
+    assert expected["should_stop"] and expected["global_step"] > 0
+    assert _out_of_time(TRAINER, **options) == expected
+
+
+# ---- num_sanity_val_steps=-1 under limit_val_batches / overfit_batches ----------------------
+def _sanity_of_all(fw: Any, **options: Any) -> list[Any]:
+    seen: list[Any] = []
+
+    class Counting(regression_class(fw.Module)):  # type: ignore[misc]
+        def validation_step(self, batch, batch_idx):
+            if self.trainer.sanity_checking:
+                seen.append((batch_idx, list(self.trainer.num_sanity_val_batches)))
+            return super().validation_step(batch, batch_idx)
+
+    fit = fw.trainer(**quiet(max_epochs=1, num_sanity_val_steps=-1, **options))
+    fit.fit(Counting(), loader(4), loader(6, seed=1))
+    return seen
+
+
+@pytest.mark.parametrize(
+    "options", [{"limit_val_batches": 2}, {"overfit_batches": 1}], ids=["limit", "overfit"]
+)
+def test_a_sanity_check_of_all_batches_runs_those_validation_would(options: dict[str, Any]) -> None:
+    """-1 means every batch validation runs: 2 of the 3 under limit_val_batches=2."""
+    expected = _sanity_of_all(LIGHTNING, **options)
+    assert len(expected) < 3
+    assert _sanity_of_all(TRAINER, **options) == expected

@@ -52,6 +52,11 @@ class GradientState:
             self.sync_gradients = self.step % self.num_steps == 0
         return self.sync_gradients
 
+    def start_window(self, position: int = 0) -> None:
+        """Count windows afresh, ``position`` batches in: a fit's epoch starts its own windows
+        (Lightning's count the epoch's batches), also after one that ended inside a window."""
+        self.step = position % self.num_steps
+
     @property
     def in_dataloader(self) -> bool:
         """Whether a prepared dataloader is being iterated."""

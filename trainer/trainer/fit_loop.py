@@ -142,6 +142,8 @@ class FitLoop(BatchStep, FitLimits):
         warn_on_eval_modules(trainer.module)
         val_check_batches(trainer, self._run)  # refuses an interval it cannot count, up front
         self._last_val_time = time.monotonic()  # after the sanity check, as in Lightning
+        if self._time_is_up():  # max_time=0: Lightning's Timer stops the fit at on_fit_start
+            trainer.should_stop = True
         try:
             self._run.hooks.call("on_train_start")
             while not self._is_done():
@@ -179,9 +181,7 @@ class FitLoop(BatchStep, FitLimits):
             return True
         if trainer.max_steps != -1 and trainer.global_step >= trainer.max_steps:
             return True
-        if trainer.max_epochs not in (None, -1) and trainer.progress.epoch >= trainer.max_epochs:
-            return True
-        return self._time_is_up()
+        return trainer.max_epochs not in (None, -1) and trainer.progress.epoch >= trainer.max_epochs
 
     def _can_stop_early(self) -> bool:
         """Whether ``min_epochs`` and ``min_steps`` are met, so ``should_stop`` may end training."""
@@ -191,6 +191,8 @@ class FitLoop(BatchStep, FitLimits):
         )
 
     def _time_is_up(self) -> bool:
+        """Whether ``max_time`` has passed since fit's setup. As Lightning's Timer does, it sets
+        ``should_stop`` (after each batch), so ``min_epochs`` / ``min_steps`` still win."""
         max_time = self.trainer.max_time
         return (
             max_time is not None
@@ -211,10 +213,16 @@ class FitLoop(BatchStep, FitLimits):
         self._train_store.start_epoch()
         loader.set_epoch(progress.epoch)
         loader.skip_batches = progress.batch_idx  # > 0 only when resuming mid-epoch
+        # The windows count this epoch's batches, as zero_grad's do (`BatchStep`), even after
+        # an epoch left inside one (on_train_batch_start returned -1).
+        self._gradient_state.start_window(progress.batch_idx)
         if self.pending_rng_state is not None:  # resuming: continue the saved random streams
             set_rng_states(self.pending_rng_state)
             self.pending_rng_state = None
         run.hooks.call("on_train_epoch_start")
+        if trainer.should_stop and self._can_stop_early():  # Lightning checks before each batch
+            self._end_train_epoch(is_complete=False)  # no batch: a resume starts it afresh
+            return
         self._has_step_plateau = self._has_schedulers("step", is_plateau=True)
         val_every = val_check_batches(trainer, run)  # 0: after the epoch's last batch only
         val_seconds = val_check_seconds(trainer)  # or, with a duration, once it has passed
@@ -250,10 +258,9 @@ class FitLoop(BatchStep, FitLimits):
                 save_and_exit(trainer, self.received_signal)
             is_last = loader.end_of_dataloader
             # Lightning's rule: after the interval's batches (not again at the epoch's end when
-            # the interval does not divide it), and after a batch that stops the fit: by
-            # should_stop, or by max_time (Lightning's Timer sets should_stop then), checked once.
-            is_time_up = trainer.max_time is not None and self._time_is_up()
-            is_stopping = (trainer.should_stop and self._can_stop_early()) or is_time_up
+            # the interval does not divide it), and after a batch that stops the fit (by
+            # should_stop, which max_time sets too: `_train_batch`).
+            is_stopping = trainer.should_stop and self._can_stop_early()
             if val_every:  # `is_val_check_batch`, inlined: this runs every batch
                 count = progress.total_batches if is_counted_over_fit else batch_idx + 1
                 is_due = count % val_every == 0
@@ -348,6 +355,8 @@ class FitLoop(BatchStep, FitLimits):
             outputs = {"loss": output.detach()} if isinstance(output, torch.Tensor) else output
             for hook in on_batch_end:
                 hook(outputs, batch, batch_idx)
+        if trainer.max_time is not None and self._time_is_up():  # Lightning's Timer checks here
+            trainer.should_stop = True
         # Lightning writes the step row after on_train_batch_end (what it logs joins the row),
         # and also for the batch that stops the fit.
         if self.is_step_row_due or (is_stepping and trainer.should_stop):

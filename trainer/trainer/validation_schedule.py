@@ -41,7 +41,8 @@ def run_sanity_check(trainer: Trainer, run: Run) -> None:
     full_limits = [loader.limit for loader in loaders]
     steps = trainer.num_sanity_val_steps
     for loader, full in zip(loaders, full_limits, strict=True):
-        loader.limit = None if steps < 0 else min(steps, full if full is not None else steps)
+        # -1 ("all") is all the batches validation would run: limit_val_batches / overfit_batches
+        loader.limit = full if steps < 0 else min(steps, full if full is not None else steps)
     trainer.sanity_checking = True
     full_count = trainer.num_val_batches
     trainer.num_val_batches = sum(safe_len(loader) for loader in loaders)
