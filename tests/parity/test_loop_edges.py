@@ -167,3 +167,77 @@ def test_a_sanity_check_of_all_batches_runs_those_validation_would(options: dict
     expected = _sanity_of_all(LIGHTNING, **options)
     assert len(expected) < 3
     assert _sanity_of_all(TRAINER, **options) == expected
+
+
+# ---- what on_train_batch_end and on_before_backward receive ---------------------------------
+def _described(value: Any) -> Any:
+    if isinstance(value, torch.Tensor):
+        return (round(float(value), 4), value.requires_grad)
+    return value
+
+
+def _batch_end_outputs(fw: Any, returns: str, manual: bool, **options: Any) -> list[Any]:
+    seen: list[Any] = []
+
+    class Returning(regression_class(fw.Module)):  # type: ignore[misc]
+        def __init__(self) -> None:
+            super().__init__()
+            self.automatic_optimization = not manual
+
+        def training_step(self, batch, batch_idx):
+            loss = self.loss(batch)
+            if manual:
+                optimizer = self.optimizers()
+                optimizer.zero_grad()
+                self.manual_backward(loss)
+                optimizer.step()
+            if returns == "none":
+                return None
+            return {"extra": 7, "loss": loss, "aux": loss * 2} if returns == "dict" else loss
+
+        def on_before_backward(self, loss):
+            seen.append(("on_before_backward", _described(loss)))
+
+        def on_train_batch_end(self, outputs, batch, batch_idx):
+            items = list(outputs.items()) if isinstance(outputs, dict) else [outputs]
+            seen.append(("m", [(k, _described(v)) for k, v in items]))
+
+    class Outputs(fw.Callback):  # type: ignore[misc, name-defined]
+        def on_train_batch_end(self, trainer_, module, outputs, batch, batch_idx):
+            seen.append(("cb", {k: _described(v) for k, v in outputs.items()}))
+
+    fit = fw.trainer(callbacks=[Outputs()], **quiet(max_epochs=1, **options))
+    fit.fit(Returning(), loader(6))
+    return seen
+
+
+@pytest.mark.parametrize(
+    ("returns", "manual", "options"),
+    [
+        ("tensor", False, {}),
+        ("tensor", False, {"accumulate_grad_batches": 2}),
+        ("dict", False, {}),
+        ("dict", False, {"accumulate_grad_batches": 2}),
+        ("none", False, {"accumulate_grad_batches": 2}),
+        ("tensor", True, {}),
+        ("dict", True, {}),
+        ("none", True, {}),
+    ],
+    ids=[
+        "tensor",
+        "tensor, accumulation",
+        "dict",
+        "dict, accumulation",
+        "None",
+        "manual tensor",
+        "manual dict",
+        "manual None",
+    ],
+)
+def test_batch_end_outputs_and_the_backward_loss_are_lightnings(
+    returns: str, manual: bool, options: dict[str, Any]
+) -> None:
+    """on_train_batch_end gets {"loss": detached loss / accumulate_grad_batches, other keys}
+    ({} for None), and on_before_backward the divided loss backward takes."""
+    expected = _batch_end_outputs(LIGHTNING, returns, manual, **options)
+    assert _batch_end_outputs(TRAINER, returns, manual, **options) == expected

@@ -44,7 +44,7 @@ from trainer.trainer.step_hooks import HookedStep
 if TYPE_CHECKING:
     from trainer.trainer.trainer import Trainer
 
-__all__ = ["BatchStep", "trial_step"]
+__all__ = ["BatchStep", "batch_end_outputs", "trial_step"]
 
 
 class BatchStep:
@@ -112,6 +112,9 @@ class BatchStep:
         self._has_autocast = is_overridden(trainer.accelerator.precision, "autocast", Precision)
         self._on_batch_start = hooks["on_train_batch_start"]
         self._on_batch_end = hooks["on_train_batch_end"]
+        # Lightning divides the loss by accumulate_grad_batches before on_before_backward and
+        # on_train_batch_end see it (the Accelerator's backward divides it itself).
+        self._loss_divisor = trainer.accumulate_grad_batches if is_automatic else 1
         self._on_before_backward = hooks["on_before_backward"]
         self._on_after_backward = hooks["on_after_backward"]
         self._on_before_zero_grad = hooks["on_before_zero_grad"]
@@ -218,17 +221,18 @@ class BatchStep:
         return loss is None and self._accelerator.scaler is not None
 
     def end_batch(self, output: Any, batch: Any, batch_idx: int) -> None:
-        """``on_train_batch_end`` with ``training_step``'s output (a Tensor as ``{"loss": t}``)."""
+        """``on_train_batch_end`` with `batch_end_outputs` of ``training_step``'s output."""
         if self._on_batch_end:  # hot path: build nothing nobody reads
-            output = {"loss": output.detach()} if isinstance(output, torch.Tensor) else output
+            outputs = batch_end_outputs(output, self._loss_divisor, self._is_automatic)
             for hook in self._on_batch_end:  # the table's order; nobody reads what they return
-                hook(output, batch, batch_idx)
+                hook(outputs, batch, batch_idx)
 
     def backward(self, loss: torch.Tensor, **kwargs: Any) -> None:
         """The hooks around ``accelerator.backward`` (also ``manual_backward``'s path)."""
         # Empty hook lists are skipped without a call: this runs every batch.
-        if self._on_before_backward:
-            self._hooks.call("on_before_backward", loss)
+        if self._on_before_backward:  # the loss backward takes: Lightning's, divided
+            divisor = self._loss_divisor
+            self._hooks.call("on_before_backward", loss / divisor if divisor > 1 else loss)
         if self._module_backward is not None:  # the precision calls it on the scaled loss
             kwargs["backward_fn"] = self._module_backward
         if self.trainer.detect_anomaly:
@@ -368,6 +372,23 @@ def trial_step(trainer: Trainer) -> BatchStep:
         )
     hooks = HookTable(trainer, module, (), PassThroughProfiler())  # trials are not the fit's
     return BatchStep(trainer, hooks, model=model, training_step=partial(model, "training_step"))
+
+
+def batch_end_outputs(output: Any, divisor: int, is_automatic: bool) -> dict[str, Any]:
+    """What ``on_train_batch_end`` receives, as Lightning builds it: ``{"loss": loss}``
+    detached, divided by ``accumulate_grad_batches`` under automatic optimization (``divisor``)
+    and followed by a dict's other keys; ``{}`` for None. Manual optimization: a dict's copy
+    (its "loss" detached), a Tensor as ``{"loss": t.detach()}``."""
+    if isinstance(output, torch.Tensor):
+        return {"loss": (output / divisor if divisor > 1 else output).detach()}
+    if not isinstance(output, dict):
+        return {}  # None: training_step checked anything else already
+    loss = output.get("loss")
+    if isinstance(loss, torch.Tensor):
+        loss = (loss / divisor if divisor > 1 else loss).detach()
+    if is_automatic:
+        return {"loss": loss, **{key: v for key, v in output.items() if key != "loss"}}
+    return {**output, "loss": loss} if "loss" in output else dict(output)
 
 
 def _loss_in(output: Any) -> torch.Tensor | None:

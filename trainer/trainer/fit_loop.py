@@ -37,7 +37,7 @@ import torch
 from trainer.runtime.seed import set_rng_states
 from trainer.strategies.ddp_reducer import unused_parameters_error
 from trainer.trainer import profiling
-from trainer.trainer.batch_step import BatchStep
+from trainer.trainer.batch_step import BatchStep, batch_end_outputs
 from trainer.trainer.durations import val_check_seconds
 from trainer.trainer.evaluation_loop import run_eval_epoch
 from trainer.trainer.loaders import is_reload_due, reload_stage
@@ -352,7 +352,10 @@ class FitLoop(BatchStep, FitLimits):
             trainer.checkpoint_io.poll()
         on_batch_end = self._on_batch_end
         if on_batch_end:  # `end_batch`, inlined: this runs every batch
-            outputs = {"loss": output.detach()} if isinstance(output, torch.Tensor) else output
+            if type(output) is torch.Tensor and self._loss_divisor == 1:
+                outputs = {"loss": output.detach()}
+            else:
+                outputs = batch_end_outputs(output, self._loss_divisor, self._is_automatic)
             for hook in on_batch_end:
                 hook(outputs, batch, batch_idx)
         if trainer.max_time is not None and self._time_is_up():  # Lightning's Timer checks here
