@@ -162,6 +162,12 @@ def _metric_input(how: str, batch: Any) -> tuple[Any, dict[str, Any]]:
         return (batch[2], batch[0][:, 0]), {}
     if how == "dict":
         return {"index": batch[2], "x": batch[0]}, {}
+    if how == "list":
+        return [batch[2], batch[0][:, 0]], {}
+    if how == "one_item_list":
+        return [batch[2]], {}
+    if how == "nested":
+        return {"pair": [batch[2], (batch[0],)], "index": {"i": batch[2]}}, {}
     if how == "objects":
         return ids(batch), {"use_gather_object": True}
     if how == "strings":
@@ -187,6 +193,9 @@ METRIC_CASES: dict[str, tuple[Any, str, dict[str, Any]]] = {
     "tensor_9_by_2": (lambda: loader(9, 2), "tensor", {}),
     "tuple_9_by_2": (lambda: loader(9, 2), "tuple", {}),
     "dict_9_by_2": (lambda: loader(9, 2), "dict", {}),
+    "list_9_by_2": (lambda: loader(9, 2), "list", {}),
+    "one_item_list_9_by_2": (lambda: loader(9, 2), "one_item_list", {}),
+    "nested_9_by_2": (lambda: loader(9, 2), "nested", {}),
     "objects_9_by_2": (lambda: loader(9, 2), "objects", {}),
     "strings_9_by_2": (lambda: loader(9, 2), "strings", {}),
     "tensor_9_by_5": (lambda: loader(9, 5), "tensor", {}),

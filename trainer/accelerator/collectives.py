@@ -59,18 +59,15 @@ def gather(strategy: Strategy, data: Any) -> Any:
 def gather_for_metrics(
     strategy: Strategy, gradient_state: GradientState, data: Any, use_gather_object: bool = False
 ) -> Any:
-    if use_gather_object or not _has_tensor(data):
-        gathered = _gather_objects(strategy, data)
-    else:
-        gathered = gather(strategy, data)
+    is_objects = use_gather_object or not _has_tensor(data)
+    gathered = _gather_objects(strategy, data) if is_objects else gather(strategy, data)
     remainder = gradient_state.remainder
     if gradient_state.end_of_dataloader and remainder > 0:
-        # The last batch was completed with samples from the start: keep only the real ones.
-        return (
-            map_tensors(lambda t: t[:remainder], gathered)
-            if not isinstance(gathered, list)
-            else gathered[:remainder]
-        )
+        # The last batch was completed with samples from the start: keep only the real ones,
+        # of the one list of objects, or of each tensor however they are nested.
+        if is_objects:
+            return gathered[:remainder]
+        return map_tensors(lambda tensor: tensor[:remainder], gathered)
     return gathered
 
 
