@@ -58,10 +58,11 @@ def test_one_process_uses_the_one_process_identities():
 
 def test_reduce_free_default_is_mean_and_keeps_the_nest():
     data = _nest()
+    data["b"] = Pair(torch.ones(2, 2), torch.tensor(7))  # reduce takes tensors only
     for reduction in ("mean", "sum", "max", "min", "none"):
         out = trainer.reduce(data, reduction=reduction)
         assert torch.equal(out["a"][0], data["a"][0]) and isinstance(out["a"][1], tuple)
-        assert isinstance(out["b"], Pair) and out["b"].right == 7
+        assert isinstance(out["b"], Pair) and int(out["b"].right) == 7
     assert inspect.signature(trainer.reduce).parameters["reduction"].default == "mean"
     assert torch.equal(
         trainer.reduce(torch.tensor([1.0, 3.0]), scale=2.0), torch.tensor([2.0, 6.0])
@@ -82,6 +83,29 @@ def test_an_unknown_reduction_names_the_choices():
         trainer.reduce(torch.ones(1), reduction="median")
     with pytest.raises(ConfigurationError, match="reduction='avg'"):
         Accelerator(cpu=True).reduce(torch.ones(1), "avg")
+
+
+def test_reduce_of_a_python_number_names_the_call_and_asks_for_a_tensor():
+    # Failed before: reduce(loss.item()) returned each process's own value, unreduced.
+    # Accelerate raises TypeError, with one process too; NotATensorError is one.
+    for reduce in (trainer.reduce, Accelerator(cpu=True).reduce):
+        with pytest.raises(
+            collectives.NotATensorError, match=r"^reduce\(tensor=0.5 .*Pass a tensor"
+        ):
+            reduce(0.5, "mean")
+        with pytest.raises(TypeError, match=r"found 2.0 \(type float\) at \['b'\]\[0\]"):
+            reduce({"a": torch.ones(1), "b": [2.0]}, "sum")
+    assert issubclass(collectives.NotATensorError, ConfigurationError)
+
+
+def test_gather_and_broadcast_of_python_numbers_raise_with_several_processes():
+    # Failed before: each process got its own number back. With one process Accelerate
+    # returns the value, as gather does here.
+    assert trainer.gather([1.5]) == [1.5] and trainer.broadcast(1.5) == 1.5
+    with pytest.raises(collectives.NotATensorError, match=r"^gather\(tensor=\[1.5\].*at \[0\]"):
+        collectives.gather(_Pretend(), [1.5])
+    with pytest.raises(TypeError, match=r"^broadcast\(tensor=1.5 .*Pass a tensor"):
+        collectives.broadcast(_Pretend(), 1.5)
 
 
 def test_gather_broadcast_and_pad_are_identities_with_one_process():

@@ -85,6 +85,37 @@ _register("broadcast", {
 }, accelerate_has_method=False)  # fmt: skip
 _register("wait_for_everyone", {"call": lambda wait: wait()})
 
+
+def _raises_type_error(call: Call) -> Call:
+    """What a collective does with Python numbers (``loss.item()``): a TypeError on both sides
+    (trainer's `NotATensorError` is one), or the value it returned."""
+
+    def run(verb: Callable[..., Any]) -> Any:
+        try:
+            return {"returned": jsonable(call(verb))}
+        except TypeError:
+            return "TypeError"
+
+    return run
+
+
+_register("reduce", {
+    f"python_{name}": _raises_type_error(call) for name, call in {
+        "float": lambda reduce: reduce(float(_rank() + 1), "mean"),
+        "dict": lambda reduce: reduce({"loss": float(_rank() + 1)}, "sum"),
+        "mixed_list": lambda reduce: reduce([_ranked(), 1.0], "sum"),
+    }.items()
+})  # fmt: skip
+_register("gather", {
+    f"python_{name}": _raises_type_error(call) for name, call in {
+        "float": lambda gather: gather(float(_rank() + 1)),
+        "list": lambda gather: gather([float(_rank() + 1)]),
+    }.items()
+})  # fmt: skip
+_register("broadcast", {
+    "python_float": _raises_type_error(lambda broadcast: broadcast(float(_rank() + 1))),
+}, accelerate_has_method=False)  # fmt: skip
+
 for _case, _make in {
     "list": lambda: [_rank(), f"r{_rank()}"],
     "nested_list": lambda: [{"rank": _rank()}, (_rank(), _rank())],

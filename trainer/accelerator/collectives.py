@@ -5,6 +5,9 @@ The Accelerator's ``gather`` / ``gather_for_metrics`` / ``reduce`` / ``pad_acros
 (``gather_object``, ``broadcast_object_list``): ``trainer.accelerator.operations`` calls the same
 functions with the current process's strategy. With one process each is the identity
 (``gather`` of a 0-dim tensor still returns shape ``(1,)``, as the Accelerator's always has).
+As in Accelerate, what they reduce or exchange must be tensors: ``reduce`` of a Python number
+(``loss.item()``) raises `NotATensorError`, and so do ``gather`` and ``broadcast`` with several
+processes, where each process would otherwise keep its own value.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "REDUCTIONS",
+    "NotATensorError",
     "broadcast",
     "broadcast_object_list",
     "gather",
@@ -31,6 +35,39 @@ __all__ = [
     "pad_across_processes",
     "reduce",
 ]
+
+
+class NotATensorError(ConfigurationError, TypeError):
+    """A collective was given a Python number or another non-tensor (Accelerate: ``TypeError``).
+
+    A `ConfigurationError`, so ``except TrainerError`` catches it, and a ``TypeError`` like the
+    one Accelerate raises there; defined beside the collectives, its only user.
+    """
+
+
+def _require_tensors(call: str, data: Any) -> None:
+    """Refuse a non-tensor leaf: a collective would hand it back unchanged on every process."""
+
+    def _leaves(value: Any, where: str) -> None:
+        if isinstance(value, torch.Tensor):
+            return
+        if isinstance(value, dict):
+            for key, item in value.items():
+                _leaves(item, f"{where}[{key!r}]")
+            return
+        if isinstance(value, list | tuple):
+            for index, item in enumerate(value):
+                _leaves(item, f"{where}[{index}]")
+            return
+        found = f" at {where}" if where else ""
+        raise NotATensorError(
+            f"{call}(tensor={describe(data)}): expected a tensor or a list, tuple or dict of "
+            f"tensors; found {describe(value)}{found}. Pass a tensor, e.g. "
+            "torch.tensor(loss.item(), device=accelerator.device), or the loss tensor itself; "
+            "for Python objects use gather_object."
+        )
+
+    _leaves(data, "")
 
 
 def map_tensors(function: Callable[[torch.Tensor], Any], data: Any) -> Any:
@@ -47,6 +84,14 @@ def map_tensors(function: Callable[[torch.Tensor], Any], data: Any) -> Any:
 
 
 def gather(strategy: Strategy, data: Any) -> Any:
+    if strategy.world_size > 1:
+        _require_tensors("gather", data)
+    return _gather_tensors(strategy, data)
+
+
+def _gather_tensors(strategy: Strategy, data: Any) -> Any:
+    """`gather` without the check: gather_for_metrics leaves non-tensors of a mixed nest as they are."""
+
     def _gather(tensor: torch.Tensor) -> torch.Tensor:
         if tensor.ndim == 0:
             tensor = tensor.unsqueeze(0)
@@ -60,7 +105,7 @@ def gather_for_metrics(
     strategy: Strategy, gradient_state: GradientState, data: Any, use_gather_object: bool = False
 ) -> Any:
     is_objects = use_gather_object or not _has_tensor(data)
-    gathered = _gather_objects(strategy, data) if is_objects else gather(strategy, data)
+    gathered = _gather_objects(strategy, data) if is_objects else _gather_tensors(strategy, data)
     remainder = gradient_state.remainder
     if gradient_state.end_of_dataloader and remainder > 0:
         # The last batch was completed with samples from the start: keep only the real ones,
@@ -122,6 +167,7 @@ def reduce(strategy: Strategy, data: Any, reduction: str = "sum", scale: float =
         raise ConfigurationError(
             f"reduce(reduction={reduction!r}): expected one of {REDUCTIONS}. Pass one of them."
         )
+    _require_tensors("reduce", data)
 
     def _reduce(tensor: torch.Tensor) -> torch.Tensor:
         if reduction == "none":
@@ -155,4 +201,6 @@ def pad_across_processes(
 
 
 def broadcast(strategy: Strategy, data: Any, from_process: int = 0) -> Any:
+    if strategy.world_size > 1:
+        _require_tensors("broadcast", data)
     return map_tensors(lambda tensor: strategy.broadcast(tensor, src=from_process), data)
