@@ -283,3 +283,32 @@ def _process_facts(side: Side) -> dict[str, Any]:
         "mixed_precision": str(accelerator.mixed_precision),
         "world_size_env": int(os.environ.get("WORLD_SIZE", "1")),
     }
+
+
+# ---- skip_first_batches ---------------------------------------------------------------------
+SKIP_CASES: dict[str, Any] = {
+    "prepared": lambda: loader(10, 2),
+    "prepared_shuffled": lambda: loader(10, 2, shuffle=True, generator=_seeded(3)),
+}
+
+
+def _skip_case(make_loader: Any) -> Any:
+    """Two passes over ``skip_first_batches(prepared, 2)``: both start at batch 2."""
+
+    def run(side: Side) -> dict[str, Any]:
+        accelerator = side.accelerator()
+        skipped = accelerator.skip_first_batches(accelerator.prepare(make_loader()), 2)
+        return _walk(accelerator, skipped)
+
+    return run
+
+
+for _name, _make in SKIP_CASES.items():
+    scenario(f"skip_first_batches/{_name}")(_skip_case(_make))
+
+
+@scenario("skip_first_batches/iterable_free_function")
+def _skip_iterable(side: Side) -> dict[str, Any]:
+    accelerator = side.accelerator()
+    skipped = side.function("skip_first_batches")(DataLoader(Stream(10), batch_size=2), 2)
+    return _walk(accelerator, skipped)

@@ -251,7 +251,8 @@ class DataLoaderShard:
         self._synchronize_generators()
         self.end_of_dataloader = False
         self.batches_yielded = 0
-        skip, self.skip_batches = self.skip_batches, 0  # a skip applies to one iteration only
+        skip = self.skip_batches  # a resume's skip applies to one pass; a skip copy's to each
+        self.skip_batches = skip if self._is_skip_copy else 0  # (Accelerate's SkipBatchSampler)
         loader, left = self._plan_pass(skip)
         rng = self._data_rng if loader is self._fetch_loader and loader.num_workers == 0 else None
         run = rng.run if rng is not None else _call
@@ -496,4 +497,4 @@ def skip_first_batches(dataloader: Any, num_batches: int = 0) -> Any:
                 "its sampler."
             )
         return _skipping(dataloader, num_batches)
-    return DataLoaderShard(dataloader, skip_batches=num_batches)
+    return DataLoaderShard(dataloader).copy_skipping(num_batches)  # skips on every pass
