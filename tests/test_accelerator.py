@@ -232,7 +232,10 @@ def test_main_process_first_and_print(capsys):
 def test_autocast_and_mixed_precision_forward():
     accelerator = Accelerator(cpu=True, mixed_precision="bf16")
     model = accelerator.prepare(torch.nn.Linear(4, 4))
-    assert model(torch.randn(2, 4)).dtype == torch.bfloat16  # forward patched with autocast
+    # forward patched with autocast; its outputs returned as float32, as Accelerate's
+    with accelerator.autocast():
+        assert model.forward.original(torch.randn(2, 4)).dtype == torch.bfloat16
+    assert model(torch.randn(2, 4)).dtype == torch.float32
     assert model.weight.dtype == torch.float32
     with accelerator.autocast():
         assert torch.mm(torch.randn(2, 2), torch.randn(2, 2)).dtype == torch.bfloat16
