@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 
 from trainer import Accelerator
+from trainer.checkpoint import verify_checkpoint
 from trainer.errors import CheckpointError
 
 # An earlier save's weights, in every form save_model (ours or Hugging Face Accelerate's) writes.
@@ -56,3 +59,31 @@ def test_save_model_refuses_a_folder_named_like_a_weight_file(tmp_path):
         accelerator.save_model(accelerator.prepare(torch.nn.Linear(2, 2)), folder)
     assert (folder / "model.safetensors" / "mine.txt").read_text() == "mine"
     assert [p.name for p in tmp_path.iterdir()] == ["export"]  # no temporary folder left
+
+
+def test_save_model_refuses_a_trainer_checkpoint_and_leaves_it_whole(tmp_path):
+    accelerator = Accelerator(cpu=True)
+    model = accelerator.prepare(torch.nn.Linear(2, 2))
+    checkpoint = tmp_path / "ckpt"
+    accelerator.save_state(checkpoint)
+    before = sorted(p.name for p in checkpoint.iterdir())
+
+    with pytest.raises(CheckpointError, match=r"ckpt is a trainer checkpoint.*another directory"):
+        accelerator.save_model(model, checkpoint)
+    with pytest.raises(CheckpointError, match=r"export is inside .*ckpt, which is a trainer"):
+        accelerator.save_model(model, checkpoint / "export")
+
+    assert sorted(p.name for p in checkpoint.iterdir()) == before
+    verify_checkpoint(checkpoint)
+    assert [p.name for p in tmp_path.iterdir()] == ["ckpt"]  # no temporary folder left
+
+
+def test_save_model_keeps_a_manifest_json_that_is_not_a_checkpoints(tmp_path):
+    folder = tmp_path / "export"
+    folder.mkdir()
+    (folder / "manifest.json").write_text(json.dumps({"format": "my-dataset", "files": {}}))
+    accelerator = Accelerator(cpu=True)
+
+    accelerator.save_model(accelerator.prepare(torch.nn.Linear(2, 2)), folder)
+
+    assert sorted(p.name for p in folder.iterdir()) == ["manifest.json", "model.safetensors"]

@@ -228,9 +228,15 @@ class CheckpointAPI:
 
         ``model.safetensors``, or ``model-0000i-of-0000N.safetensors`` plus
         ``model.safetensors.index.json`` beyond ``max_shard_size`` (e.g. "10GB", "500MB").
-        """
-        from trainer.checkpoint.accelerator_state import save_model_weights
+        An earlier save's weight files there are replaced; the folder's other files are kept.
 
+        Raises:
+            CheckpointError: ``save_directory`` is a file, or a trainer checkpoint (or inside
+                one), checked on every process before the weights are gathered.
+        """
+        from trainer.checkpoint.accelerator_state import check_model_directory, save_model_weights
+
+        check_model_directory(save_directory)
         state_dict = self.get_state_dict(model)
         if self.is_main_process:
             save_model_weights(

@@ -11,6 +11,7 @@ after the new one is complete.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -23,6 +24,7 @@ import torch
 
 from trainer.checkpoint.accelerate_folder import is_accelerate_folder, read_accelerate_folder
 from trainer.checkpoint.atomic import (
+    MANIFEST,
     discard_directory,
     fsync_directory,
     process_tag,
@@ -33,7 +35,7 @@ from trainer.checkpoint.format import (
     EXTRA_FILES_KEY,
     write_model_files,
 )
-from trainer.checkpoint.manifest import allowing_extra_files
+from trainer.checkpoint.manifest import FORMAT_NAME, allowing_extra_files
 from trainer.checkpoint.training_state import (
     TrainingObjects,
     capture_training_state,
@@ -51,6 +53,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "CheckpointObjects",
+    "check_model_directory",
     "load_accelerator_state",
     "save_accelerator_state",
     "save_model_weights",
@@ -282,6 +285,41 @@ def load_accelerator_state(
     return source
 
 
+def check_model_directory(save_directory: str | os.PathLike[str]) -> Path:
+    """The folder ``save_model`` may write into: not a file, not a trainer checkpoint, and not
+    inside one (a new weight file would break its manifest). Returns it, links resolved.
+
+    Raises:
+        CheckpointError: naming the file or the checkpoint.
+    """
+    directory = Path(save_directory).resolve()
+    if directory.exists() and not directory.is_dir():
+        raise CheckpointError(f"save_model: {directory} is a file; give a directory.")
+    for folder in (directory, *directory.parents):
+        if _is_trainer_checkpoint(folder):
+            where = "is" if folder == directory else f"is inside {folder}, which is"
+            raise CheckpointError(
+                f"save_model: {directory} {where} a trainer checkpoint (its {MANIFEST} lists "
+                "every file of it, so new weights there would break it). Save the model into "
+                "another directory; load the checkpoint's weights with load_state or "
+                "load_checkpoint_in_model."
+            )
+    return directory
+
+
+def _is_trainer_checkpoint(folder: Path) -> bool:
+    """Whether ``folder``'s manifest carries this format's name (not merely exists).
+    TODO: use trainer.checkpoint.atomic's predicate once it lands."""
+    manifest_path = folder / MANIFEST
+    if not manifest_path.is_file():  # not a FIFO or a folder, which reading would block on
+        return False
+    try:
+        manifest = json.loads(manifest_path.read_bytes())
+    except (OSError, ValueError):
+        return False
+    return isinstance(manifest, dict) and manifest.get("format") == FORMAT_NAME
+
+
 def save_model_weights(
     state_dict: dict[str, torch.Tensor],
     save_directory: str | os.PathLike[str],
@@ -299,13 +337,10 @@ def save_model_weights(
     and their ``pytorch_model`` ``.bin`` counterparts.
 
     Raises:
-        CheckpointError: the path is a file, or a folder has a weight file's name.
+        CheckpointError: the path is a file or a trainer checkpoint (`check_model_directory`),
+            or a folder there has a weight file's name.
     """
-    directory = Path(save_directory)
-    if directory.is_symlink():
-        directory = directory.resolve()
-    if directory.exists() and not directory.is_dir():
-        raise CheckpointError(f"save_model: {directory} is a file; give a directory.")
+    directory = check_model_directory(save_directory)
     directory.parent.mkdir(parents=True, exist_ok=True)
     staged = directory.parent / f".{directory.name}.tmp-{process_tag()}"
     staged.mkdir()
