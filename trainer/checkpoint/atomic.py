@@ -5,8 +5,9 @@ never a mixture: readers see a checkpoint only once it is complete. The same hol
 checkpoint is deleted (`discard_directory`): it is renamed to a temporary name before its files
 are removed, so a crash in the middle never leaves a half-deleted folder under the real name.
 Temporary siblings are named ``.<name>.tmp-<pid>-<host>-<id>`` (``.old-`` once retired);
-`remove_stale_temporaries` removes those a killed process left behind. Deciding what to keep
-(top-k, ``last``) is not done here.
+`remove_stale_temporaries` removes those a killed process left behind, and no other entry. A
+folder is replaced or deleted as a checkpoint only when `has_trainer_manifest` says trainer wrote
+it. Deciding what to keep (top-k, ``last``) is not done here.
 """
 
 from __future__ import annotations
@@ -14,10 +15,12 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import errno
+import json
 import os
 import re
 import shutil
 import socket
+import stat
 import sys
 import time
 import uuid
@@ -36,8 +39,10 @@ __all__ = [
     "discard_directory",
     "exchange_paths",
     "fsync_directory",
+    "has_trainer_manifest",
     "is_temporary",
     "process_tag",
+    "read_small_file",
     "refusal_to_replace",
     "remove_stale_temporaries",
     "replace_directory",
@@ -45,15 +50,30 @@ __all__ = [
 
 _TMP_MARK = ".tmp-"
 _OLD_MARK = ".old-"
-MANIFEST = "manifest.json"  # every directory written here has one; its presence allows replacing
+MANIFEST = "manifest.json"  # every directory written here has one (`has_trainer_manifest`)
+MANIFEST_MAX_BYTES = 16 * 2**20  # a manifest is ~200 bytes a file: 16 MiB is ~80,000 files
 STALE_AFTER_S = 24 * 3600  # a temporary sibling untouched this long is abandoned, whoever wrote it
-# ".<name>.tmp-<pid>-<host>-<id>": the host is absent in names written by earlier versions.
-_OWNER = re.compile(r"\.(?:tmp|old)-(\d+)-(?:([A-Za-z0-9.-]+)-)?([0-9a-f]{8})$")
+# What follows the last mark of a temporary name, in every form a version of trainer wrote:
+_OWNER = re.compile(
+    r"\.(?:tmp|old)-(?:"
+    r"(\d+)-(?:([A-Za-z0-9.-]+)-)?[0-9a-f]{8}"  # <pid>-<host>-<id>; no host in earlier versions
+    r"|(?:dcp|deepspeed)-[0-9a-f]{12}(?:[0-9a-f]{20})?)"  # earlier sharded staging: <engine>-<id>
+)
 
 
 def is_temporary(name: str) -> bool:
-    """Whether ``name`` is an unfinished or retired sibling left by `atomic_directory`."""
-    return name.startswith(".") and (_TMP_MARK in name or _OLD_MARK in name)
+    """Whether ``name`` is an unfinished or retired sibling that trainer writes.
+
+    That is ``.<name>.tmp-<pid>-<host>-<id>`` or ``.old-`` (`process_tag`), or a form earlier
+    versions wrote (``<pid>-<id>``, and ``<engine>-<id>`` for sharded staging), with ``<id>``
+    lowercase hex. Other hidden names holding ``.tmp-`` or ``.old-`` (a user's ``.env.old-2023``
+    or ``.venv.old-py310``) are not.
+
+    Example:
+        >>> is_temporary(".epoch=0-step=40.tmp-4242-node7-0a1b2c3d"), is_temporary(".env.old-2023")
+        (True, False)
+    """
+    return name.startswith(".") and _owner(name) is not None
 
 
 def process_tag() -> str:
@@ -85,7 +105,9 @@ def _owner(name: str) -> re.Match[str] | None:
     name, then written through `atomic_directory`); the host must not swallow the first one.
     """
     start = max(name.rfind(_TMP_MARK), name.rfind(_OLD_MARK))
-    return _OWNER.fullmatch(name, max(start, 0))
+    if start < 2:  # no mark, or none after ".<name>"
+        return None
+    return _OWNER.fullmatch(name, start)
 
 
 def _is_abandoned(entry: os.DirEntry[str], now: float) -> bool:
@@ -100,9 +122,10 @@ def _is_abandoned(entry: os.DirEntry[str], now: float) -> bool:
 def remove_stale_temporaries(folder: str | os.PathLike[str]) -> list[str]:
     """Remove the temporary siblings in ``folder`` that a killed save left behind.
 
-    An entry marked by `is_temporary` is removed when its name says it belongs to a process of
-    this host that no longer runs, or, whoever wrote it, when it has not been modified for
-    ``STALE_AFTER_S`` (a day). A live process's temporary folder is never touched. Errors
+    Only an entry whose whole name is one trainer writes (`is_temporary`) is considered. It is
+    removed when its name says it belongs to a process of this host that no longer runs, or,
+    whoever wrote it, when it has not been modified for ``STALE_AFTER_S`` (a day). A live
+    process's temporary folder, and any other entry, is never touched. Errors
     (a folder that vanished, permissions) are ignored: another save may be cleaning too.
 
     Returns:
@@ -145,7 +168,7 @@ def fsync_directory(path: str | os.PathLike[str]) -> None:
 def atomic_directory(final: str | os.PathLike[str]) -> Iterator[Path]:
     """Yield a temporary directory that becomes ``final`` when the block ends without error.
 
-    An existing ``final`` is replaced when it is empty or a checkpoint (it has a manifest), by
+    An existing ``final`` is replaced when it is empty or a checkpoint (`has_trainer_manifest`), by
     `replace_directory`: one atomic exchange where the OS has it, and the old one removed after.
     On error the temporary directory is removed and ``final`` is untouched.
 
@@ -262,19 +285,65 @@ def _remove_entry(path: Path) -> None:
             os.unlink(path)
 
 
+def read_small_file(path: str | os.PathLike[str], limit: int) -> bytes:
+    """The bytes of the regular file ``path``, read without following a link or blocking.
+
+    A named pipe would block a plain ``open`` forever and a device could be endless: the file
+    is opened without waiting and without following a final symbolic link, and only then checked.
+
+    Raises:
+        OSError: ``path`` is missing or a symbolic link, is not a regular file, or holds more
+            than ``limit`` bytes.
+    """
+    flags = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_NOFOLLOW", 0)
+    fd = os.open(path, flags | getattr(os, "O_BINARY", 0))
+    with os.fdopen(fd, "rb") as file:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            raise OSError(errno.EINVAL, "not a regular file", os.fspath(path))
+        data = file.read(limit + 1)
+    if len(data) > limit:
+        raise OSError(errno.EFBIG, f"larger than {limit} bytes", os.fspath(path))
+    return data
+
+
+def has_trainer_manifest(folder: str | os.PathLike[str]) -> bool:
+    """Whether ``folder`` holds a ``manifest.json`` that trainer wrote: the test that lets a
+    folder be replaced or deleted as a checkpoint.
+
+    The manifest must be a regular file (no link, no pipe) of at most `MANIFEST_MAX_BYTES`, and
+    a JSON object whose ``"format"`` is ``"trainer-checkpoint"`` (every version has written
+    that). Its files are not verified: this says whose folder it is, not that it is intact. A
+    dataset's or a web app's ``manifest.json`` does not make its folder a checkpoint.
+
+    Example:
+        >>> has_trainer_manifest("checkpoints/epoch=0-step=40"), has_trainer_manifest("my_pwa")
+        (True, False)
+    """
+    from trainer.checkpoint.manifest import FORMAT_NAME  # manifest.py imports this module
+
+    try:
+        manifest = json.loads(read_small_file(Path(folder) / MANIFEST, MANIFEST_MAX_BYTES))
+    except (OSError, ValueError, RecursionError):  # missing, special, too large, not JSON
+        return False
+    return isinstance(manifest, dict) and manifest.get("format") == FORMAT_NAME
+
+
 def refusal_to_replace(final: Path) -> str | None:
     """Why a checkpoint may not be written at ``final``, or None when it may.
 
-    It may when nothing is there, or a link, an empty folder or a checkpoint (it has a manifest).
+    It may when nothing is there, or a link, an empty folder or a checkpoint
+    (`has_trainer_manifest`).
     """
     if final.is_symlink() or not final.exists():  # replacing a link deletes no data
         return None
-    if final.is_dir() and ((final / MANIFEST).is_file() or not any(final.iterdir())):
+    if final.is_dir() and (has_trainer_manifest(final) or not any(final.iterdir())):
         return None
     if final.is_dir():
         names = sorted(entry.name for entry in final.iterdir())
         shown = ", ".join(names[:4]) + (", ..." if len(names) > 4 else "")
-        what = f"a folder that is not a checkpoint (it holds {shown}; no {MANIFEST})"
+        why = f"its {MANIFEST} is not trainer's" if MANIFEST in names else f"no {MANIFEST}"
+        what = f"a folder that is not a checkpoint (it holds {shown}; {why})"
     else:
         what = "a file"
     return (
@@ -287,7 +356,8 @@ def check_replaceable(final: Path) -> None:
     """Raise unless a checkpoint may be written at ``final`` (see `refusal_to_replace`).
 
     Raises:
-        CheckpointError: ``final`` is a file, or a folder with content and no manifest.
+        CheckpointError: ``final`` is a file, or a folder with content and no manifest that
+            trainer wrote.
     """
     refusal = refusal_to_replace(final)
     if refusal is not None:

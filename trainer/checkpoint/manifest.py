@@ -25,7 +25,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from trainer.checkpoint.atomic import MANIFEST
+from trainer.checkpoint.atomic import MANIFEST, MANIFEST_MAX_BYTES, read_small_file
 from trainer.checkpoint.paths import refuse_links
 from trainer.checkpoint.schema import check_manifest
 from trainer.checkpoint.tensor_files import hash_bytes, hash_file
@@ -44,6 +44,7 @@ __all__ = [
     "allowing_extra_files",
     "check_hashes",
     "check_listing",
+    "check_position",
     "is_format_file",
     "list_files",
     "load_json",
@@ -198,7 +199,8 @@ def write_manifest(
 def read_manifest(path: str | os.PathLike[str]) -> dict[str, Any]:
     """The parsed, checked manifest of a checkpoint directory (files not yet verified).
 
-    The folder may hold no symbolic link; every record is type- and range-checked
+    The folder may hold no symbolic link and nothing but files and folders (`refuse_links`), the
+    manifest at most `MANIFEST_MAX_BYTES`; every record is type- and range-checked
     (`trainer.checkpoint.schema.check_manifest`), every file name stays inside the folder, and
     every listed file is one the format defines (`is_format_file`).
     """
@@ -211,7 +213,7 @@ def read_manifest(path: str | os.PathLike[str]) -> dict[str, Any]:
         raise CheckpointError(
             f"{directory} is not a trainer checkpoint: it has no {MANIFEST} (an unfinished or foreign directory)."
         )
-    manifest = load_json(manifest_path)
+    manifest = load_json(manifest_path, limit=MANIFEST_MAX_BYTES)
     if not isinstance(manifest, dict) or manifest.get("format") != FORMAT_NAME:
         raise CheckpointError(
             f"{manifest_path} is not a trainer checkpoint manifest (format {manifest.get('format') if isinstance(manifest, dict) else None!r})."
@@ -235,16 +237,43 @@ def read_manifest(path: str | os.PathLike[str]) -> dict[str, Any]:
     return manifest
 
 
-def load_json(path: Path) -> Any:
-    """A JSON file of a checkpoint; NaN and Infinity literals (never written) are refused."""
+def load_json(path: Path, *, limit: int | None = None) -> Any:
+    """A JSON file of a checkpoint; NaN and Infinity literals (never written) are refused.
+
+    With ``limit``, a file over ``limit`` bytes or not a regular file is refused unread.
+    """
     try:
-        return json.loads(path.read_text(encoding="utf-8"), parse_constant=_refuse_constant)
+        data = path.read_bytes() if limit is None else read_small_file(path, limit)
+        return json.loads(data.decode("utf-8"), parse_constant=_refuse_constant)
     except (OSError, UnicodeDecodeError, ValueError, RecursionError) as err:
         raise CheckpointError(f"{path} is unreadable or corrupt: {err}.") from err
 
 
 def _refuse_constant(name: str) -> Any:
     raise ValueError(f"the literal {name} is not valid JSON")
+
+
+def check_position(manifest: dict[str, Any], state: Any, *, directory: Path) -> None:
+    """Refuse a manifest whose ``epoch`` or ``global_step`` is not ``state.json``'s.
+
+    The manifest's copy ranks checkpoints for ``ckpt_path="last"`` without opening them
+    (`trainer.checkpoint.format.find_latest_checkpoint`), but ``manifest.json`` is the one file
+    no digest covers: an edited step would make an older checkpoint rank first. The newest by
+    the manifest is verified before it is chosen, and verifying runs this check, so an edited
+    one is skipped as corrupt. ``state`` is the decoded, hash-checked ``state.json``.
+
+    Raises:
+        CheckpointError: naming both files, the field and the two values.
+    """
+    document = state if isinstance(state, dict) else {}
+    for field in ("epoch", "global_step"):
+        recorded, saved = manifest.get(field), document.get(field)
+        if recorded != saved or type(recorded) is not type(saved):
+            raise CheckpointError(
+                f"{directory / MANIFEST}: field {field!r} is {recorded!r} but {STATE_FILE} says "
+                f"{saved!r}. The manifest was edited after saving (it ranks checkpoints for "
+                "ckpt_path='last'); use another checkpoint, or re-save this one."
+            )
 
 
 def check_listing(directory: Path) -> dict[str, Any]:

@@ -3,13 +3,15 @@
 Every relative path that comes out of a checkpoint file (``state.json``, ``manifest.json``, a
 model index, a restored callback or logger state) goes through `resolve_inside` before it is
 opened, listed or deleted: it must be relative, stay inside the folder it belongs to, and not go
-through a symbolic link. `refuse_links` checks a whole checkpoint folder once before it is read.
+through a symbolic link. `refuse_links` checks a whole checkpoint folder once before it is read
+(no symbolic link, no named pipe or other special file).
 This module owns only those checks; the formats that call them live beside it.
 """
 
 from __future__ import annotations
 
 import os
+import stat
 from pathlib import Path
 
 from trainer.errors import CheckpointError, describe
@@ -82,17 +84,42 @@ def is_inside(root: str | os.PathLike[str], path: str | os.PathLike[str]) -> boo
 
 
 def refuse_links(folder: str | os.PathLike[str], *, source: str = "checkpoint") -> None:
-    """Refuse a checkpoint folder that contains a symbolic link anywhere below it.
+    """Refuse a checkpoint folder holding, anywhere below it, a symbolic link or anything that
+    is neither a regular file nor a folder (a named pipe, a socket, a device).
+
+    A tar archive can hold a named pipe: opening it to hash or read it would wait forever for a
+    writer. Entries are only examined (``lstat``), never opened.
 
     Raises:
-        CheckpointError: naming the link and where it points.
+        CheckpointError: naming the entry and what it is (for a link, where it points).
     """
     for directory, subdirectories, files in os.walk(folder):
         for name in [*subdirectories, *files]:
             path = os.path.join(directory, name)
-            if os.path.islink(path):
+            try:
+                mode = os.lstat(path).st_mode
+            except OSError:  # gone since it was listed: the listing check reports it missing
+                continue
+            if stat.S_ISLNK(mode):
                 raise CheckpointError(
                     f"{source} {str(folder)!r}: {path!r} is a symbolic link (to "
                     f"{os.readlink(path)!r}). A checkpoint may not contain symbolic links: "
                     "its files are read from its own folder only. Copy the real files in."
                 )
+            if not (stat.S_ISREG(mode) or stat.S_ISDIR(mode)):
+                raise CheckpointError(
+                    f"{source} {str(folder)!r}: {path!r} is {_kind(mode)}, not a regular file. "
+                    "A checkpoint holds only files and folders (reading it could block forever); "
+                    "the folder was altered or unpacked wrongly. Use another checkpoint."
+                )
+
+
+def _kind(mode: int) -> str:
+    """What a special entry is, in words, for the refusal."""
+    if stat.S_ISFIFO(mode):
+        return "a named pipe (FIFO)"
+    if stat.S_ISSOCK(mode):
+        return "a socket"
+    if stat.S_ISCHR(mode) or stat.S_ISBLK(mode):
+        return "a device"
+    return "a special file"

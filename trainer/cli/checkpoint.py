@@ -10,9 +10,13 @@ starting processes.
 from __future__ import annotations
 
 import argparse
+import contextlib
+import json
 import os
 from pathlib import Path
 from typing import Any
+
+from trainer.errors import CheckpointError
 
 __all__ = ["add_parser", "consolidate", "run"]
 
@@ -44,7 +48,8 @@ def consolidate(directory: str | os.PathLike[str], output: str | os.PathLike[str
 
     Raises:
         CheckpointError: the checkpoint fails verification, its DCP metadata names a global
-            outside the allow-list or a shard outside ``dcp/``, or it holds no model weights.
+            outside the allow-list or a shard outside ``dcp/``, or it holds no model weights;
+            ``output`` is a folder (never replaced), or the file could not be written.
     """
     from trainer.checkpoint.atomic import fsync_directory, process_tag
     from trainer.checkpoint.format import load_model_weights, verify_checkpoint
@@ -59,19 +64,29 @@ def consolidate(directory: str | os.PathLike[str], output: str | os.PathLike[str
         else load_model_weights(source, manifest["files"])
     )
     tensors, aliases = deduplicate({k: v.contiguous() for k, v in weights.items()})
+    metadata = {"format": "pt", "aliases": json.dumps(aliases)}
     target = Path(output)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    import json
-
+    if target.is_dir():  # a folder (or a link to one) is never replaced by the file
+        raise CheckpointError(
+            f"trainer checkpoint consolidate: the output {str(target)!r} is a folder; it writes "
+            "one .safetensors file. Name a file, e.g. "
+            f"{str(target / 'model.safetensors')!r}."
+        )
     # Written beside, then renamed over: an earlier file at `output` survives a failed write.
     staged = target.with_name(f".{target.name}.tmp-{process_tag()}")
     try:
-        write_safetensors(str(staged), tensors, {"format": "pt", "aliases": json.dumps(aliases)})
+        target.parent.mkdir(parents=True, exist_ok=True)
+        write_safetensors(str(staged), tensors, metadata)
         os.replace(staged, target)
-    except BaseException:
-        staged.unlink(missing_ok=True)
-        raise
-    fsync_directory(target.parent)
+        fsync_directory(target.parent)
+    except OSError as err:
+        raise CheckpointError(
+            f"trainer checkpoint consolidate: cannot write {str(target)!r}: {err}. Check the "
+            "path and its permissions."
+        ) from err
+    finally:
+        with contextlib.suppress(OSError):  # gone once renamed
+            staged.unlink()
     return target
 
 

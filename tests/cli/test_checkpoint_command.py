@@ -1,0 +1,57 @@
+"""``trainer checkpoint consolidate``: a folder as OUT is one ``error:`` line and stays as it was
+(trainer/cli/checkpoint.py)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+import torch
+
+from trainer.checkpoint import write_checkpoint
+from trainer.checkpoint.tensor_files import read_safetensors
+from trainer.cli.main import main
+
+
+@pytest.fixture
+def checkpoint(tmp_path: Path) -> Path:
+    return write_checkpoint(
+        tmp_path / "ck", {"state_dict": {"w": torch.arange(4.0)}, "epoch": 0, "global_step": 1}
+    )
+
+
+@pytest.mark.parametrize("content", [["notes.txt"], []], ids=["with-files", "empty"])
+def test_consolidate_into_a_folder_is_an_error_line_and_leaves_it(
+    checkpoint: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], content: list[str]
+) -> None:
+    out = tmp_path / "exported"
+    out.mkdir()
+    for name in content:
+        (out / name).write_text("mine")
+    assert main(["checkpoint", "consolidate", str(checkpoint), str(out)]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith(
+        f"error: trainer checkpoint consolidate: the output {str(out)!r} is a folder"
+    )
+    assert "model.safetensors" in err and "Traceback" not in err
+    assert out.is_dir() and sorted(os.listdir(out)) == content
+    assert sorted(os.listdir(tmp_path)) == ["ck", "exported"]  # no temporary left behind
+
+
+def test_consolidate_where_the_output_cannot_be_written_is_an_error_line(
+    checkpoint: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    (tmp_path / "a-file").write_text("mine")
+    out = tmp_path / "a-file" / "full.safetensors"  # its parent is a file
+    assert main(["checkpoint", "consolidate", str(checkpoint), str(out)]) == 1
+    assert capsys.readouterr().err.startswith("error: trainer checkpoint consolidate: cannot write")
+    assert (tmp_path / "a-file").read_text() == "mine"
+
+
+def test_consolidate_writes_and_replaces_a_file(checkpoint: Path, tmp_path: Path) -> None:
+    out = tmp_path / "full.safetensors"
+    out.write_bytes(b"an earlier export")
+    assert main(["checkpoint", "consolidate", str(checkpoint), str(out)]) == 0
+    assert torch.equal(read_safetensors(str(out))[0]["w"], torch.arange(4.0))
+    assert sorted(os.listdir(tmp_path)) == ["ck", "full.safetensors"]
