@@ -79,6 +79,13 @@ class CheckpointAPI:
 
         ``save_model_func_kwargs`` go to DeepSpeed's or Megatron's own ``save_checkpoint`` in
         Accelerate; every engine here writes this package's format, so any is refused.
+
+        Raises:
+            ConfigurationError: no directory and no automatic naming, or a keyword is given.
+            CheckpointError: with automatic naming, ``checkpoint_<j>`` with ``j`` at least
+                ``project_configuration.iteration`` exists (another run's): the new one would
+                replace it or not be the newest. Call ``load_state()`` first, set ``iteration``
+                past it, or use another project_dir.
         """
         from trainer.checkpoint.accelerator_state import save_accelerator_state
 

@@ -152,6 +152,8 @@ def save_accelerator_state(
     strategy = accelerator.strategy
     if checkpoint_io is not None:  # at most one save in flight: the previous one ends first
         checkpoint_io.wait()
+    if config.automatic_checkpoint_naming:  # before anything runs or is written
+        _check_is_newest(output.parent, config.iteration)
     models = [accelerator.unwrap_model(model) for model in objects.models]
     # The first model and the optimizers keep the strategy's layout (DCP shards under FSDP's
     # SHARDED state dicts, written by every rank); further models are gathered in full.
@@ -181,9 +183,9 @@ def save_accelerator_state(
         if config.total_limit is not None and accelerator.is_main_process:
             limit = config.total_limit
             if pending is None:
-                _prune(output.parent, limit)
+                _prune(output.parent, limit, output)
             else:  # only once the new one is complete
-                pending.then(lambda: _prune(output.parent, limit))
+                pending.then(lambda: _prune(output.parent, limit, output))
     return output
 
 
@@ -205,10 +207,31 @@ def _run_save_hooks(objects: CheckpointObjects, weights: list[Any], output: Path
     return None
 
 
-def _prune(directory: Path, total_limit: int) -> None:
-    """Delete the oldest ``checkpoint_<N>`` beyond ``total_limit``."""
-    existing = _numbered(directory)
-    for _, old in existing[: max(0, len(existing) - total_limit)]:
+def _check_is_newest(directory: Path, iteration: int) -> None:
+    """Refuse to name a checkpoint ``checkpoint_<iteration>`` when that number or a higher one
+    exists (a second run in the same project_dir starts at 0): it would replace a checkpoint,
+    or be pruned first and passed over by ``load_state()``, which both go by number."""
+    taken = [(number, path) for number, path in _numbered(directory) if number >= iteration]
+    if not taken:
+        return
+    number, newest = taken[-1]
+    clash = "would replace it" if number == iteration else "would not be the newest"
+    raise CheckpointError(
+        f"save_state(): automatic checkpoint naming would write checkpoint_{iteration} "
+        f"(ProjectConfiguration.iteration={iteration}) in {directory}, but {newest.name} "
+        f"exists there already, so the new checkpoint {clash} (total_limit pruning and "
+        "load_state() go by number). To continue that run, call accelerator.load_state() "
+        f"first (the next save is then checkpoint_{number + 1}); to keep its checkpoints and "
+        f"start another run, set accelerator.project_configuration.iteration = {number + 1} "
+        "or use another project_dir."
+    )
+
+
+def _prune(directory: Path, total_limit: int, newest: Path) -> None:
+    """Delete the oldest ``checkpoint_<N>`` beyond ``total_limit``; never ``newest``, the
+    checkpoint just written."""
+    older = [path for _, path in _numbered(directory) if path != newest]
+    for old in older[: max(0, len(older) + 1 - total_limit)]:
         discard_directory(old)  # renamed aside first: a kill never leaves half of one
 
 
@@ -229,6 +252,7 @@ def load_accelerator_state(
             skipped (``load_state_dict(strict=False)``).
     """
     config = accelerator.project_configuration
+    number = None  # the automatic checkpoint's number, when loading the newest
     if input_dir is None:
         if not config.automatic_checkpoint_naming:
             raise ConfigurationError(
@@ -239,7 +263,7 @@ def load_accelerator_state(
             raise CheckpointError(
                 f"load_state(): no checkpoint_N directory in {_auto_dir(accelerator)}."
             )
-        source = existing[-1][1]
+        number, source = existing[-1]
     else:
         source = Path(input_dir)
     is_accelerate = is_accelerate_folder(source)
@@ -280,8 +304,8 @@ def load_accelerator_state(
     rng_state = rng_state_for_rank(checkpoint.get("rng_states"), accelerator.process_index)
     if rng_state is not None:
         set_rng_states(rng_state)
-    if config.automatic_checkpoint_naming and input_dir is None:
-        config.iteration = int(checkpoint.get("iteration", 0)) + 1
+    if number is not None:  # numbering goes on after the folder's name, not a saved field
+        config.iteration = number + 1
     return source
 
 
