@@ -92,12 +92,13 @@ def test_an_old_symlink_last_still_resumes_and_is_replaced_by_a_directory(tmp_pa
     assert (folder / "epoch=1-step=4" / "manifest.json").is_file()  # the link's target survives
 
 
-def test_a_file_named_last_is_replaced_but_a_foreign_folder_is_refused(tmp_path):
+def test_a_flattened_last_link_is_replaced_but_a_foreign_folder_is_refused(tmp_path):
     folder = tmp_path / "checkpoints"
-    folder.mkdir()
-    (folder / "last").write_text("epoch=0-step=2")  # a link flattened by an archive tool
+    _fit(tmp_path, max_epochs=2, save_last=False)
+    (folder / "last").write_text("epoch=1-step=4")  # a link flattened by an archive tool
     _fit(tmp_path, max_epochs=1)
     assert (folder / "last" / "manifest.json").is_file()
+    assert (folder / "epoch=1-step=4" / "manifest.json").is_file()  # what it named survives
 
     other = tmp_path / "other"
     (other / "checkpoints" / "last").mkdir(parents=True)
@@ -108,6 +109,29 @@ def test_a_file_named_last_is_replaced_but_a_foreign_folder_is_refused(tmp_path)
     with pytest.raises(trainer.CheckpointError, match="last.*notes.txt"):
         _fit(other, max_epochs=1, enable_version_counter=False)
     assert (other / "checkpoints" / "last" / "notes.txt").read_text() == "mine"
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "last experiment: lr=0.1 diverged at step 400, try 0.03\n",  # notes, not a name
+        "epoch=1-step=4",  # a name, but nothing of that name beside it
+        "data",  # a name of a folder that is not a checkpoint
+        "data/../epoch=0-step=2",  # not a plain name
+    ],
+)
+def test_a_user_file_named_last_is_never_replaced(tmp_path, text):
+    folder = tmp_path / "checkpoints"
+    (folder / "data").mkdir(parents=True)
+    (folder / "data" / "manifest.json").write_text('{"images": ["a.png"]}')
+    (folder / "last").write_text(text)
+    # The version counter (Lightning's default) leaves a taken name alone: `last-v1` instead.
+    callback = _fit(tmp_path, max_epochs=1)
+    assert Path(callback.last_model_path).name == "last-v1"
+    assert (folder / "last").read_text() == text
+    with pytest.raises(trainer.CheckpointError, match=r"checkpoints/last: it is a file"):
+        _fit(tmp_path / "other", max_epochs=1, enable_version_counter=False, dirpath=folder)
+    assert (folder / "last").read_text() == text
 
 
 def test_last_is_never_absent_while_it_is_replaced(tmp_path, monkeypatch):

@@ -1,10 +1,12 @@
-"""What may be replaced or deleted as trainer's own: a folder whose manifest trainer wrote
-(`has_trainer_manifest`) (trainer/checkpoint/atomic.py)."""
+"""What may be replaced, deleted or cleaned up as trainer's own: a folder whose manifest trainer
+wrote (`has_trainer_manifest`), and temporary siblings named as trainer names them
+(`is_temporary`, `remove_stale_temporaries`) (trainer/checkpoint/atomic.py)."""
 
 from __future__ import annotations
 
 import json
 import os
+import time
 from pathlib import Path
 
 import pytest
@@ -12,7 +14,12 @@ import torch
 
 import trainer
 from trainer.checkpoint import atomic, read_checkpoint, write_checkpoint
-from trainer.checkpoint.atomic import has_trainer_manifest
+from trainer.checkpoint.atomic import (
+    has_trainer_manifest,
+    is_temporary,
+    process_tag,
+    remove_stale_temporaries,
+)
 from trainer.errors import CheckpointError
 
 _CHECKPOINT = {"state_dict": {"w": torch.ones(2)}, "epoch": 0, "global_step": 1}
@@ -87,3 +94,47 @@ def test_has_trainer_manifest_refuses_what_is_not_one_without_reading_it_all(
     assert not has_trainer_manifest(ours)  # too large to be a manifest: refused unread
     with pytest.raises(CheckpointError, match="not a checkpoint"):
         write_checkpoint(ours, _CHECKPOINT)
+
+
+# ---- stale temporaries: only the names trainer writes ---------------------------------------
+@pytest.mark.parametrize(
+    ("name", "expected"),
+    [
+        (".epoch=0-step=2.tmp-{tag}", True),  # {tag}: this process's
+        (".epoch=0-step=2.old-4242-node7.example-0a1b2c3d", True),
+        (".epoch=0-step=2.tmp-4242-0a1b2c3d", True),  # earlier versions: no host
+        (".step=4.tmp-dcp-0a1b2c3d4e5f", True),  # earlier sharded staging
+        ("..last.tmp-{tag}.tmp-{tag}", True),  # `last`, staged then written
+        (".env.old-2023", False),
+        (".venv.old-py310", False),
+        (".backup.old-20231231", False),
+        (".notes.tmp-draft", False),
+        (".tmp-4242-0a1b2c3d", False),  # no name before the mark
+        ("epoch=0-step=2.tmp-4242-0a1b2c3d", False),  # not hidden
+        (".epoch=0-step=2.tmp-4242-0A1B2C3D", False),  # the id is lowercase hex
+    ],
+)
+def test_is_temporary_is_only_the_names_trainer_writes(name: str, expected: bool) -> None:
+    assert is_temporary(name.format(tag=process_tag())) is expected
+
+
+def test_stale_cleanup_never_removes_a_users_hidden_backups(tmp_path: Path) -> None:
+    dead = 2**22 + 12345  # above the default pid_max: no such process
+    host = process_tag().split("-", 1)[1].rsplit("-", 1)[0]
+    (tmp_path / ".venv.old-py310" / "lib").mkdir(parents=True)
+    (tmp_path / ".venv.old-py310" / "lib" / "site.py").write_text("x")
+    (tmp_path / ".env.old-2023").write_text("SECRET=keep me")
+    (tmp_path / ".backup.old-20231231").write_text("keep")
+    ours = [f".epoch=0-step=2.tmp-{dead}-{host}-0123abcd", ".epoch=0-step=4.tmp-1-0123abcd"]
+    for name in ours:
+        (tmp_path / name).mkdir()
+    old = time.time() - 3 * 24 * 3600
+    for entry in tmp_path.iterdir():
+        os.utime(entry, (old, old))
+    assert sorted(remove_stale_temporaries(tmp_path)) == sorted(ours)
+    assert sorted(os.listdir(tmp_path)) == [
+        ".backup.old-20231231",
+        ".env.old-2023",
+        ".venv.old-py310",
+    ]
+    assert (tmp_path / ".env.old-2023").read_text() == "SECRET=keep me"

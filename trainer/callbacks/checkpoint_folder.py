@@ -22,6 +22,7 @@ from trainer.checkpoint.atomic import (
     discard_directory,
     has_trainer_manifest,
     process_tag,
+    read_small_file,
     refusal_to_replace,
     replace_directory,
 )
@@ -43,7 +44,7 @@ __all__ = [
     "write_last",
 ]
 
-_LINK_TEXT_MAX = 4096  # a `last` file this small is a link flattened by a copy tool
+_LINK_TEXT_MAX = 4096  # at most this long, a `last` file may be a link flattened by a copy tool
 
 
 def is_same_path(a: str | os.PathLike[str], b: str | os.PathLike[str]) -> bool:
@@ -146,15 +147,29 @@ def delete_checkpoint(path: str, dirpath: str) -> None:
 
 
 def is_link_left_behind(path: Path) -> bool:
-    """Whether ``path`` is a symbolic link or a small file (a link flattened by a copy tool):
-    how earlier versions kept ``last``; replacing it deletes no checkpoint."""
+    """Whether ``path`` is how earlier versions kept ``last``, so replacing it deletes nothing.
+
+    That is a symbolic link (to the newest checkpoint's name), or the same link flattened by a
+    copy or archive tool: a regular file of at most 4,096 bytes whose whole content is that
+    name, optionally followed by one newline, naming a checkpoint folder beside it
+    (`has_trainer_manifest`). Any other file (a user's notes called ``last``) is not.
+    """
     if path.is_symlink():
         return True
-    return path.is_file() and path.stat().st_size <= _LINK_TEXT_MAX
+    try:
+        text = read_small_file(path, _LINK_TEXT_MAX).decode("utf-8")
+    except (OSError, UnicodeDecodeError):  # missing, a folder, special, large, not text
+        return False
+    name = text.removesuffix("\n")
+    if name in ("", ".", "..") or any(char in name for char in "/\\\n\r\x00"):
+        return False
+    target = path.parent / name
+    return not target.is_symlink() and target.is_dir() and has_trainer_manifest(target)
 
 
 def refusal_for_last(final: Path) -> str | None:
-    """Why ``last`` may not be replaced, or None (a link, a small file, a checkpoint, nothing)."""
+    """Why ``last`` may not be replaced, or None (an earlier version's link or flattened link,
+    `is_link_left_behind`; a checkpoint; nothing)."""
     if not os.path.lexists(final) or is_link_left_behind(final):
         return None
     return refusal_to_replace(final)
@@ -166,12 +181,13 @@ def write_last(
     """Write the current state again as ``final`` (``last``), swapped in with no moment without it.
 
     Every process writes (a sharded save is collective) to a temporary name that process 0
-    chooses; process 0 then exchanges it with the existing ``last`` of any kind (an old
-    symbolic link, a folder, a small file) and removes what it replaced. A background save
+    chooses; process 0 then exchanges it with the existing ``last`` (a checkpoint, or an old
+    symbolic link or flattened link) and removes what it replaced. A background save
     (``pending``) writes its snapshot there too, and the swap waits until both are complete.
 
     Raises:
-        CheckpointError: ``final`` is a folder that is not a checkpoint, or a large file.
+        CheckpointError: ``final`` is a folder that is not a checkpoint, or a file that is not
+            a flattened link (`is_link_left_behind`).
     """
     name, refusal = trainer.strategy.broadcast(
         (f".{final.name}.tmp-{process_tag()}", refusal_for_last(final))

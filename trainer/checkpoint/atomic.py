@@ -5,9 +5,9 @@ never a mixture: readers see a checkpoint only once it is complete. The same hol
 checkpoint is deleted (`discard_directory`): it is renamed to a temporary name before its files
 are removed, so a crash in the middle never leaves a half-deleted folder under the real name.
 Temporary siblings are named ``.<name>.tmp-<pid>-<host>-<id>`` (``.old-`` once retired);
-`remove_stale_temporaries` removes those a killed process left behind. A folder is replaced or
-deleted as a checkpoint only when `has_trainer_manifest` says trainer wrote it. Deciding what to
-keep (top-k, ``last``) is not done here.
+`remove_stale_temporaries` removes those a killed process left behind, and no other entry. A
+folder is replaced or deleted as a checkpoint only when `has_trainer_manifest` says trainer wrote
+it. Deciding what to keep (top-k, ``last``) is not done here.
 """
 
 from __future__ import annotations
@@ -53,13 +53,27 @@ _OLD_MARK = ".old-"
 MANIFEST = "manifest.json"  # every directory written here has one (`has_trainer_manifest`)
 MANIFEST_MAX_BYTES = 16 * 2**20  # a manifest is ~200 bytes a file: 16 MiB is ~80,000 files
 STALE_AFTER_S = 24 * 3600  # a temporary sibling untouched this long is abandoned, whoever wrote it
-# ".<name>.tmp-<pid>-<host>-<id>": the host is absent in names written by earlier versions.
-_OWNER = re.compile(r"\.(?:tmp|old)-(\d+)-(?:([A-Za-z0-9.-]+)-)?([0-9a-f]{8})$")
+# What follows the last mark of a temporary name, in every form a version of trainer wrote:
+_OWNER = re.compile(
+    r"\.(?:tmp|old)-(?:"
+    r"(\d+)-(?:([A-Za-z0-9.-]+)-)?[0-9a-f]{8}"  # <pid>-<host>-<id>; no host in earlier versions
+    r"|(?:dcp|deepspeed)-[0-9a-f]{12}(?:[0-9a-f]{20})?)"  # earlier sharded staging: <engine>-<id>
+)
 
 
 def is_temporary(name: str) -> bool:
-    """Whether ``name`` is an unfinished or retired sibling left by `atomic_directory`."""
-    return name.startswith(".") and (_TMP_MARK in name or _OLD_MARK in name)
+    """Whether ``name`` is an unfinished or retired sibling that trainer writes.
+
+    That is ``.<name>.tmp-<pid>-<host>-<id>`` or ``.old-`` (`process_tag`), or a form earlier
+    versions wrote (``<pid>-<id>``, and ``<engine>-<id>`` for sharded staging), with ``<id>``
+    lowercase hex. Other hidden names holding ``.tmp-`` or ``.old-`` (a user's ``.env.old-2023``
+    or ``.venv.old-py310``) are not.
+
+    Example:
+        >>> is_temporary(".epoch=0-step=40.tmp-4242-node7-0a1b2c3d"), is_temporary(".env.old-2023")
+        (True, False)
+    """
+    return name.startswith(".") and _owner(name) is not None
 
 
 def process_tag() -> str:
@@ -91,7 +105,9 @@ def _owner(name: str) -> re.Match[str] | None:
     name, then written through `atomic_directory`); the host must not swallow the first one.
     """
     start = max(name.rfind(_TMP_MARK), name.rfind(_OLD_MARK))
-    return _OWNER.fullmatch(name, max(start, 0))
+    if start < 2:  # no mark, or none after ".<name>"
+        return None
+    return _OWNER.fullmatch(name, start)
 
 
 def _is_abandoned(entry: os.DirEntry[str], now: float) -> bool:
@@ -106,9 +122,10 @@ def _is_abandoned(entry: os.DirEntry[str], now: float) -> bool:
 def remove_stale_temporaries(folder: str | os.PathLike[str]) -> list[str]:
     """Remove the temporary siblings in ``folder`` that a killed save left behind.
 
-    An entry marked by `is_temporary` is removed when its name says it belongs to a process of
-    this host that no longer runs, or, whoever wrote it, when it has not been modified for
-    ``STALE_AFTER_S`` (a day). A live process's temporary folder is never touched. Errors
+    Only an entry whose whole name is one trainer writes (`is_temporary`) is considered. It is
+    removed when its name says it belongs to a process of this host that no longer runs, or,
+    whoever wrote it, when it has not been modified for ``STALE_AFTER_S`` (a day). A live
+    process's temporary folder, and any other entry, is never touched. Errors
     (a folder that vanished, permissions) are ignored: another save may be cleaning too.
 
     Returns:

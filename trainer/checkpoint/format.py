@@ -54,6 +54,7 @@ from trainer.checkpoint.manifest import (
     allowing_extra_files,
     check_hashes,
     check_listing,
+    check_position,
     is_format_file,
     load_json,
     read_manifest,
@@ -97,17 +98,8 @@ __all__ = [
 EXTRA_FILES_KEY = "__extra_files__"
 
 _SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGT]?i?B)?\s*$", re.IGNORECASE)
-_UNITS = {
-    "B": 1,
-    "KB": 10**3,
-    "MB": 10**6,
-    "GB": 10**9,
-    "TB": 10**12,
-    "KIB": 2**10,
-    "MIB": 2**20,
-    "GIB": 2**30,
-    "TIB": 2**40,
-}
+_UNITS = {"B": 1} | {f"{prefix}B": 1000**i for i, prefix in enumerate("KMGT", 1)}
+_UNITS |= {f"{prefix}IB": 1024**i for i, prefix in enumerate("KMGT", 1)}
 
 
 def parse_size(size: int | str) -> int:
@@ -269,7 +261,7 @@ def verify_checkpoint(path: str | os.PathLike[str]) -> dict[str, Any]:
     with ThreadPoolExecutor(max_workers=4) as pool:
         check_hashes(directory, manifest, start_hashing(pool, directory, manifest))
     try:
-        _read_state(directory, manifest["files"], read_safetensors)  # RNG states tried for real
+        _read_state(directory, manifest, read_safetensors)  # RNG states tried for real
         _model_tensors(directory, manifest["files"], read_safetensors_names)
     except CheckpointError:
         raise
@@ -325,15 +317,16 @@ def _model_tensors(directory: Path, files: Mapping[str, Any], read: _Reader) -> 
 
 
 def _read_state(
-    directory: Path, files: Mapping[str, Any], read: _Reader, *, with_optimizer: bool = True
+    directory: Path, manifest: dict[str, Any], read: _Reader, *, with_optimizer: bool = True
 ) -> tuple[dict, Any]:
-    """``state.json`` decoded and checked (`check_state`), and its still encoded optimizer part.
+    """``state.json`` decoded and checked (`check_state`, and against the manifest's step:
+    `check_position`), and its still encoded optimizer part.
 
     Optimizer tensors are stand-ins here (``read`` gives only their names), so a bad field is
     refused before any large tensor is loaded; without ``with_optimizer`` that part is left out
     and the optimizer file not opened.
     """
-    source = directory / STATE_FILE
+    source, files = directory / STATE_FILE, manifest["files"]
     if STATE_FILE not in files:
         raise CheckpointError(
             f"{directory / MANIFEST}: field 'files' does not list {STATE_FILE}. A checkpoint "
@@ -353,6 +346,7 @@ def _read_state(
             optimizer_doc, names, source=str(source), path="optimizer_states"
         )
     check_state(state, source=source)
+    check_position(manifest, state, directory=directory)
     return state, optimizer_doc
 
 
@@ -414,7 +408,7 @@ def read_checkpoint(
                 )
 
         try:
-            checkpoint, optimizer_doc = _read_state(directory, files, read)
+            checkpoint, optimizer_doc = _read_state(directory, manifest, read)
             _model_tensors(directory, files, read_safetensors_names)  # the index, before shards
             optimizer_tensors = (
                 read(str(directory / OPTIMIZER_FILE))[0] if OPTIMIZER_FILE in files else {}
@@ -452,7 +446,7 @@ def read_state(path: str | os.PathLike[str]) -> dict[str, Any]:
     not_read = set(manifest["files"]) - {STATE_FILE, STATE_TENSORS}
     check_hashes(directory, manifest, {}, verified_elsewhere=not_read)  # hashed here
     try:
-        state = _read_state(directory, manifest["files"], read_safetensors, with_optimizer=False)[0]
+        state = _read_state(directory, manifest, read_safetensors, with_optimizer=False)[0]
     except CheckpointError:
         raise
     except Exception as err:  # safetensors' own error
