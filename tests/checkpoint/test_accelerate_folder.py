@@ -94,3 +94,60 @@ def test_engine_subfolders_are_refused_with_what_to_do(tmp_path):
 
     with pytest.raises(CheckpointError, match="accelerate merge-weights"):
         accelerator.load_state(state)
+
+
+def _good_rng() -> dict:
+    import random
+
+    import numpy as np
+
+    return {
+        "random_state": random.getstate(),
+        "numpy_random_seed": np.random.get_state(),
+        "torch_manual_seed": torch.get_rng_state(),
+    }
+
+
+@pytest.mark.parametrize(
+    ("rng", "match"),
+    [
+        ({"random_state": "junk"}, r"random_states_0\.pkl\['random_state'\].*random\.getstate"),
+        (
+            {"torch_manual_seed": torch.zeros(3, dtype=torch.uint8)},
+            r"random_states_0\.pkl\['torch_manual_seed'\].*torch\.get_rng_state",
+        ),
+        ({"numpy_random_seed": (1, 2)}, r"random_states_0\.pkl\['numpy_random_seed'\].*numpy"),
+        (
+            {"torch_cuda_manual_seed": "junk"},
+            r"random_states_0\.pkl\['torch_cuda_manual_seed'\]",
+        ),
+        ([1, 2], r"random_states_0\.pkl: expected the dict of RNG states"),
+    ],
+)
+def test_a_bad_rng_state_is_refused_before_anything_is_loaded(tmp_path, rng, match):
+    from safetensors.torch import save_file
+
+    state = tmp_path / "state"
+    state.mkdir()
+    save_file(torch.nn.Linear(2, 2).state_dict(), state / "model.safetensors")
+    saved = torch.nn.Linear(2, 2)
+    saved_optimizer = torch.optim.SGD(saved.parameters(), lr=0.5, momentum=0.9)
+    saved(torch.ones(1, 2)).sum().backward()
+    saved_optimizer.step()
+    torch.save(saved_optimizer.state_dict(), state / "optimizer.bin")
+    torch.save(
+        {**_good_rng(), **rng} if isinstance(rng, dict) else rng, state / "random_states_0.pkl"
+    )
+    accelerator = Accelerator(cpu=True)
+    model = accelerator.prepare(torch.nn.Linear(2, 2))
+    optimizer = accelerator.prepare(torch.optim.SGD(model.parameters(), lr=0.1))
+    weights = {k: v.clone() for k, v in model.state_dict().items()}
+    torch_rng = torch.get_rng_state()
+
+    with pytest.raises(CheckpointError, match=match):
+        accelerator.load_state(state)
+
+    assert all(torch.equal(v, weights[k]) for k, v in model.state_dict().items())
+    assert optimizer.state_dict()["state"] == {}
+    assert optimizer.param_groups[0]["lr"] == 0.1
+    assert torch.equal(torch.get_rng_state(), torch_rng)

@@ -24,12 +24,20 @@ import torch
 from trainer.checkpoint.atomic import MANIFEST
 from trainer.checkpoint.legacy import load_weights_file
 from trainer.checkpoint.safe_unpickle import load_weights_only
-from trainer.errors import CheckpointError
+from trainer.checkpoint.schema import check_state
+from trainer.errors import CheckpointError, describe
 
 __all__ = ["is_accelerate_folder", "read_accelerate_folder"]
 
 _MARKERS = ("optimizer.bin", "random_states_0.pkl", "model.safetensors", "pytorch_model.bin")
 _NOT_READ = re.compile(r"^(scaler\.pt|sampler(_\d+)?\.bin|dl_state_dict(_\d+)?\.bin)$")
+# Accelerate's random_states_<i>.pkl keys -> get_rng_states' (others, such as XLA's, not read)
+_RNG_KEYS = {
+    "random_state": "python",
+    "numpy_random_seed": "numpy",
+    "torch_manual_seed": "torch",
+    "torch_cuda_manual_seed": "cuda",
+}
 
 
 def is_accelerate_folder(path: str | Path) -> bool:
@@ -46,8 +54,9 @@ def read_accelerate_folder(path: str | Path, process_index: int) -> dict[str, An
     """The checkpoint dict ``load_state`` restores, from Accelerate's files in ``path``.
 
     Raises:
-        CheckpointError: a file cannot be read without running code, or the folder holds an
-            engine's sharded state (``pytorch_model_fsdp_*``, DeepSpeed tags).
+        CheckpointError: a file cannot be read without running code, an RNG state is not one
+            (checked here, before anything is loaded), or the folder holds an engine's sharded
+            state (``pytorch_model_fsdp_*``, DeepSpeed tags).
     """
     folder = Path(path)
     sharded = sorted(p.name for p in folder.iterdir() if p.is_dir())
@@ -114,13 +123,17 @@ def _rng_states(folder: Path, process_index: int) -> list[dict[str, Any]]:
 
     array_globals = [np.ndarray, np.dtype, type(np.dtype(np.uint32)), _reconstruct(np)]
     saved = _pickle(file, array_globals)
-    keys = {
-        "random_state": "python",
-        "numpy_random_seed": "numpy",
-        "torch_manual_seed": "torch",
-        "torch_cuda_manual_seed": "cuda",
-    }
-    return [{ours: saved[theirs] for theirs, ours in keys.items() if theirs in saved}]
+    if not isinstance(saved, dict):
+        raise CheckpointError(
+            f"{file}: expected the dict of RNG states Accelerate's save_state writes (keys "
+            f"{', '.join(_RNG_KEYS)}); received {describe(saved)}. The file is corrupt or was "
+            "replaced; delete it to keep the current RNG states, or use another checkpoint."
+        )
+    state = {ours: saved[theirs] for theirs, ours in _RNG_KEYS.items() if theirs in saved}
+    for theirs, ours in _RNG_KEYS.items():  # the checks our own format's states get
+        if theirs in saved:
+            check_state({"rng_states": [{ours: saved[theirs]}]}, source=f"{file}[{theirs!r}]")
+    return [state]
 
 
 def _reconstruct(np: Any) -> Any:
