@@ -72,3 +72,17 @@ def test_load_state_numbers_the_next_save_after_the_newest_folder(tmp_path):
 
     assert accelerator.load_state().endswith("checkpoint_7")
     assert accelerator.save_state().endswith("checkpoint_8")
+
+
+def test_total_limit_prunes_only_checkpoints_trainer_wrote(tmp_path):
+    mine = tmp_path / "checkpoints" / "checkpoint_0"  # a user's folder, or one Accelerate wrote
+    mine.mkdir(parents=True)
+    (mine / "notes.txt").write_text("mine")
+    accelerator, _ = _run(tmp_path, 1.0, total_limit=1)
+    accelerator.project_configuration.iteration = 1
+
+    accelerator.save_state()
+    accelerator.save_state()
+
+    assert _listing(tmp_path) == ["checkpoint_0", "checkpoint_2"]
+    assert (mine / "notes.txt").read_text() == "mine"

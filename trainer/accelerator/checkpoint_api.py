@@ -69,7 +69,8 @@ class CheckpointAPI:
         The directory is a checkpoint (see docs/checkpointing.md), written atomically. With
         ``ProjectConfiguration(automatic_checkpoint_naming=True)`` it is
         ``<project_dir>/checkpoints/checkpoint_<N>`` and the oldest beyond ``total_limit`` are
-        removed after the new one is complete. Returns the directory.
+        removed after the new one is complete (only folders this package wrote, never the new
+        one). Returns the directory.
 
         With ``checkpoint_io=trainer.plugins.AsyncCheckpointIO()`` the state is copied to host
         memory and written in the background: the call returns at once, the directory appears

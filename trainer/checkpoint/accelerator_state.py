@@ -11,7 +11,6 @@ after the new one is complete.
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import shutil
@@ -27,6 +26,7 @@ from trainer.checkpoint.atomic import (
     MANIFEST,
     discard_directory,
     fsync_directory,
+    has_trainer_manifest,
     process_tag,
     replace_directory,
 )
@@ -35,7 +35,7 @@ from trainer.checkpoint.format import (
     EXTRA_FILES_KEY,
     write_model_files,
 )
-from trainer.checkpoint.manifest import FORMAT_NAME, allowing_extra_files
+from trainer.checkpoint.manifest import allowing_extra_files
 from trainer.checkpoint.training_state import (
     TrainingObjects,
     capture_training_state,
@@ -229,8 +229,10 @@ def _check_is_newest(directory: Path, iteration: int) -> None:
 
 def _prune(directory: Path, total_limit: int, newest: Path) -> None:
     """Delete the oldest ``checkpoint_<N>`` beyond ``total_limit``; never ``newest``, the
-    checkpoint just written."""
-    older = [path for _, path in _numbered(directory) if path != newest]
+    checkpoint just written, nor an entry trainer did not write (a user's, Accelerate's)."""
+    older = [
+        path for _, path in _numbered(directory) if path != newest and has_trainer_manifest(path)
+    ]
     for old in older[: max(0, len(older) + 1 - total_limit)]:
         discard_directory(old)  # renamed aside first: a kill never leaves half of one
 
@@ -320,7 +322,7 @@ def check_model_directory(save_directory: str | os.PathLike[str]) -> Path:
     if directory.exists() and not directory.is_dir():
         raise CheckpointError(f"save_model: {directory} is a file; give a directory.")
     for folder in (directory, *directory.parents):
-        if _is_trainer_checkpoint(folder):
+        if has_trainer_manifest(folder):
             where = "is" if folder == directory else f"is inside {folder}, which is"
             raise CheckpointError(
                 f"save_model: {directory} {where} a trainer checkpoint (its {MANIFEST} lists "
@@ -329,19 +331,6 @@ def check_model_directory(save_directory: str | os.PathLike[str]) -> Path:
                 "load_checkpoint_in_model."
             )
     return directory
-
-
-def _is_trainer_checkpoint(folder: Path) -> bool:
-    """Whether ``folder``'s manifest carries this format's name (not merely exists).
-    TODO: use trainer.checkpoint.atomic's predicate once it lands."""
-    manifest_path = folder / MANIFEST
-    if not manifest_path.is_file():  # not a FIFO or a folder, which reading would block on
-        return False
-    try:
-        manifest = json.loads(manifest_path.read_bytes())
-    except (OSError, ValueError):
-        return False
-    return isinstance(manifest, dict) and manifest.get("format") == FORMAT_NAME
 
 
 def save_model_weights(
