@@ -390,7 +390,8 @@ def test_grad_scaler_kwargs_reach_the_scaler():
 def test_autocast_kwargs_reach_autocast():
     model, _ = _model_and_optimizer()
     plain = Accelerator(cpu=True, mixed_precision="bf16")
-    assert plain.prepare(model)(torch.ones(1, 4)).dtype == torch.bfloat16
+    # returned in float32, as Accelerate's convert_outputs_to_fp32 (computed under autocast)
+    assert plain.prepare(model)(torch.ones(1, 4)).dtype == torch.float32
     handler = AutocastKwargs(enabled=False)
     off = Accelerator(cpu=True, mixed_precision="bf16", kwargs_handlers=[handler])
     assert off.prepare(_model_and_optimizer()[0])(torch.ones(1, 4)).dtype == torch.float32
