@@ -71,7 +71,14 @@ def check_optimizer_state(optimizer: Any, state: Any, source: str | Path, index:
         for key, current in group.items():
             if key != "params" and key in saved:
                 _check_value(current, saved[key], f"{where}.param_groups[{number}].{key}")
-        if isinstance(saved_buffers, Mapping) and isinstance(saved.get("params"), Sequence):
+        # Shapes are compared only for a plain single-process optimizer: under tensor
+        # parallelism or ZeRO, saved buffers are in the global shape and parameters are shards.
+        is_plain = not (torch.distributed.is_available() and torch.distributed.is_initialized())
+        if (
+            is_plain
+            and isinstance(saved_buffers, Mapping)
+            and isinstance(saved.get("params"), Sequence)
+        ):
             for saved_id, parameter in zip(saved["params"], group["params"], strict=False):
                 buffers = saved_buffers.get(saved_id)
                 if isinstance(buffers, Mapping):
