@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 import importlib.util
+import os
+import subprocess
+import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType
@@ -13,6 +17,36 @@ import torch.distributed
 from torch.utils.data import DataLoader, TensorDataset
 
 import trainer
+
+# DeepSpeed on the CPU accelerator compiles a comm op on first use (a minute or more on 2 cores)
+# under a lock file in this folder. Every test process uses the one folder, and the op is built
+# once before any test starts (pytest_sessionstart): a test that timed out while compiling would
+# leave the lock behind, and every later DeepSpeed test would wait on it forever (a CI run hung).
+TORCH_EXTENSIONS_DIR = os.environ.setdefault(
+    "TORCH_EXTENSIONS_DIR", str(Path.home() / ".cache" / "torch_extensions")
+)
+_STALE_LOCK_SECONDS = 15 * 60  # far longer than a build takes on 2 busy cores
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    """Build DeepSpeed's CPU comm op once, in the controlling process, before the tests start."""
+    if hasattr(session.config, "workerinput") or importlib.util.find_spec("deepspeed") is None:
+        return  # an xdist worker (the controller built it), or no DeepSpeed tests to run
+    lock = Path(TORCH_EXTENSIONS_DIR) / "deepspeed_shm_comm" / "lock"
+    if lock.exists() and time.time() - lock.stat().st_mtime > _STALE_LOCK_SECONDS:
+        lock.unlink()  # left by a build that was killed; torch would wait on it forever
+    build = (
+        "from deepspeed.accelerator import get_accelerator\n"
+        "builder = get_accelerator().create_op_builder('ShareMemCommBuilder')\n"
+        "builder is None or builder.load(verbose=False)\n"
+    )
+    env = dict(os.environ, DS_ACCELERATOR="cpu")
+    try:
+        subprocess.run(
+            [sys.executable, "-c", build], env=env, capture_output=True, timeout=900, check=False
+        )
+    except subprocess.TimeoutExpired:
+        pass  # the DeepSpeed tests then fail on their own timeouts, naming themselves
 
 
 def load_module_from_file(path: Path, name: str | None = None) -> ModuleType:

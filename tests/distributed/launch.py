@@ -2,7 +2,9 @@
 
 One place for what every such test needs: the repository on ``PYTHONPATH``, one OpenMP thread
 per process (2 cores), and on a timeout the whole job killed, workers included (a hung worker
-left behind would keep its ports and CPU for the rest of the test run).
+left behind would keep its ports and CPU for the rest of the test run). torchrun starts each
+worker in a session of its own, so killing the job's session is not enough: every process
+descended from the job is found first and killed too.
 """
 
 from __future__ import annotations
@@ -37,10 +39,42 @@ def run_job(
         try:
             stdout, stderr = process.communicate(timeout=timeout)
         except subprocess.TimeoutExpired:
-            os.killpg(process.pid, signal.SIGKILL)
+            kill_job(process.pid)
             process.communicate()
             raise
     return subprocess.CompletedProcess(list(command), process.returncode, stdout, stderr)
+
+
+def descendants(pid: int) -> list[int]:
+    """Every living process descended from ``pid`` (read from /proc; empty where there is none)."""
+    children: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            # "pid (comm) state ppid ...": comm may hold spaces or parentheses, so split after it.
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
+    found, queue = [], [pid]
+    while queue:
+        for child in children.get(queue.pop(), []):
+            found.append(child)
+            queue.append(child)
+    return found
+
+
+def kill_job(pid: int) -> None:
+    """SIGKILL the job ``pid`` leads: its session, and every descendant wherever its session is."""
+    family = descendants(pid)
+    for target in [pid, *family]:
+        try:
+            os.killpg(target, signal.SIGKILL)  # the session/group it leads, if it leads one
+        except OSError:
+            pass
+        try:
+            os.kill(target, signal.SIGKILL)
+        except OSError:
+            pass
 
 
 def torchrun(

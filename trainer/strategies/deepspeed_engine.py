@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import warnings
 from typing import Any
 
 import torch
@@ -149,6 +150,8 @@ def initialize_engine(
         StrategyError: DeepSpeed refused the config (the message shows the config it got).
     """
     deepspeed = import_deepspeed(accelerator_type)
+    if accelerator_type == "cpu":
+        warn_if_comm_op_build_locked()
     try:
         engine, engine_optimizer, _, _ = deepspeed.initialize(
             model=module, optimizer=optimizer, config=config, dist_init_required=False
@@ -160,6 +163,31 @@ def initialize_engine(
         ) from err
     track_engine(engine)
     return engine, engine_optimizer
+
+
+def warn_if_comm_op_build_locked() -> None:
+    """Warn when DeepSpeed's CPU comm op build will wait on a lock file that is already there.
+
+    On the CPU accelerator ``deepspeed.initialize`` compiles its shared-memory comm op on first
+    use (torch's ``cpp_extension``, about a minute), holding ``<build dir>/lock``; a build that
+    was interrupted (Ctrl-C, a kill, a timeout) leaves the file, and every later run then waits
+    for it forever without a word. Whether another process is still building cannot be told
+    from the file, so this names it rather than deleting it.
+    """
+    from torch.utils import cpp_extension
+
+    try:  # private in torch; without it there is nothing to name
+        build_dir = cpp_extension._get_build_directory("deepspeed_shm_comm", verbose=False)  # noqa: SLF001
+    except (AttributeError, TypeError, OSError):
+        return
+    lock = os.path.join(build_dir, "lock")
+    if os.path.exists(lock):
+        warnings.warn(
+            f"DeepSpeed's CPU comm op build waits until {lock} is gone: another process is "
+            "building it, or an interrupted build left the file. If no build is running, delete "
+            "it; the run then goes on.",
+            stacklevel=3,
+        )
 
 
 def set_clipping(engine: Any, max_norm: float) -> None:
