@@ -237,6 +237,10 @@ class CheckpointAPI:
         ``model.safetensors``, or ``model-0000i-of-0000N.safetensors`` plus
         ``model.safetensors.index.json`` beyond ``max_shard_size`` (e.g. "10GB", "500MB").
         An earlier save's weight files there are replaced; the folder's other files are kept.
+        As in Accelerate, no barrier: where the engine needs no collective to gather the weights
+        (one process, DDP) it may be called under ``if accelerator.is_main_process:``; call
+        ``wait_for_everyone()`` before another process reads the folder. Under FSDP, DeepSpeed
+        ZeRO-3 and Megatron every process must call it (the weights are gathered).
 
         Raises:
             CheckpointError: ``save_directory`` is a file, or a trainer checkpoint (or inside
@@ -253,7 +257,6 @@ class CheckpointAPI:
                 max_shard_size=max_shard_size,
                 safe_serialization=safe_serialization,
             )
-        self.wait_for_everyone()
 
     def get_state_dict(
         self, model: torch.nn.Module, unwrap: bool = True
