@@ -6,11 +6,12 @@ from __future__ import annotations
 import math
 
 import pytest
+import torch
 
 from tests.conftest import LinearModule, make_loader, quiet_trainer
 from trainer.callbacks import EarlyStopping
 from trainer.callbacks.early_stopping import EarlyStoppingReason
-from trainer.errors import ConfigurationError
+from trainer.errors import CheckpointError, ConfigurationError
 
 
 class ScriptedModule(LinearModule):
@@ -148,7 +149,50 @@ def test_state_is_restored_from_a_checkpoint(tmp_path):
         "stopped_epoch": 4,
         "best_score": 0.5,
         "patience": 3,
+        "stopping_reason": "patience_exhausted",
+        "stopping_reason_message": resumed.stopping_reason_message,
     }
+    assert "did not improve" in resumed.stopping_reason_message
+
+
+def test_why_a_run_stopped_survives_a_checkpoint(tmp_path):
+    # Lightning saves stopping_reason and its message; a resumed run forgot why it had stopped.
+    stopper = EarlyStopping(monitor="val/score", patience=1)
+    run = fit(tmp_path, [1.0, 2.0, 3.0], stopper)
+    assert stopper.stopping_reason is EarlyStoppingReason.PATIENCE_EXHAUSTED
+    run.save_checkpoint(tmp_path / "ckpt")
+    restored = EarlyStopping(monitor="val/score", patience=1)
+    restored.load_state_dict(stopper.state_dict())
+    assert restored.stopping_reason is EarlyStoppingReason.PATIENCE_EXHAUSTED
+    assert restored.stopping_reason_message == stopper.stopping_reason_message
+    older = {k: v for k, v in stopper.state_dict().items() if not k.startswith("stopping")}
+    restored.load_state_dict(older)  # a checkpoint written before the fields existed
+    assert restored.stopping_reason is EarlyStoppingReason.NOT_STOPPED
+
+
+@pytest.mark.parametrize(
+    "field, value", [("stopping_reason", "bored"), ("stopping_reason_message", 3)]
+)
+def test_a_crafted_stopping_reason_is_refused(field, value):
+    state = EarlyStopping(monitor="m").state_dict()
+    with pytest.raises(CheckpointError, match=field):
+        EarlyStopping(monitor="m").load_state_dict({**state, field: value})
+
+
+def test_monitor_op_and_its_tables_are_lightnings(tmp_path):
+    stopper = EarlyStopping(monitor="m", mode="max")
+    assert stopper.monitor_op is torch.gt and EarlyStopping(monitor="m").monitor_op is torch.lt
+    assert EarlyStopping.order_dict == {"min": "<", "max": ">"}
+
+    class AtLeastAsGood(EarlyStopping):  # a subclass's table decides what "better" means
+        mode_dict = {"min": torch.le, "max": torch.ge}
+
+    equal_counts = AtLeastAsGood(monitor="val/score", patience=1)
+    fit(tmp_path, [1.0, 1.0, 1.0], equal_counts)  # an equal value counts as an improvement
+    assert equal_counts.stopping_reason is EarlyStoppingReason.NOT_STOPPED
+    plain = EarlyStopping(monitor="val/score", patience=1)
+    fit(tmp_path, [1.0, 1.0, 1.0], plain)
+    assert plain.stopping_reason is EarlyStoppingReason.PATIENCE_EXHAUSTED
 
 
 def test_state_key_names_monitor_and_mode():

@@ -106,3 +106,25 @@ def test_dirpath_is_made_absolute_with_the_home_expanded(monkeypatch, tmp_path):
     assert ModelCheckpoint(dirpath="~/ckpts").dirpath == str(tmp_path.resolve() / "ckpts")
     monkeypatch.chdir(tmp_path)
     assert ModelCheckpoint(dirpath="rel").dirpath == str(tmp_path.resolve() / "rel")
+
+
+def test_to_yaml_and_file_exists_as_lightning(tmp_path):
+    import yaml
+
+    callback = ModelCheckpoint(monitor="score", mode="min", save_top_k=2)
+    run_dir = tmp_path / "run"
+    t = quiet_trainer(run_dir, callbacks=[callback], enable_checkpointing=True, max_epochs=3)
+    t.fit(Scored(), make_loader(n=8), make_loader(n=8))
+    assert all(isinstance(s, torch.Tensor) for s in callback.best_k_models.values())
+    assert callback.best_k_models[callback.best_model_path].item() == 0.0  # Lightning's .item()
+
+    callback.to_yaml()
+    written = yaml.safe_load((run_dir / "checkpoints" / "best_k_models.yaml").read_text())
+    assert written == {path: float(s) for path, s in callback.best_k_models.items()}
+    callback.to_yaml(tmp_path / "elsewhere.yaml")
+    assert yaml.safe_load((tmp_path / "elsewhere.yaml").read_text()) == written
+
+    assert callback.file_exists(callback.best_model_path, t)
+    assert not callback.file_exists(tmp_path / "missing", t)
+    with pytest.raises(trainer.ConfigurationError, match="filepath"):
+        ModelCheckpoint().to_yaml()  # no dirpath before fit

@@ -92,6 +92,18 @@ def _facts(callback: Any, folder: Path, framework: str) -> dict[str, Any]:
         "current_score": number(callback.current_score),
         "best_k_models": {_stem(p): number(s) for p, s in callback.best_k_models.items()},
         "last_model_path": _stem(callback.last_model_path),
+        # a user's `score.item()` works only on a tensor: the kinds must match too
+        "score_types": sorted(
+            {
+                type(value).__name__
+                for value in [
+                    *callback.best_k_models.values(),
+                    callback.best_model_score,
+                    callback.kth_value,
+                    callback.current_score,
+                ]
+            }
+        ),
     }
 
 

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 from trainer.checkpoint.atomic import (
     MANIFEST,
+    atomic_write_text,
     discard_directory,
     has_trainer_manifest,
     process_tag,
@@ -27,7 +28,7 @@ from trainer.checkpoint.atomic import (
     replace_directory,
 )
 from trainer.checkpoint.paths import is_inside, resolve_inside
-from trainer.errors import CheckpointError, describe
+from trainer.errors import CheckpointError, ConfigurationError, describe
 
 if TYPE_CHECKING:
     from trainer.plugins import PendingSave
@@ -237,3 +238,35 @@ def _remove(path: Path) -> None:
         shutil.rmtree(path, ignore_errors=True)
     elif os.path.lexists(path):
         os.unlink(path)
+
+
+def local_dirpath(dirpath: str | os.PathLike[str] | None) -> str | None:
+    """``dirpath`` made absolute with ``~`` expanded, as Lightning does for local paths."""
+    if dirpath is None:
+        return None
+    path = os.fspath(dirpath)
+    return path if "://" in path else os.path.realpath(os.path.expanduser(path))
+
+
+def write_best_k_yaml(
+    best_k_models: dict[str, Any],
+    filepath: str | os.PathLike[str] | None,
+    dirpath: str | None,
+) -> None:
+    """``ModelCheckpoint.to_yaml``: the kept checkpoints' scores as ``{path: number}`` YAML.
+
+    Raises:
+        ConfigurationError: no ``filepath`` and the callback has no ``dirpath`` yet.
+        CheckpointError: the file could not be written.
+    """
+    import yaml
+
+    if filepath is None:
+        if dirpath is None:
+            raise ConfigurationError(
+                "ModelCheckpoint.to_yaml(): the callback has no dirpath yet (it is set when fit "
+                "starts); pass filepath=."
+            )
+        filepath = os.path.join(dirpath, "best_k_models.yaml")
+    scores = {str(path): float(score) for path, score in best_k_models.items()}
+    atomic_write_text(filepath, yaml.safe_dump(scores))

@@ -2,7 +2,7 @@
 
 This module owns the stopping rule (patience, ``min_delta``, thresholds, non-finite values), the
 choice of when to check, and the callback's resumable state (``wait_count``, ``best_score``,
-``stopped_epoch``, ``patience``). It reads ``trainer.callback_metrics`` and speaks back only
+``stopped_epoch``, ``patience``, ``stopping_reason`` and its message). It reads ``trainer.callback_metrics`` and speaks back only
 through ``trainer.should_stop``; it does not log metrics or save checkpoints.
 """
 
@@ -10,12 +10,13 @@ from __future__ import annotations
 
 import enum
 import math
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 
 from trainer.callbacks.callback import Callback
-from trainer.errors import ConfigurationError, describe
+from trainer.errors import CheckpointError, ConfigurationError, describe
 
 if TYPE_CHECKING:
     from trainer.trainer.module import TrainModule
@@ -75,6 +76,9 @@ class EarlyStopping(Callback):
         (3, <EarlyStoppingReason.PATIENCE_EXHAUSTED: 'patience_exhausted'>)
     """
 
+    mode_dict: ClassVar[dict[str, Callable[..., Any]]] = {"min": torch.lt, "max": torch.gt}
+    order_dict: ClassVar[dict[str, str]] = {"min": "<", "max": ">"}
+
     def __init__(
         self,
         monitor: str,
@@ -128,13 +132,32 @@ class EarlyStopping(Callback):
             "stopped_epoch": self.stopped_epoch,
             "best_score": float(self.best_score),
             "patience": self.patience,
+            "stopping_reason": self.stopping_reason.value,
+            "stopping_reason_message": self.stopping_reason_message,
         }
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Restore a resumed run's counters and why it stopped (absent in older checkpoints).
+
+        Raises:
+            CheckpointError: ``stopping_reason`` is not one of `EarlyStoppingReason`'s values, or
+                the message is not a string.
+        """
+        reason = state_dict.get("stopping_reason", EarlyStoppingReason.NOT_STOPPED.value)
+        message = state_dict.get("stopping_reason_message")
+        reasons = [r.value for r in EarlyStoppingReason]
+        if reason not in reasons or not (message is None or isinstance(message, str)):
+            raise CheckpointError(
+                f"EarlyStopping state ({self.state_key}): stopping_reason={describe(reason)}, "
+                f"stopping_reason_message={describe(message)}; expected one of {reasons} and "
+                "a string or None. The checkpoint was written by something else or edited."
+            )
         self.wait_count = int(state_dict["wait_count"])
         self.stopped_epoch = int(state_dict["stopped_epoch"])
         self.best_score = torch.tensor(float(state_dict["best_score"]))
         self.patience = int(state_dict["patience"])
+        self.stopping_reason = EarlyStoppingReason(reason)
+        self.stopping_reason_message = message
 
     # ---- when -----------------------------------------------------------------------------
     def setup(self, trainer: Trainer, module: TrainModule, stage: str) -> None:
@@ -223,8 +246,13 @@ class EarlyStopping(Callback):
             )
         return False, None
 
+    @property
+    def monitor_op(self) -> Callable[..., Any]:
+        """``torch.lt`` (mode "min") or ``torch.gt`` ("max"): whether a value beats another."""
+        return self.mode_dict[self.mode]
+
     def _is_better(self, a: float, b: float) -> bool:
-        return a < b if self.mode == "min" else a > b
+        return bool(self.monitor_op(torch.tensor(a), torch.tensor(b)))
 
     def _print(self, trainer: Trainer, message: str) -> None:
         if trainer.is_global_zero:

@@ -28,6 +28,8 @@ from trainer.callbacks.checkpoint_folder import (
     adopt_path,
     checked_state,
     delete_checkpoint,
+    local_dirpath,
+    write_best_k_yaml,
     write_last,
 )
 from trainer.callbacks.checkpoint_naming import (
@@ -84,7 +86,7 @@ class ModelCheckpoint(CheckpointSchedule):
     Attributes:
         best_model_path: the best checkpoint so far (by ``monitor``), as Lightning's.
         best_model_score: its score.
-        best_k_models: path -> score of the kept top-k checkpoints.
+        best_k_models: path -> score (a 0-dim tensor, as Lightning's) of the kept top k.
         kth_best_model_path: the worst of the kept top-k.
         kth_value: its score.
         current_score: the monitored value at the last save.
@@ -134,7 +136,7 @@ class ModelCheckpoint(CheckpointSchedule):
             raise ConfigurationError(
                 f"ModelCheckpoint(save_last={describe(save_last)}): expected None, True, False or 'link'."
             )
-        self.dirpath = _local_dirpath(dirpath)
+        self.dirpath = local_dirpath(dirpath)
         self.filename = filename
         self.monitor = monitor
         self.verbose = verbose
@@ -149,7 +151,7 @@ class ModelCheckpoint(CheckpointSchedule):
         self.train_time_interval = triggers.train_time_interval
         self.save_on_train_epoch_end = save_on_train_epoch_end
         self.enable_version_counter = enable_version_counter
-        self.best_k_models: dict[str, float] = {}
+        self.best_k_models: dict[str, torch.Tensor] = {}
         self.best_model_path = ""
         self.best_model_score: torch.Tensor | None = None
         self.kth_best_model_path = ""
@@ -175,7 +177,7 @@ class ModelCheckpoint(CheckpointSchedule):
             "best_model_path": self.best_model_path,
             "best_model_score": _float_or_none(self.best_model_score),
             "current_score": _float_or_none(self.current_score),
-            "best_k_models": dict(self.best_k_models),
+            "best_k_models": {path: float(score) for path, score in self.best_k_models.items()},
             "kth_best_model_path": self.kth_best_model_path,
             "kth_value": float(self.kth_value),
             "last_model_path": self.last_model_path,
@@ -208,7 +210,7 @@ class ModelCheckpoint(CheckpointSchedule):
             )
 
         self.best_k_models = {
-            kept: score
+            kept: torch.tensor(float(score))
             for path, score in state.get("best_k_models", {}).items()
             if (kept := adopt("best_k_models", path))
         }
@@ -340,14 +342,14 @@ class ModelCheckpoint(CheckpointSchedule):
             del self.best_k_models[replaced]
         path = self._free_path(trainer, metrics, reusable=replaced)
         self.current_score = torch.tensor(score)
-        self.best_k_models[path] = score
+        self.best_k_models[path] = torch.tensor(score)
         if len(self.best_k_models) == k:
             worst = max if self.mode == "min" else min
-            self.kth_best_model_path = worst(self.best_k_models, key=self.best_k_models.__getitem__)
-            self.kth_value = torch.tensor(self.best_k_models[self.kth_best_model_path])
+            self.kth_best_model_path = worst(self.best_k_models, key=self._score_of)
+            self.kth_value = self.best_k_models[self.kth_best_model_path].clone()
         pick = min if self.mode == "min" else max
-        self.best_model_path = pick(self.best_k_models, key=self.best_k_models.__getitem__)
-        self.best_model_score = torch.tensor(self.best_k_models[self.best_model_path])
+        self.best_model_path = pick(self.best_k_models, key=self._score_of)
+        self.best_model_score = self.best_k_models[self.best_model_path].clone()
         if self.verbose and trainer.is_global_zero:
             print(
                 f"Epoch {metrics['epoch']:d}, global step {metrics['step']:d}: {self.monitor!r} "
@@ -362,7 +364,7 @@ class ModelCheckpoint(CheckpointSchedule):
             return False
         if self.save_top_k == -1 or len(self.best_k_models) < self.save_top_k:
             return True
-        kth = self.best_k_models[self._kth_path()]
+        kth = self._score_of(self._kth_path())
         value = float(current)
         is_better = value < kth if self.mode == "min" else value > kth
         return trainer.strategy.reduce_boolean_decision(is_better)
@@ -372,7 +374,11 @@ class ModelCheckpoint(CheckpointSchedule):
         if self.kth_best_model_path in self.best_k_models:
             return self.kth_best_model_path
         pick = max if self.mode == "min" else min
-        return pick(self.best_k_models, key=self.best_k_models.__getitem__)
+        return pick(self.best_k_models, key=self._score_of)
+
+    def _score_of(self, path: str) -> float:
+        """The kept checkpoint's score as a number (the values are tensors, as in Lightning)."""
+        return float(self.best_k_models[path])
 
     def _score(self, metrics: dict[str, Any]) -> float | None:
         """The monitored value; None (with a warning) when it is missing before any validation."""
@@ -465,6 +471,15 @@ class ModelCheckpoint(CheckpointSchedule):
         name += self.FILE_EXTENSION
         return os.path.join(self.dirpath, name) if self.dirpath else name
 
+    def file_exists(self, filepath: str | os.PathLike[str], trainer: Trainer) -> bool:
+        """Whether ``filepath`` exists on process 0 (the answer every process gets, as Lightning)."""
+        return bool(trainer.strategy.broadcast(os.path.exists(filepath)))
+
+    def to_yaml(self, filepath: str | os.PathLike[str] | None = None) -> None:
+        """Write ``best_k_models`` (path: score) as YAML to ``filepath``, by default
+        ``<dirpath>/best_k_models.yaml``, atomically (Lightning's method)."""
+        write_best_k_yaml(self.best_k_models, filepath, self.dirpath)
+
     def format_name(self, epoch: int, step: int, metrics: dict[str, Any]) -> str:
         """The directory name (no folder) for ``epoch``, ``step`` and ``metrics``."""
         path = self.format_checkpoint_name({"epoch": epoch, "step": step, **metrics})
@@ -473,11 +488,3 @@ class ModelCheckpoint(CheckpointSchedule):
 
 def _float_or_none(value: torch.Tensor | float | None) -> float | None:
     return None if value is None else float(value)
-
-
-def _local_dirpath(dirpath: str | os.PathLike[str] | None) -> str | None:
-    """``dirpath`` made absolute with ``~`` expanded, as Lightning does for local paths."""
-    if dirpath is None:
-        return None
-    path = os.fspath(dirpath)
-    return path if "://" in path else os.path.realpath(os.path.expanduser(path))
