@@ -241,3 +241,47 @@ def test_batch_end_outputs_and_the_backward_loss_are_lightnings(
     ({} for None), and on_before_backward the divided loss backward takes."""
     expected = _batch_end_outputs(LIGHTNING, returns, manual, **options)
     assert _batch_end_outputs(TRAINER, returns, manual, **options) == expected
+
+
+# ---- fits with nothing to train ---------------------------------------------------------------
+_RUN_HOOKS = (
+    "on_fit_start",
+    "on_sanity_check_start",
+    "on_train_start",
+    "on_train_epoch_start",
+    "on_train_epoch_end",
+    "on_train_end",
+    "on_fit_end",
+)
+
+
+def _nothing_to_train(fw: Any, case: str) -> list[Any]:
+    calls: list[Any] = []
+
+    class StopsAtFitStart(regression_class(fw.Module)):  # type: ignore[misc]
+        def on_fit_start(self):
+            self.trainer.should_stop = case == "should_stop_at_fit_start"
+
+    options = {
+        "max_epochs=0": {"max_epochs": 0},
+        "limit_train_batches=0": {"max_epochs": 2, "limit_train_batches": 0},
+        "should_stop_at_fit_start": {"max_epochs": 2},
+        "second_fit": {"max_epochs": 1},
+    }[case]
+    run = fw.trainer(
+        callbacks=[recording_callback(fw.Callback, calls, _RUN_HOOKS)],
+        **quiet(num_sanity_val_steps=1, **options),
+    )
+    module = StopsAtFitStart()
+    run.fit(module, loader(4), loader(2))
+    if case == "second_fit":  # max_epochs already reached: the second fit trains nothing
+        calls.append("second fit")
+        run.fit(module, loader(4), loader(2))
+    return [calls, run.global_step, run.current_epoch, _weights(module)]
+
+
+@pytest.mark.parametrize(
+    "case", ["max_epochs=0", "limit_train_batches=0", "should_stop_at_fit_start", "second_fit"]
+)
+def test_a_fit_with_nothing_to_train_skips_on_train_start_and_end(case: str) -> None:
+    assert _nothing_to_train(TRAINER, case) == _nothing_to_train(LIGHTNING, case)

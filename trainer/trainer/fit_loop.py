@@ -121,8 +121,12 @@ class FitLoop(BatchStep, FitLimits):
         self._last_val_time = 0.0  # time-based validation counts from here: set at train start
         self._train_store = run.stores["train"]  # self.log's, read every batch
 
-    def run(self) -> None:
-        """``on_train_start``, then epochs until done (the Trainer calls ``on_train_end``)."""
+    def run(self) -> bool:
+        """``on_train_start``, then epochs until done (the Trainer calls ``on_train_end``).
+
+        Returns whether training ran: as in Lightning, a fit with nothing to train (no training
+        batches, ``max_epochs`` / ``max_steps`` already reached, ``should_stop`` set before it
+        started) calls neither ``on_train_start`` nor ``on_train_end``."""
         self._take_resumed_position()
         epoch = self.trainer.progress.epoch
         # Lightning's bookkeeping for reload_dataloaders_every_n_epochs: the epoch each stage's
@@ -145,9 +149,12 @@ class FitLoop(BatchStep, FitLimits):
         if self._time_is_up():  # max_time=0: Lightning's Timer stops the fit at on_fit_start
             trainer.should_stop = True
         try:
+            if self._is_done():
+                return False
             self._run.hooks.call("on_train_start")
             while not self._is_done():
                 self._train_epoch()
+            return True
         finally:
             if unbind is not None:
                 unbind()

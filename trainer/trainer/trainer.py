@@ -242,10 +242,10 @@ class Trainer(TrainerProperties):
     ) -> None:
         """Train ``module``; validate along the way when it has ``validation_step``.
 
-        Data comes from the arguments, else ``datamodule``, else the module's ``*_dataloader``
-        methods; several train loaders (a dict, list or `CombinedLoader`) are read together, as
-        in Lightning. ``ckpt_path`` ("last", "best" or a path) resumes training exactly where it
-        stopped. ``model=`` names the module; ``weights_only`` is accepted (nothing unpickled)."""
+        Data: the arguments, else ``datamodule``, else the module's ``*_dataloader`` methods;
+        several train loaders (dict, list, `CombinedLoader`) are read together, as Lightning's.
+        ``ckpt_path`` ("last", "best" or a path) resumes exactly where training stopped;
+        ``model=`` names the module; ``weights_only`` is accepted (nothing is unpickled)."""
         module = module_argument(module, model, "fit")
         train_dataloaders, datamodule = datamodule_argument(train_dataloaders, datamodule, "fit")
         self._attach(module, datamodule, "fit")
@@ -257,8 +257,9 @@ class Trainer(TrainerProperties):
                 self._fit_loop = FitLoop(self, self._run, received_signal, self._pending_rng_state)
                 self._pending_rng_state = None
                 profiling.profile_fit_loop(self.profiler, self._fit_loop)
-                self._fit_loop.run()
-            self._call_hook("on_train_end")
+                trained = self._fit_loop.run()  # False: nothing to train (Lightning's skip)
+            if trained:
+                self._call_hook("on_train_end")
             self._call_hook("on_fit_end")
         except TunerExit:  # a Tuner's search ended the fit at on_fit_start, as Lightning's does
             pass
@@ -494,7 +495,5 @@ class Trainer(TrainerProperties):
             ConfigurationError: called outside ``fit``.
         """
         if self._fit_loop is None:
-            raise ConfigurationError(
-                "manual_backward: called outside trainer.fit. Call it from training_step."
-            )
+            raise ConfigurationError("manual_backward: called outside fit (use training_step).")
         self._fit_loop.manual_backward(loss, **kwargs)
