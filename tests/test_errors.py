@@ -215,7 +215,7 @@ def test_nan_loss_without_detect_anomaly_does_not_raise(tmp_path):
         ({"val_check_interval": 2.5}, "val_check_interval=2.5"),
         ({"num_sanity_val_steps": 1.5}, "num_sanity_val_steps=1.5"),
         ({"max_time": "12 hours"}, "max_time='12 hours'.*DD:HH:MM:SS"),
-        ({"log_every_n_steps": 0}, "log_every_n_steps=0"),
+        ({"log_every_n_steps": -1}, r"log_every_n_steps=-1.*an int >= 0"),
         ({"fast_dev_run": -1}, "fast_dev_run=-1"),
         ({"accelerator": "tpu"}, "accelerator='tpu'"),
         ({"devices": 4}, r"devices=4.*strategy='ddp'"),

@@ -6,7 +6,9 @@ not at ``global_step``: under manual optimization every batch counts once, howev
 optimizers it stepped (two optimizers: ``global_step`` grows twice as fast), even one that
 stepped none. Each scenario fits a GAN-like module with two manually stepped optimizers, with
 validation inside the epoch and a ``test()`` after, and compares every ``metrics.csv`` cell
-(key, step, value), ``global_step`` and the weights. Lightning's run is the expected value.
+(key, step, value), ``global_step`` and the weights. And ``log_every_n_steps=0``: no training
+step rows at all (not even for the batch that stops the fit), no per-step learning rates.
+Lightning's run is the expected value.
 """
 
 from __future__ import annotations
@@ -91,3 +93,41 @@ def test_manual_rows_land_at_lightning_steps(
     expected = _run(LIGHTNING, tmp_path / "lightning", recipe, **options)
     assert expected["global_step"] > 12, "the scenario should step more than once per batch"
     assert _run(TRAINER, tmp_path / "trainer", recipe, **options) == expected
+
+
+# ---- log_every_n_steps=0: no step rows ---------------------------------------------------------
+def _no_step_rows(fw: Any, root: Path) -> dict[str, Any]:
+    class Stops(fw.Module):  # type: ignore[misc, valid-type]
+        def __init__(self) -> None:
+            super().__init__()
+            torch.manual_seed(0)
+            self.net = torch.nn.Linear(4, 1)
+
+        def training_step(self, batch, batch_idx):
+            x, y = batch
+            loss = torch.nn.functional.mse_loss(self.net(x), y)
+            self.log("train_loss", loss, on_step=True, on_epoch=True)
+            if (self.current_epoch, batch_idx) == (1, 2):
+                self.trainer.should_stop = True  # the stopping batch has a row unless n is 0
+            return loss
+
+        def validation_step(self, batch, batch_idx):
+            x, y = batch
+            self.log("val_loss", torch.nn.functional.mse_loss(self.net(x), y))
+
+        def configure_optimizers(self):
+            optimizer = torch.optim.SGD(self.parameters(), lr=0.1)
+            return [optimizer], [torch.optim.lr_scheduler.StepLR(optimizer, 2)]
+
+    logger = fw.loggers.CSVLogger(str(root), name="run", version=0)
+    monitor = fw.callbacks.LearningRateMonitor(logging_interval="step")
+    fit = fw.trainer(callbacks=[monitor], **quiet(logger=logger, max_epochs=3, log_every_n_steps=0))
+    fit.fit(Stops(), loader(12), loader(4, seed=1))
+    return {"csv": csv_cells(logger.log_dir), "global_step": fit.global_step}
+
+
+def test_log_every_n_steps_zero_writes_no_step_rows(tmp_path: Path) -> None:
+    # trainer refused 0 (an int >= 1); Lightning accepts it: epoch rows only, no lr rows
+    expected = _no_step_rows(LIGHTNING, tmp_path / "lightning")
+    assert expected["csv"] and not any(key.endswith("_step") for key, _, _ in expected["csv"])
+    assert _no_step_rows(TRAINER, tmp_path / "trainer") == expected

@@ -14,7 +14,7 @@ import torch
 
 from trainer.callbacks.callback import Callback
 from trainer.errors import ConfigurationError, describe
-from trainer.trainer.logger_rows import logging_step
+from trainer.trainer.logger_rows import is_log_due, logging_step
 
 if TYPE_CHECKING:
     from trainer.trainer.module import TrainModule
@@ -137,7 +137,7 @@ class DeviceStatsMonitor(Callback):
         return stats
 
     def _log(self, trainer: Trainer, hook: str, position: int, step: int) -> None:
-        if position % trainer.log_every_n_steps != 0 and not trainer.should_stop:
+        if not is_log_due(position, trainer):
             return
         stats = self.read(trainer)
         if not stats:

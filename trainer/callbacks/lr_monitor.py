@@ -16,6 +16,7 @@ import torch
 
 from trainer.callbacks.callback import Callback
 from trainer.errors import ConfigurationError, describe
+from trainer.trainer.logger_rows import is_log_due
 
 if TYPE_CHECKING:
     from trainer.trainer.module import TrainModule
@@ -106,8 +107,7 @@ class LearningRateMonitor(Callback):
         # Lightning's rule, checked per batch: with accumulation each batch of a due step logs.
         # The loggers' step (Lightning's batches that stepped), not global_step: with manual
         # optimization of two optimizers global_step counts two per batch.
-        due = (trainer.progress.batches_stepped + 1) % trainer.log_every_n_steps == 0
-        if not due and not trainer.should_stop:
+        if not is_log_due(trainer.progress.batches_stepped + 1, trainer):
             return
         self._log(trainer, self.extract_stats(trainer, "any" if self.logging_interval else "step"))
 

@@ -21,7 +21,7 @@ import torch
 
 from trainer.callbacks.callback import Callback
 from trainer.errors import ConfigurationError, describe
-from trainer.trainer.logger_rows import send_to_loggers
+from trainer.trainer.logger_rows import is_log_due, send_to_loggers
 
 if TYPE_CHECKING:
     from trainer.trainer.module import TrainModule
@@ -287,8 +287,7 @@ class ThroughputMonitor(Callback):
         self._update("train", module, batch)
         if not trainer.accelerator.sync_gradients:  # inside an accumulation window
             return
-        is_due = trainer.progress.batches_stepped % trainer.log_every_n_steps == 0
-        if is_due or trainer.should_stop:  # the Trainer writes a step row now
+        if is_log_due(trainer.progress.batches_stepped, trainer):  # a step row is written now
             self._log(trainer, "train", step=None)
 
     def on_validation_start(self, trainer: Trainer, module: TrainModule) -> None:
@@ -385,7 +384,7 @@ class ThroughputMonitor(Callback):
         """Count an evaluation batch; log after every ``log_every_n_steps``-th of the run."""
         self._update(stage, module, batch)
         self._eval_batches += 1
-        if self._eval_batches % trainer.log_every_n_steps == 0 or trainer.should_stop:
+        if is_log_due(self._eval_batches, trainer):
             self._log(trainer, stage, step=step if step is not None else self._eval_batches)
 
     def _log(self, trainer: Trainer, stage: str, *, step: int | None) -> None:

@@ -42,7 +42,12 @@ def default_switches(
 
 
 def check_log_interval(value: int | None) -> int:
-    """``log_every_n_steps``: an int >= 1; None is the default, 50."""
+    """``log_every_n_steps``: an int >= 0; None is the default, 50. 0 writes no training step
+    rows (epoch rows still go out), and the callbacks that log on the same schedule
+    (LearningRateMonitor, DeviceStatsMonitor, ThroughputMonitor) log nothing per step, as
+    Lightning."""
     return check_positive_int(
-        "log_every_n_steps", DEFAULT_LOG_EVERY_N_STEPS if value is None else value
+        "log_every_n_steps",
+        DEFAULT_LOG_EVERY_N_STEPS if value is None else value,
+        allow_zero=True,
     )

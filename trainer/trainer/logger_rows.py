@@ -14,7 +14,15 @@ from trainer.trainer.metrics import to_float
 if TYPE_CHECKING:
     from trainer.trainer.trainer import Trainer
 
-__all__ = ["log_hyperparams", "logging_step", "send_to_loggers"]
+__all__ = ["is_log_due", "log_hyperparams", "logging_step", "send_to_loggers"]
+
+
+def is_log_due(count: int, trainer: Trainer) -> bool:
+    """Lightning's ``should_update_logs``: the ``count``-th step (or evaluation batch) is a
+    multiple of ``log_every_n_steps``, or the run is stopping; never with
+    ``log_every_n_steps=0``."""
+    every = trainer.log_every_n_steps
+    return every > 0 and (count % every == 0 or trainer.should_stop)
 
 
 def send_to_loggers(
