@@ -11,6 +11,7 @@ value.
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import pytest
@@ -285,3 +286,37 @@ def _nothing_to_train(fw: Any, case: str) -> list[Any]:
 )
 def test_a_fit_with_nothing_to_train_skips_on_train_start_and_end(case: str) -> None:
     assert _nothing_to_train(TRAINER, case) == _nothing_to_train(LIGHTNING, case)
+
+
+# ---- max_time is a Timer: in trainer.callbacks, and its time is saved ----------------------------
+def _max_time_resumed(fw: Any, root: Any) -> dict[str, Any]:
+    class Slow(regression_class(fw.Module)):  # type: ignore[misc]
+        def training_step(self, batch, batch_idx):
+            time.sleep(0.1)
+            return self.loss(batch)
+
+    def run() -> Any:
+        return fw.trainer(
+            default_root_dir=str(root), **quiet(max_time={"seconds": 0.3}, max_epochs=50)
+        )
+
+    first = run()
+    first.fit(Slow(), loader(8))
+    first.save_checkpoint(str(root / "interrupted.ckpt"))
+    second = run()
+    second.fit(Slow(), loader(8), ckpt_path=str(root / "interrupted.ckpt"))
+    timers = [cb for cb in second.callbacks if type(cb).__name__ == "Timer"]
+    return {
+        "timers": len(timers),
+        "stopped_early": first.global_step < 50 * 4,
+        "steps_after_resume": second.global_step - first.global_step,  # the time was spent
+        "duration": timers[0]._duration if timers else None,
+    }
+
+
+def test_max_time_is_a_timer_whose_time_survives_a_resume(tmp_path) -> None:
+    expected = _max_time_resumed(LIGHTNING, tmp_path / "lightning")
+    assert expected == {
+        "timers": 1, "stopped_early": True, "steps_after_resume": 0, "duration": 0.3
+    }  # fmt: skip
+    assert _max_time_resumed(TRAINER, tmp_path / "trainer") == expected

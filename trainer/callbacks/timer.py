@@ -3,7 +3,7 @@
 This module owns the per-stage clocks ("train", "validate", "test", "predict"), parsing the
 duration, the stop decision (global rank zero's clock decides, every process follows) and the
 resumable state (the training time already spent). It speaks to the Trainer only through
-``trainer.should_stop``; the Trainer's own ``max_time`` is independent of it.
+``trainer.should_stop``. ``Trainer(max_time=...)`` adds one (``interval="step"``), as Lightning.
 """
 
 from __future__ import annotations

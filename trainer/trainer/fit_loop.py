@@ -146,8 +146,6 @@ class FitLoop(BatchStep, FitLimits):
         warn_on_eval_modules(trainer.module)
         val_check_batches(trainer, self._run)  # refuses an interval it cannot count, up front
         self._last_val_time = time.monotonic()  # after the sanity check, as in Lightning
-        if self._time_is_up():  # max_time=0: Lightning's Timer stops the fit at on_fit_start
-            trainer.should_stop = True
         try:
             if self._is_done():
                 return False
@@ -195,15 +193,6 @@ class FitLoop(BatchStep, FitLimits):
         trainer = self.trainer
         return trainer.progress.epoch >= trainer.min_epochs and (
             trainer.min_steps is None or trainer.global_step >= trainer.min_steps
-        )
-
-    def _time_is_up(self) -> bool:
-        """Whether ``max_time`` has passed since fit's setup. As Lightning's Timer does, it sets
-        ``should_stop`` (after each batch), so ``min_epochs`` / ``min_steps`` still win."""
-        max_time = self.trainer.max_time
-        return (
-            max_time is not None
-            and time.monotonic() - self._run.start_time >= max_time.total_seconds()
         )
 
     # ---- one epoch ------------------------------------------------------------------------
@@ -266,7 +255,7 @@ class FitLoop(BatchStep, FitLimits):
             is_last = loader.end_of_dataloader
             # Lightning's rule: after the interval's batches (not again at the epoch's end when
             # the interval does not divide it), and after a batch that stops the fit (by
-            # should_stop, which max_time sets too: `_train_batch`).
+            # should_stop, which max_time's Timer sets too, in on_train_batch_end).
             is_stopping = trainer.should_stop and self._can_stop_early()
             if val_every:  # `is_val_check_batch`, inlined: this runs every batch
                 count = progress.total_batches if is_counted_over_fit else batch_idx + 1
@@ -365,8 +354,6 @@ class FitLoop(BatchStep, FitLimits):
                 outputs = batch_end_outputs(output, self._loss_divisor, self._is_automatic)
             for hook in on_batch_end:
                 hook(outputs, batch, batch_idx)
-        if trainer.max_time is not None and self._time_is_up():  # Lightning's Timer checks here
-            trainer.should_stop = True
         # Lightning writes the step row after on_train_batch_end (what it logs joins the row),
         # and also for the batch that stops the fit.
         stops = is_stepping and trainer.should_stop and trainer.log_every_n_steps > 0

@@ -11,6 +11,7 @@ FitSummary after them (it reports where the checkpoints went).
 
 from __future__ import annotations
 
+import datetime as dt
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -69,11 +70,14 @@ def build_callbacks(
     enable_model_summary: bool,
     enable_checkpointing: bool,
     checkpointing_given: bool = True,
+    max_time: dt.timedelta | None = None,
 ) -> list[Callback]:
     """The Trainer's callbacks: the given ones, the defaults added, in Lightning's order.
 
     ``enable_checkpointing``: add a ModelCheckpoint when no checkpoint callback is given (False
     under ``fast_dev_run`` too); ``checkpointing_given``: the argument as the user gave it.
+    ``max_time``: add ``Timer(duration=max_time, interval="step")`` unless a Timer is given
+    (Lightning's: the Timer stops the fit, and its elapsed time is saved in checkpoints).
 
     Raises:
         ConfigurationError: an item is not a Callback, or a checkpoint callback is given with
@@ -95,6 +99,10 @@ def build_callbacks(
         from trainer.callbacks.model_summary import ModelSummary
 
         given.insert(0, ModelSummary())
+    if max_time is not None and not any(is_instance_named(cb, "Timer") for cb in given):
+        from trainer.callbacks.timer import Timer
+
+        given.append(Timer(duration=max_time, interval="step"))
     if enable_progress_bar and not any(is_progress_bar(cb) for cb in given):
         from trainer.callbacks.progress import RichProgressBar
 

@@ -81,7 +81,6 @@ class Run:
     model: torch.nn.Module  # the prepared (engine-wrapped) model: train() / eval() on it
     run_step: Callable[..., Any]  # run_step("validation_step", batch, batch_idx)
     training_step: Callable[..., Any] | None
-    start_time: float  # time.monotonic() at setup, for max_time
     # The dict ``trainer.callback_metrics`` returns (what callbacks put beside logged values).
     callback_metrics: dict[str, torch.Tensor]
     keep_predictions: bool = True  # predict(return_predictions=False): outputs are not kept

@@ -13,7 +13,6 @@ from __future__ import annotations
 import datetime as dt
 import functools
 import os
-import time
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
@@ -193,7 +192,7 @@ class Trainer(TrainerProperties):
         self.enable_checkpointing = enable_checkpointing and not dev_batches
         switches = (enable_progress_bar, enable_model_summary, self.enable_checkpointing)
         # enable_checkpointing as given too: a checkpoint callback with False is refused
-        self.callbacks = build_callbacks(callbacks, *switches, enable_checkpointing)
+        self.callbacks = build_callbacks(callbacks, *switches, enable_checkpointing, self.max_time)
         self.progress = Progress()
         self.state = TrainerState()
         self.should_stop = False
@@ -381,7 +380,6 @@ class Trainer(TrainerProperties):
 
     def _setup(self, stage: str, loaders: dict[str, Any], ckpt_path: Any = None) -> None:
         """Seed, set up data, hooks, model, optimizers, dataloaders; restore ``ckpt_path``."""
-        start_time = time.monotonic()
         profiling.start(self, stage)
         module = self.module
         if self.seed is not None:
@@ -424,7 +422,6 @@ class Trainer(TrainerProperties):
             model=steps.model,
             run_step=steps.run_step,
             training_step=steps.training_step,
-            start_time=start_time,
             callback_metrics=self._callback_metrics,
         )
         resumed = checkpoint_state.restore_from(self, opened, stage, self._hooks)
