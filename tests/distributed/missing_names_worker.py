@@ -29,17 +29,22 @@ def first_collective() -> dict[str, Any]:
 
 def operations(rank: int) -> dict[str, Any]:
     mine = torch.tensor([1.0, 2.0]) + 2 * rank  # rank 0: [1, 2], rank 1: [3, 4]
-    nest = {"x": [mine, (mine * 10,)], "n": rank}
+    nest = {"x": [mine, (mine * 10,)]}
     accelerator = Accelerator()
     ragged = torch.ones(rank + 1, 2)
     objects = [f"from {rank}", rank]
     trainer.broadcast_object_list(objects, from_process=1)
     gathered = trainer.gather(nest)
+    try:  # as Accelerate's TypeError: checked on each process before anything is sent
+        trainer.gather({"x": mine, "n": rank})
+        refuses_other = False
+    except TypeError:
+        refuses_other = True
     reductions = ("mean", "sum", "max", "min", "none")
     return {
         "broadcast": trainer.broadcast(mine.clone(), from_process=1).tolist(),
         "gather_nest": [gathered["x"][0].tolist(), gathered["x"][1][0].tolist()],
-        "gather_keeps_other": gathered["n"],
+        "gather_refuses_other": refuses_other,
         "gather_object_list": trainer.gather_object([rank, f"r{rank}"]),
         "gather_object_value": trainer.gather_object({"rank": rank}),
         "broadcast_object_list": objects,
