@@ -335,7 +335,27 @@ def test_find_executable_batch_size_retries_on_oom():
             raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2 GiB")
         return batch_size
 
-    assert run() == 8 and tried == [64, 32, 16, 8]
+    assert run() == 8 and tried == [
+        64,
+        57,
+        51,
+        45,
+        40,
+        36,
+        32,
+        28,
+        25,
+        22,
+        19,
+        17,
+        15,
+        13,
+        11,
+        9,
+        8,
+    ]
+    tried.clear()
+    assert run() == 8 and tried == [8]  # the next call starts from the size that worked
 
     @trainer.find_executable_batch_size(starting_batch_size=4)
     def never(batch_size):

@@ -137,3 +137,43 @@ def _parallelism_facts(side: Side) -> dict[str, Any]:
             seen["pipeline_parallel_rank"] = "NotImplementedError"
         facts[label] = seen
     return facts
+
+
+# ---- find_executable_batch_size ------------------------------------------------------------------
+@scenario("memory/find_executable_batch_size")
+def _find_executable_batch_size(side: Side) -> dict[str, Any]:
+    """The sizes tried after out-of-memory errors (default reduction, a no-argument
+    ``reduce_batch_size_fn``), where a second call starts, and a caller passing the size."""
+    find = side.function("find_executable_batch_size")
+    tried: list[int] = []
+
+    def fits_up_to(limit: int) -> Callable[[int], int]:
+        def train(batch_size: int) -> int:
+            tried.append(batch_size)
+            if batch_size > limit:
+                raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+            return batch_size
+
+        return train
+
+    facts: dict[str, Any] = {}
+    default = find(fits_up_to(16), starting_batch_size=64)
+    facts["default"] = [default(), list(tried)]
+    tried.clear()
+    facts["second_call"] = [default(), list(tried)]  # starts from the size that worked
+    tried.clear()
+    sizes = iter([40, 20, 10])
+    halving = find(fits_up_to(16), starting_batch_size=64, reduce_batch_size_fn=lambda: next(sizes))
+    facts["reduce_fn"] = [halving(), list(tried)]
+
+    def with_model(batch_size: int, model_name: str) -> str:
+        return f"{batch_size}:{model_name}"
+
+    decorated = find(with_model, starting_batch_size=8)
+    facts["passes_size"] = decorated("net")
+    try:
+        decorated(8, "net")
+        facts["size_given_by_caller"] = "ran"
+    except TypeError:  # Accelerate's; trainer's ConfigurationError is one too
+        facts["size_given_by_caller"] = "TypeError"
+    return facts
