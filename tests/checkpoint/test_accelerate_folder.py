@@ -42,6 +42,20 @@ def test_load_state_continues_an_accelerate_run_exactly(accelerate_run):
     assert _run("trainer", folder) == third_epoch
 
 
+def test_a_users_own_manifest_beside_accelerates_files_keeps_it_an_accelerate_folder(
+    accelerate_run, tmp_path
+):
+    # Any manifest.json made the folder count as a trainer checkpoint, which then failed to
+    # verify; only a manifest trainer wrote does (has_trainer_manifest).
+    folder, _ = accelerate_run
+    state = tmp_path / "state"
+    state.mkdir()
+    for file in (folder / "acc_state").iterdir():
+        (state / file.name).write_bytes(file.read_bytes())
+    (state / "manifest.json").write_text(json.dumps({"dataset": "mine", "files": ["a.csv"]}))
+    assert is_accelerate_folder(state)
+
+
 def test_unread_files_are_named_in_a_warning(accelerate_run, tmp_path):
     folder, _ = accelerate_run
     state = tmp_path / "state"

@@ -21,7 +21,7 @@ from typing import Any
 
 import torch
 
-from trainer.checkpoint.atomic import MANIFEST
+from trainer.checkpoint.atomic import has_trainer_manifest
 from trainer.checkpoint.legacy import load_weights_file
 from trainer.checkpoint.safe_unpickle import load_weights_only
 from trainer.checkpoint.schema import check_state
@@ -45,7 +45,7 @@ def is_accelerate_folder(path: str | Path) -> bool:
     folder = Path(path)
     return (
         folder.is_dir()
-        and not (folder / MANIFEST).exists()
+        and not has_trainer_manifest(folder)
         and any((folder / name).is_file() for name in _MARKERS)
     )
 

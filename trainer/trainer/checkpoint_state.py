@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from trainer.checkpoint import find_latest_checkpoint, load_weights_file
-from trainer.checkpoint.atomic import MANIFEST
+from trainer.checkpoint.atomic import MANIFEST, has_trainer_manifest
 from trainer.checkpoint.format import read_state, verify_checkpoint
 from trainer.checkpoint.manifest import read_manifest
 from trainer.checkpoint.training_state import (
@@ -311,7 +311,7 @@ def _checkpoint_after_an_exception(trainer: Trainer) -> Path | None:
     written = [
         ((path / MANIFEST).stat().st_mtime_ns, path)
         for path in candidates
-        if (path / MANIFEST).is_file()
+        if has_trainer_manifest(path)  # a folder of ours, not a user's or a half-written one
     ]
     if not written:
         return None
