@@ -397,3 +397,14 @@ def test_save_replaces_a_file_atomically_and_names_a_path_it_cannot_write(tmp_pa
     assert sorted(p.name for p in tmp_path.iterdir()) == ["state.pt"]
     with pytest.raises(trainer.CheckpointError, match="missing"):
         accelerator.save({"w": torch.ones(1)}, tmp_path / "missing" / "state.pt")
+
+
+def test_accelerator_state_has_this_accelerators_settings():
+    # accelerator.state was the bare PartialState: state.mixed_precision and
+    # state.deepspeed_plugin (which ported scripts read) raised AttributeError.
+    bf16, plain = Accelerator(cpu=True, mixed_precision="bf16"), Accelerator(cpu=True)
+    assert (bf16.state.mixed_precision, plain.state.mixed_precision) == ("bf16", "no")
+    assert bf16.state.deepspeed_plugin is None and bf16.state.is_fsdp2 is False
+    assert bf16.state.distributed_type == trainer.DistributedType.NO
+    assert isinstance(bf16.state, trainer.PartialState)
+    assert (bf16.state.num_processes, bf16.state.is_main_process) == (1, True)

@@ -177,3 +177,21 @@ def _find_executable_batch_size(side: Side) -> dict[str, Any]:
     except TypeError:  # Accelerate's; trainer's ConfigurationError is one too
         facts["size_given_by_caller"] = "TypeError"
     return facts
+
+
+# ---- accelerator.state ------------------------------------------------------------------------
+@scenario("state/accelerator_state")
+def _accelerator_state(side: Side) -> dict[str, Any]:
+    """What ported scripts read from ``accelerator.state`` (``mixed_precision``,
+    ``deepspeed_plugin is not None`` to pick a DeepSpeed path, the process facts)."""
+    state = side.accelerator().state
+    return {
+        "mixed_precision": str(state.mixed_precision),
+        "distributed_type": state.distributed_type.value,
+        "num_processes": state.num_processes,
+        "process_index": state.process_index,
+        "is_main_process": state.is_main_process,
+        "deepspeed_plugin": state.deepspeed_plugin,
+        "is_fsdp2": state.is_fsdp2,
+        "device": state.device.type,  # Accelerate's multi-process CPU device is "cpu:0"
+    }

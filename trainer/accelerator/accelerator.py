@@ -45,7 +45,7 @@ from trainer.runtime.configs import (
 )
 from trainer.runtime.gradient_state import GradientState
 from trainer.runtime.kwargs_handlers import AutocastKwargs, ProfileKwargs
-from trainer.runtime.state import PartialState
+from trainer.runtime.state import AcceleratorState
 from trainer.strategies import Strategy
 
 if TYPE_CHECKING:
@@ -147,7 +147,7 @@ class Accelerator(ProcessAPI, ParallelismAPI, CheckpointAPI, TrackerAPI):
         self.strategy = engine.strategy
         self.strategy.precision = engine.precision
         self.strategy.setup_environment()
-        self.state = PartialState(cpu=cpu)
+        self.state = AcceleratorState(self, cpu=cpu)
         self.gradient_state = GradientState(
             num_steps=plugin.num_steps,
             adjust_scheduler=plugin.adjust_scheduler,

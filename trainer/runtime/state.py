@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-__all__ = ["DistributedType", "LoggerType", "PartialState", "PrecisionType"]
+__all__ = ["AcceleratorState", "DistributedType", "LoggerType", "PartialState", "PrecisionType"]
 
 
 class _StrEnum(str, enum.Enum):
@@ -182,6 +182,39 @@ class PartialState:
             f"num_processes={self.num_processes}, process_index={self.process_index}, "
             f"local_process_index={self.local_process_index}, device={self.device})"
         )
+
+
+class AcceleratorState(PartialState):
+    """``accelerator.state``: the process facts of `PartialState` plus this Accelerator's own
+    settings under Accelerate's names (``mixed_precision``, ``distributed_type``,
+    ``deepspeed_plugin``, ``fsdp_plugin``, ``dynamo_plugin``, ``is_fsdp2``).
+
+    Unlike Accelerate's process-wide singleton, each Accelerator has its own: the settings are
+    read from the Accelerator that owns it, the process facts from the shared `PartialState`.
+
+    Examples:
+        >>> from trainer import Accelerator
+        >>> state = Accelerator(cpu=True, mixed_precision="bf16").state
+        >>> state.mixed_precision, state.num_processes, state.deepspeed_plugin
+        ('bf16', 1, None)
+    """
+
+    _SETTINGS = ("mixed_precision", "distributed_type", "deepspeed_plugin", "fsdp_plugin")
+    _SETTINGS += ("dynamo_plugin", "is_fsdp2")
+
+    def __init__(self, accelerator: Any, cpu: bool = False) -> None:  # no shared __dict__
+        PartialState(cpu=cpu)  # read (or refresh) the process facts
+        self._accelerator = accelerator
+
+    def __getattribute__(self, name: str) -> Any:
+        if name in AcceleratorState._SETTINGS:
+            return getattr(object.__getattribute__(self, "_accelerator"), name)
+        return super().__getattribute__(name)
+
+    def __getattr__(self, name: str) -> Any:  # a process fact: num_processes, device, ...
+        return getattr(PartialState(), name)
+
+    debug = False  # Accelerate's ACCELERATE_DEBUG_MODE: no extra checks here
 
 
 def _process_group_is_up() -> bool:
