@@ -24,6 +24,7 @@ from trainer.accelerator.operations import (
 )
 from trainer.accelerator.parallelism import ParallelismConfig
 from trainer.accelerator.pipelining import prepare_pippy
+from trainer.accelerator.process_logging import get_logger
 from trainer.big_modeling.api import (
     cpu_offload,
     cpu_offload_with_hook,
@@ -69,7 +70,7 @@ from trainer.runtime.kwargs_handlers import (
     ProfileKwargs,
     TERecipeKwargs,
 )
-from trainer.runtime.seed import seed_everything, synchronize_rng_states
+from trainer.runtime.seed import seed_everything, set_seed, synchronize_rng_states
 from trainer.runtime.state import DistributedType, LoggerType, PartialState, PrecisionType
 from trainer.trainer.module import DataModule, TrainModule
 from trainer.trainer.trainer import Trainer
@@ -122,6 +123,7 @@ __all__ = [
     "find_executable_batch_size",
     "gather",
     "gather_object",
+    "get_logger",
     "infer_auto_device_map",
     "init_empty_weights",
     "init_on_device",
@@ -134,6 +136,7 @@ __all__ = [
     "prepare_pippy",
     "reduce",
     "seed_everything",
+    "set_seed",
     "skip_first_batches",
     "synchronize_rng_states",
     "wait_for_everyone",

@@ -195,3 +195,47 @@ def _accelerator_state(side: Side) -> dict[str, Any]:
         "is_fsdp2": state.is_fsdp2,
         "device": state.device.type,  # Accelerate's multi-process CPU device is "cpu:0"
     }
+
+
+# ---- set_seed and get_logger: the two utilities nearly every ported script imports ---------------
+@scenario("utilities/set_seed")
+def _set_seed(side: Side) -> dict[str, Any]:
+    import random
+
+    import numpy as np
+
+    set_seed = side.function("set_seed")
+    side.accelerator()  # Accelerate's device_specific reads the state an Accelerator sets up
+
+    def draws() -> list[float]:
+        return [random.random(), float(np.random.rand()), float(torch.rand(1))]
+
+    set_seed(42)
+    same = draws()
+    set_seed(42, device_specific=True)  # + the process index: each process draws its own
+    return {"same": same, "device_specific": draws()}
+
+
+@scenario("utilities/get_logger")
+def _get_logger(side: Side) -> list[str]:
+    import logging
+
+    if side.name == "accelerate":
+        from accelerate.logging import get_logger
+    else:
+        get_logger = side.function("get_logger")
+    side.accelerator()  # Accelerate's needs its state initialised first
+    records: list[str] = []
+
+    class Keep(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            records.append(f"{record.levelname} {record.getMessage()}")
+
+    name = f"parity.{side.name}"
+    logging.getLogger(name).addHandler(Keep())
+    logger = get_logger(name, log_level="INFO")
+    logger.info("main only")
+    logger.warning("everywhere", main_process_only=False)
+    logger.debug("below the level", main_process_only=False)
+    logger.info("in order", in_order=True)
+    return records

@@ -22,12 +22,35 @@ __all__ = [
     "get_rng_states",
     "seed_everything",
     "set_rng_states",
+    "set_seed",
     "synchronize_rng_states",
 ]
 
 SEED_ENV = "TRAINER_GLOBAL_SEED"  # Lightning: PL_GLOBAL_SEED
 _MAX_SEED = 2**32 - 1
 _log = logging.getLogger(__name__)
+
+
+def set_seed(seed: int, device_specific: bool = False, deterministic: bool = False) -> None:
+    """Accelerate's ``set_seed``: seed Python's ``random``, NumPy and torch with ``seed``.
+
+    ``device_specific=True`` adds this process's rank, so each process draws differently;
+    ``deterministic=True`` also calls ``torch.use_deterministic_algorithms(True)``. The same as
+    `seed_everything` otherwise (which the Trainer's ``seed=`` uses), without its log line.
+
+    Raises:
+        ConfigurationError: the seed (plus the rank) is not an int in [0, 2**32 - 1].
+
+    Examples:
+        >>> set_seed(42); first = torch.rand(2)
+        >>> set_seed(42); bool(torch.equal(first, torch.rand(2)))
+        True
+    """
+    if device_specific:
+        from trainer.runtime.state import PartialState
+
+        seed = operator.index(seed) + PartialState().process_index
+    seed_everything(seed, verbose=False, deterministic=deterministic)
 
 
 def seed_everything(
