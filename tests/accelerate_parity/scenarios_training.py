@@ -418,3 +418,31 @@ for _name, _flags in {
     "plain_shuffle": {"split": False, "seedable": False, "generator": False},
 }.items():
     scenario(f"training_check/{_name}")(_training_check(**_flags))
+
+
+@scenario("resume/mid_accumulation_window")
+def _mid_accumulation_window(side: Side) -> dict[str, Any]:
+    """save_state after 4 batches of 3-batch windows, load_state into a fresh Accelerator:
+    the next batches go on with the interrupted window (Accelerate saves its step count)."""
+    directory = str(scratch() / "mid_window")
+
+    def run(accelerator: Any, batches: int) -> list[bool]:
+        net = accelerator.prepare(model())
+        optimizer = accelerator.prepare(torch.optim.SGD(net.parameters(), lr=0.1))
+        if os.path.isdir(directory):
+            accelerator.load_state(directory)
+        syncs = []
+        for batch in list(loader(16))[:batches]:  # a plain list: no dataloader end to sync at
+            with accelerator.accumulate(net):
+                accelerator.backward(loss_of(net, batch))
+                optimizer.step()
+                optimizer.zero_grad()
+            syncs.append(bool(accelerator.sync_gradients))
+        return syncs
+
+    first = side.accelerator(gradient_accumulation_steps=3)
+    before = run(first, 4)
+    first.save_state(directory)
+    first.wait_for_everyone()
+    after = run(side.accelerator(gradient_accumulation_steps=3), 3)
+    return {"before": before, "after": after}

@@ -136,6 +136,8 @@ def _good_rng() -> dict:
             r"random_states_0\.pkl\['torch_cuda_manual_seed'\]",
         ),
         ([1, 2], r"random_states_0\.pkl: expected the dict of RNG states"),
+        ({"step": -3}, r"random_states_0\.pkl\['step'\].*accumulation_step"),
+        ({"step": "4"}, r"random_states_0\.pkl\['step'\].*accumulation_step"),
     ],
 )
 def test_a_bad_rng_state_is_refused_before_anything_is_loaded(tmp_path, rng, match):
@@ -165,3 +167,18 @@ def test_a_bad_rng_state_is_refused_before_anything_is_loaded(tmp_path, rng, mat
     assert optimizer.state_dict()["state"] == {}
     assert optimizer.param_groups[0]["lr"] == 0.1
     assert torch.equal(torch.get_rng_state(), torch_rng)
+
+
+def test_accelerates_accumulation_step_is_restored(tmp_path):
+    # Accelerate saves its accumulation count beside the RNG states; resuming mid-window went on
+    # with the count restarted (the parity scenario resume/mid_accumulation_window runs both).
+    from safetensors.torch import save_file
+
+    state = tmp_path / "state"
+    state.mkdir()
+    save_file(torch.nn.Linear(2, 2).state_dict(), state / "model.safetensors")
+    torch.save({**_good_rng(), "step": 4}, state / "random_states_0.pkl")
+    accelerator = Accelerator(cpu=True, gradient_accumulation_steps=3)
+    accelerator.prepare(torch.nn.Linear(2, 2))
+    accelerator.load_state(state)
+    assert accelerator.gradient_state.step == 4

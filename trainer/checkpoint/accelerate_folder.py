@@ -81,7 +81,7 @@ def read_accelerate_folder(path: str | Path, process_index: int) -> dict[str, An
         "optimizer_states": _numbered(folder, ("optimizer{}.bin",), _pickle),
         "lr_schedulers": _numbered(folder, ("scheduler{}.bin",), _pickle),
         "custom_objects": _custom_objects(folder),
-        "rng_states": _rng_states(folder, process_index),
+        **_random_states(folder, process_index),
     }
 
 
@@ -114,11 +114,12 @@ def _custom_objects(folder: Path) -> list[Any]:
     return states
 
 
-def _rng_states(folder: Path, process_index: int) -> list[dict[str, Any]]:
-    """Accelerate's RNG file for this process, in ``get_rng_states``' keys (one entry, or none)."""
+def _random_states(folder: Path, process_index: int) -> dict[str, Any]:
+    """Accelerate's ``random_states_<i>.pkl`` for this process: ``rng_states`` in
+    ``get_rng_states``' keys (one entry, or none) and its accumulation ``step``."""
     file = folder / f"random_states_{process_index}.pkl"
     if not file.is_file():
-        return []
+        return {"rng_states": []}
     import numpy as np
 
     array_globals = [np.ndarray, np.dtype, type(np.dtype(np.uint32)), _reconstruct(np)]
@@ -133,7 +134,11 @@ def _rng_states(folder: Path, process_index: int) -> list[dict[str, Any]]:
     for theirs, ours in _RNG_KEYS.items():  # the checks our own format's states get
         if theirs in saved:
             check_state({"rng_states": [{ours: saved[theirs]}]}, source=f"{file}[{theirs!r}]")
-    return [state]
+    found: dict[str, Any] = {"rng_states": [state]}
+    if "step" in saved:
+        check_state({"accumulation_step": saved["step"]}, source=f"{file}['step']")
+        found["accumulation_step"] = saved["step"]
+    return found
 
 
 def _reconstruct(np: Any) -> Any:

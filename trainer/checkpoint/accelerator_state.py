@@ -170,6 +170,9 @@ def save_accelerator_state(
         "custom_objects": [obj.state_dict() for obj in objects.custom_objects],
         "iteration": config.iteration,
         "global_step": config.iteration,
+        # Accelerate's `step`: batches into the accumulation count, so a resume mid-window
+        # steps where the interrupted run would have
+        "accumulation_step": accelerator.gradient_state.step,
     }
     if extra is not None:
         checkpoint[EXTRA_FILES_KEY] = os.fspath(extra)
@@ -306,6 +309,8 @@ def load_accelerator_state(
     rng_state = rng_state_for_rank(checkpoint.get("rng_states"), accelerator.process_index)
     if rng_state is not None:
         set_rng_states(rng_state)
+    if "accumulation_step" in checkpoint:  # older checkpoints: the count goes on as it was
+        accelerator.gradient_state.step = checkpoint["accumulation_step"]
     if number is not None:  # numbering goes on after the folder's name, not a saved field
         config.iteration = number + 1
     return source

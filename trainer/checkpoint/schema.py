@@ -294,6 +294,7 @@ _STATE = _record(
         "rng_states": _list_of(_RNG),
         "loggers": _list_of(_record(required={"class": _STRING})),
         "callback_metrics": _mapping_of(_number()),
+        "accumulation_step": _COUNT,  # the Accelerator's (save_state)
     }
 )
 _FILE_FIELDS = _record(
