@@ -239,3 +239,27 @@ def _get_logger(side: Side) -> list[str]:
     logger.debug("below the level", main_process_only=False)
     logger.info("in order", in_order=True)
     return records
+
+
+# ---- prepare called again on what it returned ------------------------------------------------------
+@scenario("prepare/twice")
+def _prepare_twice(side: Side) -> dict[str, Any]:
+    """A script that prepares its model again (a helper calling ``prepare`` on what it got):
+    the same objects come back, and ``save_state`` holds one model, so a run that prepares once
+    loads it."""
+    accelerator = side.accelerator()
+    net = model()
+    net, optimizer = accelerator.prepare(net, torch.optim.SGD(net.parameters(), lr=0.1))
+    again, optimizer_again = accelerator.prepare(net, optimizer)
+    directory = str(scratch() / "twice")
+    accelerator.save_state(directory)
+    accelerator.wait_for_everyone()
+    fresh = side.accelerator()
+    fresh_net = model()
+    fresh.prepare(fresh_net, torch.optim.SGD(fresh_net.parameters(), lr=0.1))
+    try:
+        fresh.load_state(directory)
+        loaded = "loaded"
+    except Exception as err:  # trainer: CheckpointError (2 models saved, 1 prepared)
+        loaded = type(err).__name__
+    return {"same": [again is net, optimizer_again is optimizer], "load": loaded}

@@ -271,7 +271,10 @@ class Accelerator(ProcessAPI, ParallelismAPI, CheckpointAPI, TrackerAPI):
         device_placement: bool | None = None,
         evaluation_mode: bool = False,
     ) -> torch.nn.Module:
-        """Convert, place and wrap one model through the strategy (and compile it if asked)."""
+        """Convert, place and wrap one model through the strategy (and compile it if asked).
+        A model this Accelerator prepared already is returned as it is (as Accelerate)."""
+        if any(model is prepared for prepared in self._models):
+            return model
         parameters_before = dict(model.named_parameters())
         if device_placement is False:
             model = self.precision.convert_module(model)
@@ -475,10 +478,8 @@ class Accelerator(ProcessAPI, ParallelismAPI, CheckpointAPI, TrackerAPI):
         passes ``collect_garbage=False``: a full collection costs ~0.1 s with torch loaded) and
         empty the device cache; returns one None per object given, to rebind them
         (``model, opt = accelerator.free_memory(model, opt)``). ``clear`` is the same."""
-        self._models.clear()
-        self._optimizers.clear()
-        self._schedulers.clear()
-        self._dataloaders.clear()
+        for held in (self._models, self._optimizers, self._schedulers, self._dataloaders):
+            held.clear()
         self._replaced_parameters.clear()
         if collect_garbage:
             gc.collect()
