@@ -30,6 +30,7 @@ class FakeTrainer:
         self.current_epoch, self.max_epochs, self.global_step, self.max_steps = 0, max_epochs, 0, -1
         self.num_training_batches, self.num_val_batches = batches, 3
         self.num_test_batches, self.num_predict_batches = 8, 5
+        self.num_sanity_val_batches = [2]  # the sanity check's count; num_val_batches stays 3
         self.sanity_checking, self.is_global_zero, self.log_every_n_steps = False, True, 50
         self.state = types.SimpleNamespace(stage="fit")
         self.metrics: dict[str, float] = {"loss": 0.43124}
@@ -205,7 +206,7 @@ def test_live_shows_sanity_validation_and_test_bars() -> None:
     run_eval(bar, trainer, 8, "test")
     bar.teardown(trainer, None, "test")
     out = buffer.getvalue()
-    for text in ("Sanity Checking", "Validation", "Epoch 1/2", "4/4", "Testing", "8/8"):
+    for text in ("Sanity Checking", "2/2", "Validation", "Epoch 1/2", "4/4", "Testing", "8/8"):
         assert text in out
 
 

@@ -320,3 +320,26 @@ def test_max_time_is_a_timer_whose_time_survives_a_resume(tmp_path) -> None:
         "timers": 1, "stopped_early": True, "steps_after_resume": 0, "duration": 0.3
     }  # fmt: skip
     assert _max_time_resumed(TRAINER, tmp_path / "trainer") == expected
+
+
+# ---- num_val_batches during the sanity check ----------------------------------------------------
+def _counts_seen_by_validation(fw: Any) -> list[Any]:
+    seen: list[Any] = []
+
+    class Counts(fw.Callback):  # type: ignore[misc, name-defined]
+        def on_validation_batch_start(self, trainer_, module, batch, batch_idx, dataloader_idx=0):
+            total = trainer_.num_val_batches  # Lightning's: a list per loader; trainer's: the sum
+            total = sum(total) if isinstance(total, list) else total
+            seen.append((trainer_.sanity_checking, total, sum(trainer_.num_sanity_val_batches)))
+
+    fit = fw.trainer(callbacks=[Counts()], **quiet(max_epochs=1, num_sanity_val_steps=2))
+    fit.fit(regression_class(fw.Module)(), loader(4), loader(10))
+    return seen
+
+
+def test_num_val_batches_is_the_full_count_during_the_sanity_check() -> None:
+    # trainer set it to the sanity check's count while the check ran; Lightning keeps the full
+    # count there (num_sanity_val_batches has the check's).
+    expected = _counts_seen_by_validation(LIGHTNING)
+    assert expected[0] == (True, 5, 2)
+    assert _counts_seen_by_validation(TRAINER) == expected

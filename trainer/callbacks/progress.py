@@ -209,7 +209,10 @@ class RichProgressBar(ProgressBar):
         self._start(trainer)
         stage = trainer.state.stage
         stage = str(getattr(stage, "value", stage))  # a str, or an enum whose value is one
-        total = getattr(trainer, _EVAL_TOTALS.get(stage, "num_val_batches"))
+        if trainer.sanity_checking:  # num_val_batches is the full count then, as Lightning's
+            total = sum(trainer.num_sanity_val_batches)
+        else:
+            total = getattr(trainer, _EVAL_TOTALS.get(stage, "num_val_batches"))
         self._eval_count, self._eval_start = 0, monotonic()
         self._eval_total = total if math.isfinite(total) else None
         self._is_eval_in_fit = trainer.sanity_checking or stage == "fit"

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 from trainer.errors import ConfigurationError
 from trainer.trainer.durations import val_check_seconds
 from trainer.trainer.evaluation_loop import run_eval_epoch
-from trainer.trainer.options import overrides, safe_len
+from trainer.trainer.options import overrides
 
 if TYPE_CHECKING:
     from trainer.trainer.run import Run
@@ -43,9 +43,7 @@ def run_sanity_check(trainer: Trainer, run: Run) -> None:
     for loader, full in zip(loaders, full_limits, strict=True):
         # -1 ("all") is all the batches validation would run: limit_val_batches / overfit_batches
         loader.limit = full if steps < 0 else min(steps, full if full is not None else steps)
-    trainer.sanity_checking = True
-    full_count = trainer.num_val_batches
-    trainer.num_val_batches = sum(safe_len(loader) for loader in loaders)
+    trainer.sanity_checking = True  # num_val_batches keeps the full count (Lightning's)
     try:
         with trainer.state.running_as("sanity_check"):
             run.hooks.call("on_sanity_check_start")
@@ -55,7 +53,6 @@ def run_sanity_check(trainer: Trainer, run: Run) -> None:
         trainer.sanity_checking = False
         for loader, full in zip(loaders, full_limits, strict=True):
             loader.limit = full
-        trainer.num_val_batches = full_count
         run.stores["validation"].reset()  # sanity values are not real metrics
         run.callback_metrics.clear()  # nor what callbacks put beside them (Lightning)
 
