@@ -263,3 +263,29 @@ def _prepare_twice(side: Side) -> dict[str, Any]:
     except Exception as err:  # trainer: CheckpointError (2 models saved, 1 prepared)
         loaded = type(err).__name__
     return {"same": [again is net, optimizer_again is optimizer], "load": loaded}
+
+
+# ---- get_tracker: Accelerate's tracker verbs, on every process ------------------------------------
+@scenario("trackers/get_tracker_verbs")
+def _get_tracker_verbs(side: Side) -> dict[str, Any]:
+    """A script calling ``accelerator.get_tracker("tensorboard").log(...)`` on every process:
+    the main process's tracker logs, the others get one whose calls do nothing, and so does an
+    Accelerator with no trackers started."""
+    accelerator = side.accelerator(log_with="tensorboard", project_dir=str(scratch() / "tb"))
+    accelerator.init_trackers("parity")
+    facts: dict[str, Any] = {}
+    try:
+        tracker = accelerator.get_tracker("tensorboard")
+        tracker.store_init_configuration({"lr": 0.1})
+        tracker.log({"loss": 0.5, "acc": torch.tensor(0.25)}, step=1)
+        facts["verbs"] = "ran"
+        facts["backend"] = tracker.tracker is not None
+    except Exception as err:
+        facts["verbs"] = type(err).__name__
+    try:
+        side.accelerator().get_tracker("tensorboard").log({"loss": 1.0}, step=0)
+        facts["without_trackers"] = "ran"
+    except Exception as err:
+        facts["without_trackers"] = type(err).__name__
+    accelerator.get_tracker("tensorboard").finish()  # not end_training: Accelerate's ends the group
+    return facts

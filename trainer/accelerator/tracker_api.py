@@ -10,8 +10,6 @@ from __future__ import annotations
 import os
 from typing import Any
 
-import torch
-
 from trainer.errors import ConfigurationError
 
 __all__ = ["TrackerAPI"]
@@ -56,12 +54,22 @@ class TrackerAPI:
         """Send ``values`` to every tracker (main process only); tensors are read here."""
         if not self.is_main_process or not self.trackers:
             return
-        metrics = {k: (float(v) if isinstance(v, torch.Tensor) else v) for k, v in values.items()}
         for tracker in self.trackers:
-            tracker.log_metrics(metrics, step)  # None: one past the tracker's last step
+            tracker.log(values, step)  # None: one past the tracker's last step
 
     def get_tracker(self, name: str, unwrap: bool = False) -> Any:
-        """The tracker whose ``name`` (e.g. "csv") matches; its backend object if ``unwrap``."""
+        """The tracker whose ``name`` (e.g. "csv") matches; its backend object if ``unwrap``.
+
+        Where no tracker runs (processes other than the main one, or before ``init_trackers``)
+        a `BlankTracker` whose calls do nothing, as Accelerate.
+
+        Raises:
+            ConfigurationError: trackers run, but none is ``name``.
+        """
+        if not self.trackers:
+            from trainer.loggers.logger import BlankTracker
+
+            return BlankTracker()
         for tracker in self.trackers:
             if getattr(tracker, "tracker_name", None) == name or type(
                 tracker

@@ -11,7 +11,7 @@ from typing import Any
 
 from trainer.errors import ConfigurationError, describe
 
-__all__ = ["Logger", "metric_as_float"]
+__all__ = ["BlankTracker", "Logger", "metric_as_float"]
 
 
 class Logger(ABC):
@@ -70,6 +70,43 @@ class Logger(ABC):
 
     def after_save_checkpoint(self, checkpoint_callback: Any) -> None:
         """Called after a checkpoint is written (for artifact upload)."""
+
+    # ---- Accelerate's tracker verbs: what code written for accelerator.get_tracker(...) calls
+    @property
+    def tracker(self) -> Any:
+        """Accelerate's name for `experiment`: the backend object (writer, run, client)."""
+        return self.experiment
+
+    def log(self, values: dict[str, Any], step: int | None = None, **kwargs: Any) -> None:
+        """Accelerate's ``tracker.log``: `log_metrics` with one-element tensors read as numbers
+        (``step`` None: one past this tracker's last step). ``kwargs`` are not used."""
+        metrics = {k: (v.item() if hasattr(v, "item") else v) for k, v in values.items()}
+        self.log_metrics(metrics, step)  # type: ignore[arg-type]
+
+    def store_init_configuration(self, values: dict[str, Any]) -> None:
+        """Accelerate's name for `log_hyperparams`."""
+        self.log_hyperparams(dict(values))
+
+    def finish(self) -> None:
+        """Accelerate's name for ``finalize("success")``."""
+        self.finalize("success")
+
+
+class BlankTracker:
+    """What ``accelerator.get_tracker`` returns where no tracker runs (the other processes, or
+    before ``init_trackers``), as Accelerate's blank tracker: every call does nothing, and it
+    has no backend object (``.tracker`` raises AttributeError, as Accelerate's)."""
+
+    name = None
+
+    def log(self, values: dict[str, Any], step: int | None = None, **kwargs: Any) -> None:
+        """Nothing to log to."""
+
+    def store_init_configuration(self, values: dict[str, Any]) -> None:
+        """Nothing to store in."""
+
+    def finish(self) -> None:
+        """Nothing to finish."""
 
 
 def metric_as_float(owner: str, key: str, value: Any) -> float:
