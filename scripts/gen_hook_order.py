@@ -178,6 +178,13 @@ def render() -> str:
         "",
         *_render_items(FIT_ORDER, 0),
         "",
+        "When there is nothing to train — no training batches (`limit_train_batches=0`, an empty",
+        "loader), `max_epochs` or `max_steps` already reached (`max_epochs=0`, a second `fit` with the",
+        "same Trainer, a resumed checkpoint at the limit) or `should_stop` set before training starts",
+        "(in `on_fit_start`, `max_time=0`) — `on_train_start` and `on_train_end` are not called, as in",
+        "Lightning; the setup, sanity check, `on_fit_start` / `on_fit_end` and `teardown` hooks still run",
+        "(`tests/parity/test_loop_edges.py`).",
+        "",
     ]
     for stage, order in EVAL_ORDER.items():
         lines += [f"## {_EVAL_CALLS[stage]}", "", *_render_items(order, 0), ""]

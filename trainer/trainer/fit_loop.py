@@ -41,7 +41,7 @@ from trainer.trainer.batch_step import BatchStep, batch_end_outputs
 from trainer.trainer.durations import val_check_seconds
 from trainer.trainer.evaluation_loop import run_eval_epoch
 from trainer.trainer.loaders import is_reload_due, reload_stage
-from trainer.trainer.logger_rows import is_log_due, send_to_loggers
+from trainer.trainer.logger_rows import send_to_loggers
 from trainer.trainer.manual_step import bind_manual_steps
 from trainer.trainer.mode_hooks import warn_on_eval_modules
 from trainer.trainer.optimizer_config import step_schedulers
@@ -336,13 +336,15 @@ class FitLoop(BatchStep, FitLimits):
                 progress.batches_stepped += 1  # = global_step under automatic optimization
                 if trainer.lr_scheduler_configs:
                     self._step_interval_schedulers()
-                if is_log_due(progress.batches_stepped, trainer):
+                every = trainer.log_every_n_steps  # logger_rows.is_log_due, inlined: every batch
+                if every and progress.batches_stepped % every == 0:
                     self.is_step_row_due = True  # written after on_train_batch_end (below)
         else:  # each optimizer.step() counted itself
             # Lightning counts every batch as stepped here (whatever the optimizers did): the
             # loggers' step, and the row due every log_every_n_steps of them.
             progress.batches_stepped += 1
-            if is_log_due(progress.batches_stepped, trainer):
+            every = trainer.log_every_n_steps
+            if every and progress.batches_stepped % every == 0:
                 self.is_step_row_due = True
         if trainer.checkpoint_io is not None:  # a background save that ended: finish it or raise
             trainer.checkpoint_io.poll()
