@@ -2,8 +2,9 @@
 
 This module owns the stopping rule (patience, ``min_delta``, thresholds, non-finite values), the
 choice of when to check, and the callback's resumable state (``wait_count``, ``best_score``,
-``stopped_epoch``, ``patience``, ``stopping_reason`` and its message). It reads ``trainer.callback_metrics`` and speaks back only
-through ``trainer.should_stop``; it does not log metrics or save checkpoints.
+``stopped_epoch``, ``patience``, ``stopping_reason`` and its message). It reads
+``trainer.callback_metrics`` and speaks back only through ``trainer.should_stop``; it does not
+log metrics or save checkpoints.
 """
 
 from __future__ import annotations

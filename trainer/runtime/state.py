@@ -199,20 +199,20 @@ class AcceleratorState(PartialState):
         ('bf16', 1, None)
     """
 
-    _SETTINGS = ("mixed_precision", "distributed_type", "deepspeed_plugin", "fsdp_plugin")
-    _SETTINGS += ("dynamo_plugin", "is_fsdp2")
-
     def __init__(self, accelerator: Any, cpu: bool = False) -> None:  # no shared __dict__
         PartialState(cpu=cpu)  # read (or refresh) the process facts
         self._accelerator = accelerator
 
-    def __getattribute__(self, name: str) -> Any:
-        if name in AcceleratorState._SETTINGS:
-            return getattr(object.__getattribute__(self, "_accelerator"), name)
-        return super().__getattribute__(name)
-
     def __getattr__(self, name: str) -> Any:  # a process fact: num_processes, device, ...
         return getattr(PartialState(), name)
+
+    # The owning Accelerator's settings (class properties win over the shared process facts).
+    mixed_precision = property(lambda self: self._accelerator.mixed_precision)
+    distributed_type = property(lambda self: self._accelerator.distributed_type)
+    deepspeed_plugin = property(lambda self: self._accelerator.deepspeed_plugin)
+    fsdp_plugin = property(lambda self: self._accelerator.fsdp_plugin)
+    dynamo_plugin = property(lambda self: self._accelerator.dynamo_plugin)
+    is_fsdp2 = property(lambda self: self._accelerator.is_fsdp2)
 
     debug = False  # Accelerate's ACCELERATE_DEBUG_MODE: no extra checks here
 

@@ -336,16 +336,16 @@ class FitLoop(BatchStep, FitLimits):
                 progress.batches_stepped += 1  # = global_step under automatic optimization
                 if trainer.lr_scheduler_configs:
                     self._step_interval_schedulers()
-                every = trainer.log_every_n_steps  # logger_rows.is_log_due, inlined: every batch
-                if every and progress.batches_stepped % every == 0:
-                    self.is_step_row_due = True  # written after on_train_batch_end (below)
         else:  # each optimizer.step() counted itself
             # Lightning counts every batch as stepped here (whatever the optimizers did): the
             # loggers' step, and the row due every log_every_n_steps of them.
             progress.batches_stepped += 1
-            every = trainer.log_every_n_steps
-            if every and progress.batches_stepped % every == 0:
-                self.is_step_row_due = True
+        # The row due every log_every_n_steps counted batches (logger_rows.is_log_due, inlined:
+        # this runs every batch), written after on_train_batch_end (below).
+        every = trainer.log_every_n_steps
+        is_counted = is_stepping or not self._is_automatic
+        if is_counted and every and progress.batches_stepped % every == 0:
+            self.is_step_row_due = True
         if trainer.checkpoint_io is not None:  # a background save that ended: finish it or raise
             trainer.checkpoint_io.poll()
         on_batch_end = self._on_batch_end
