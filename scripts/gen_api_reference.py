@@ -67,6 +67,7 @@ PAGES = (
             "trainer.runtime.engine_plugins",
             "trainer.runtime.kwargs_handlers",
             "trainer.data.loader",
+            "trainer.data.transfer",
         ),
         (
             "trainer.accelerator.parallelism.strategy_for_parallelism",

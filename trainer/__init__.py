@@ -13,6 +13,7 @@ from trainer.accelerator.data_loader import prepare_data_loader
 from trainer.accelerator.launchers import debug_launcher, notebook_launcher
 from trainer.accelerator.local_sgd import LocalSGD
 from trainer.accelerator.memory import find_executable_batch_size
+from trainer.accelerator.model_wrappers import extract_model_from_parallel
 from trainer.accelerator.operations import (
     broadcast,
     broadcast_object_list,
@@ -38,6 +39,7 @@ from trainer.big_modeling.api import (
 )
 from trainer.big_modeling.quantization import BnbQuantizationConfig, load_and_quantize_model
 from trainer.data.loader import skip_first_batches
+from trainer.data.transfer import send_to_device
 from trainer.errors import (
     AnomalyError,
     CheckpointError,
@@ -120,6 +122,7 @@ __all__ = [
     "debug_launcher",
     "disk_offload",
     "dispatch_model",
+    "extract_model_from_parallel",
     "find_executable_batch_size",
     "gather",
     "gather_object",
@@ -136,6 +139,7 @@ __all__ = [
     "prepare_pippy",
     "reduce",
     "seed_everything",
+    "send_to_device",
     "set_seed",
     "skip_first_batches",
     "synchronize_rng_states",

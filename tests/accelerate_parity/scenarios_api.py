@@ -6,7 +6,7 @@ from __future__ import annotations
 import functools
 import os
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 
@@ -229,7 +229,9 @@ def _get_logger(side: Side) -> list[str]:
 
     class Keep(logging.Handler):
         def emit(self, record: logging.LogRecord) -> None:
-            records.append(f"{record.levelname} {record.getMessage()}")
+            # where the record says it was made: this function, at the line of the call
+            line = record.lineno - _get_logger.__code__.co_firstlineno
+            records.append(f"{record.levelname} {record.getMessage()} {record.funcName}:{line}")
 
     name = f"parity.{side.name}"
     logging.getLogger(name).addHandler(Keep())
@@ -238,6 +240,7 @@ def _get_logger(side: Side) -> list[str]:
     logger.warning("everywhere", main_process_only=False)
     logger.debug("below the level", main_process_only=False)
     logger.info("in order", in_order=True)
+    logger.log(logging.WARNING, "by level", main_process_only=False)
     return records
 
 
@@ -289,3 +292,75 @@ def _get_tracker_verbs(side: Side) -> dict[str, Any]:
         facts["without_trackers"] = type(err).__name__
     accelerator.get_tracker("tensorboard").finish()  # not end_training: Accelerate's ends the group
     return facts
+
+
+# ---- accelerate.utils helpers a script imports: send_to_device, extract_model_from_parallel ------
+class _Pair(NamedTuple):
+    features: torch.Tensor
+    label: str
+
+
+class _Movable:
+    """A user's batch type whose ``.to`` takes the device only (no ``non_blocking``)."""
+
+    def __init__(self, tensor: torch.Tensor) -> None:
+        self.tensor = tensor
+
+    def to(self, device: Any) -> _Movable:
+        return _Movable(self.tensor.to(device))
+
+
+def _placement(value: Any) -> Any:
+    """The structure of ``value`` with each tensor as ``"tensor@<device>"``."""
+    if isinstance(value, torch.Tensor):
+        return f"tensor@{value.device.type}"
+    if isinstance(value, _Movable):
+        return {"_Movable": _placement(value.tensor)}
+    if isinstance(value, tuple | list):
+        return {type(value).__name__: [_placement(v) for v in value]}
+    if isinstance(value, dict):
+        return {type(value).__name__: {k: _placement(v) for k, v in value.items()}}
+    return value
+
+
+@scenario("utilities/send_to_device")
+def _send_to_device(side: Side) -> dict[str, Any]:
+    """``send_to_device`` of a nested batch (to the meta device, so a move shows on a CPU
+    machine): named tuples, lists, dicts, ``skip_keys`` as one key and as a list, an object
+    with its own ``.to``, and values that are not tensors."""
+    send = side.function("send_to_device")
+    batch = {
+        "pair": _Pair(torch.ones(2), "label"),
+        "list": [torch.zeros(1), 3, None],
+        "keep": torch.ones(1),
+        "also": {"keep": torch.ones(1), "inner": (torch.ones(1),)},
+        "movable": _Movable(torch.ones(1)),
+    }
+    return {
+        "all": _placement(send(batch, "meta")),
+        "skip_one": _placement(send(batch, torch.device("meta"), skip_keys="keep")),
+        "skip_list": _placement(send(batch, "meta", non_blocking=True, skip_keys=["keep", "x"])),
+        "tensor": _placement(send(torch.ones(1), "meta")),
+    }
+
+
+@scenario("unwrap/extract_model_from_parallel")
+@own_accelerate_state
+def _extract_model_from_parallel(side: Side) -> dict[str, Any]:
+    """``extract_model_from_parallel`` of a model prepared in bf16 (DDP on 2 processes): the
+    user's own module comes back, and its forward autocasts until ``keep_fp32_wrapper=False``."""
+    extract = side.function("extract_model_from_parallel")
+    accelerator = side.accelerator(mixed_precision="bf16")
+    net = model()
+    seen: list[bool] = []
+    net[0].register_forward_pre_hook(lambda *_: seen.append(torch.is_autocast_enabled("cpu")))
+    prepared = accelerator.prepare(net)
+    extracted = extract(prepared)
+    output = extracted(torch.ones(2, 4))
+    bare = extract(prepared, keep_fp32_wrapper=False)
+    bare_output = bare(torch.ones(2, 4))
+    return {
+        "extracted": [type(extracted).__name__, extracted is net, bare is net],
+        "autocast": seen,
+        "dtypes": [str(output.dtype), str(bare_output.dtype)],
+    }

@@ -14,7 +14,16 @@ from typing import Any
 import torch
 from torch.utils.data import BatchSampler, DataLoader, SequentialSampler
 
-from tests.accelerate_parity.kit import Side, Stream, dataset, ids, jsonable, loader, scenario
+from tests.accelerate_parity.kit import (
+    Side,
+    Stream,
+    dataset,
+    error_fact,
+    ids,
+    jsonable,
+    loader,
+    scenario,
+)
 
 
 def _length(prepared: Any) -> int | None:
@@ -312,3 +321,30 @@ def _skip_iterable(side: Side) -> dict[str, Any]:
     accelerator = side.accelerator()
     skipped = side.function("skip_first_batches")(DataLoader(Stream(10), batch_size=2), 2)
     return _walk(accelerator, skipped)
+
+
+# ---- sizes a prepared loader reports --------------------------------------------------------------
+@scenario("prepare/total_batch_size")
+def _total_batch_size(side: Side) -> dict[str, Any]:
+    """``total_batch_size`` / ``total_dataset_length`` of prepared loaders, as a script reads them
+    to log the effective batch size: a batch size, ``split_batches``, a user's batch sampler.
+    (On an iterable dataset Accelerate 1.15 raises AttributeError: tests/data/test_loader.py.)"""
+    facts: dict[str, Any] = {}
+    cases = {
+        "batch_size": (lambda: loader(16, batch_size=4), {}),
+        "split_batches": (lambda: loader(16, batch_size=4), {"split_batches": True}),
+        "batch_sampler": (
+            lambda: DataLoader(
+                dataset(16), batch_sampler=BatchSampler(SequentialSampler(range(16)), 4, False)
+            ),
+            {},
+        ),
+    }
+    for name, (build, options) in cases.items():
+        accelerator = side.accelerator(dataloader_config=side.loader_config(**options))
+        prepared = accelerator.prepare(build())
+        try:
+            facts[name] = [prepared.total_batch_size, prepared.total_dataset_length]
+        except AttributeError as err:
+            facts[name] = error_fact(err)
+    return facts

@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import collections
+
 import pytest
 import torch
 from torch.utils.data import DataLoader, IterableDataset, TensorDataset
 
 from trainer.data import DataLoaderShard, send_to_device, skip_first_batches
+from trainer.data.prepare import prepare_loader_shard
+from trainer.runtime.configs import DataLoaderConfiguration
 from trainer.runtime.gradient_state import GradientState
 
 
@@ -63,6 +67,39 @@ def test_send_to_device_keeps_structure():
     batch = {"x": torch.ones(2), "pair": (torch.zeros(1), "label"), "n": 3}
     moved = send_to_device(batch, torch.device("cpu"))
     assert set(moved) == {"x", "pair", "n"} and moved["pair"][1] == "label" and moved["n"] == 3
+
+
+def test_send_to_device_gives_a_dict_for_a_mapping_it_cannot_rebuild():
+    # A defaultdict's constructor wants its factory first (Accelerate's raises TypeError here).
+    batch = collections.defaultdict(list, {"x": torch.ones(1), "keep": torch.ones(1)})
+    moved = send_to_device(batch, "meta", skip_keys="keep")
+    assert type(moved) is dict
+    assert moved["x"].device.type == "meta" and moved["keep"].device.type == "cpu"
+
+
+class _Rows(IterableDataset):
+    def __iter__(self):
+        yield from (torch.tensor([float(i)]) for i in range(16))
+
+    def __len__(self) -> int:
+        return 16
+
+
+def test_an_iterable_loader_reports_every_process_s_batch_and_the_whole_dataset():
+    # Accelerate 1.15 raises AttributeError here; a shard's length is not the dataset's.
+    shards = [
+        prepare_loader_shard(
+            DataLoader(_Rows(), batch_size=4),
+            num_processes=2,
+            process_index=rank,
+            world_size=2,
+            config=DataLoaderConfiguration(),
+            broadcast=lambda tensor: tensor,
+        )
+        for rank in range(2)
+    ]
+    assert [(s.total_batch_size, s.total_dataset_length) for s in shards] == [(8, 16)] * 2
+    assert [len(list(s)) for s in shards] == [2, 2]
 
 
 def _order(shard: DataLoaderShard) -> list[int]:

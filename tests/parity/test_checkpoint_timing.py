@@ -231,6 +231,31 @@ def test_save_on_exception(tmp_path: Path) -> None:
     assert received["kept"]["step=6"] == 6
 
 
+@pytest.mark.parametrize("options", [{}, {"val_check_interval": 3}])
+def test_with_accumulation_only_the_saves_inside_a_window_differ(
+    tmp_path: Path, options: dict[str, Any]
+) -> None:
+    """docs/migration/lightning.md: a step save that waited for the monitored metric is made by
+    Lightning on the next batch, inside an accumulation window, and not by trainer (a resume
+    could not continue the window). With 2 batches a window and 4 an epoch, epoch E's steps are
+    2E+1 and 2E+2, so Lightning's ``epoch=E-step=2E`` was taken one batch into epoch E."""
+    checkpoint = {"monitor": "score", "every_n_train_steps": 1, "save_top_k": -1}
+    options = {"accumulate_grad_batches": 2, **options}
+    expected = _run("lightning", tmp_path / "lightning", checkpoint, **options)
+    received = _run("trainer", tmp_path / "trainer", checkpoint, **options)
+    inside_a_window = {
+        name
+        for name, step in expected["kept"].items()
+        if step % 2 == 0 and name.startswith(f"epoch={step // 2}-")
+    }
+    assert inside_a_window, "Lightning saved nothing inside a window: the scenario is wrong"
+    assert received["kept"] == {
+        name: step for name, step in expected["kept"].items() if name not in inside_a_window
+    }
+    assert all(step % 2 == 1 or name.startswith(f"epoch={step // 2 - 1}-")
+               for name, step in received["kept"].items())  # fmt: skip
+
+
 @pytest.mark.parametrize(
     ("arguments", "message"),
     [

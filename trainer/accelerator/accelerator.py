@@ -284,8 +284,8 @@ class Accelerator(ProcessAPI, ParallelismAPI, CheckpointAPI, TrackerAPI):
             parameter_replacements(parameters_before, self.strategy.unwrap_module(model))
         )
         if self.precision.compute_dtype != torch.float32 and self.precision.param_dtype is None:
-            # Mixed modes: the forward runs under autocast without the user writing it.
-            model.forward = AutocastForward(model.forward, self.precision)
+            inner = self.strategy.unwrap_module(model)  # unwrapped, it autocasts too (Accelerate)
+            inner.forward = AutocastForward(inner.forward, self.precision)
         if self.dynamo_plugin is not None:
             model = torch.compile(model, **self.dynamo_plugin.compile_kwargs())
         self._models.append(model)

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch.utils.hooks import RemovableHandle
 
-from trainer.accelerator.model_wrappers import AutocastForward
+from trainer.accelerator.model_wrappers import remove_autocast_forward
 from trainer.errors import ConfigurationError
 
 if TYPE_CHECKING:
@@ -282,8 +282,8 @@ class CheckpointAPI:
         """
         inner = getattr(model, "_orig_mod", None)  # torch.compile's wrapper holds the module
         module = self.strategy.unwrap_module(model if inner is None else inner)
-        if not keep_fp32_wrapper and isinstance(module.forward, AutocastForward):
-            module.forward = module.forward.original
+        if not keep_fp32_wrapper:
+            remove_autocast_forward(module)
         if inner is None or not keep_torch_compile:
             return module
         if inner is not module:

@@ -19,7 +19,7 @@ import torch
 import torch.distributed as dist
 
 from trainer.big_modeling.device_map import compute_module_sizes
-from trainer.big_modeling.hooks import send_to_device
+from trainer.data.transfer import send_to_device
 from trainer.errors import ConfigurationError, describe
 from trainer.runtime.state import PartialState
 from trainer.strategies.environment import detect_environment

@@ -31,7 +31,8 @@ class ProcessLoggerAdapter(logging.LoggerAdapter):
     def process(
         self, msg: Any, kwargs: MutableMapping[str, Any]
     ) -> tuple[Any, MutableMapping[str, Any]]:
-        kwargs.setdefault("stacklevel", 3)  # the caller's line, not this adapter's
+        # The caller's line: logging skips its own frames (LoggerAdapter.info, ...), not ours.
+        kwargs.setdefault("stacklevel", 2)
         return f"[RANK {PartialState().process_index}] {msg}", kwargs
 
     def log(self, level: int, msg: Any, *args: Any, **kwargs: Any) -> None:  # type: ignore[override]
@@ -55,7 +56,7 @@ class ProcessLoggerAdapter(logging.LoggerAdapter):
         key = (str(msg), args, tuple(sorted(kwargs.items())))
         if key not in self._warned:
             self._warned.add(key)
-            self.warning(msg, *args, **kwargs)
+            self.warning(msg, *args, **{"stacklevel": 3, **kwargs})
 
 
 def get_logger(name: str, log_level: str | None = None) -> ProcessLoggerAdapter:

@@ -6,8 +6,8 @@ Owns:
   weights loaded from a `WeightsMap` before it and replaced by meta placeholders after it, and
   (on the model's root) the output back on the input's device;
 - `ModelOffloadHook`, the whole-model hook of ``cpu_offload_with_hook``;
-- `remove_hooks`, and the two moves the hooks are made of: `set_module_tensor` (swap one
-  parameter or buffer) and `send_to_device` (every tensor inside nested inputs).
+- `remove_hooks`, and `set_module_tensor` (swap one parameter or buffer); nested inputs move
+  with `trainer.data.transfer.send_to_device`.
 
 Does not own which modules are hooked (``trainer.big_modeling.streaming``) nor where weights are
 stored (``trainer.big_modeling.offload_folder``). The hooks serve inference only.
@@ -21,13 +21,13 @@ from typing import Any
 import torch
 
 from trainer.big_modeling.offload_folder import WeightsMap
+from trainer.data.transfer import send_to_device
 from trainer.errors import ConfigurationError
 
 __all__ = [
     "AlignDevicesHook",
     "ModelOffloadHook",
     "remove_hooks",
-    "send_to_device",
     "set_module_tensor",
 ]
 
@@ -51,26 +51,6 @@ def set_module_tensor(module: torch.nn.Module, name: str, value: torch.Tensor) -
         buffers[attr] = value
     else:
         raise ConfigurationError(f"{type(module).__name__} has no parameter or buffer {name!r}.")
-
-
-def send_to_device(obj: Any, device: torch.device, skip_keys: list[str] | None = None) -> Any:
-    """``obj`` with every tensor inside (tuples, lists, dicts, named tuples) moved to ``device``."""
-    if isinstance(obj, torch.Tensor):
-        return obj.to(device)
-    if isinstance(obj, tuple) and hasattr(obj, "_fields"):
-        return type(obj)(*(send_to_device(item, device, skip_keys) for item in obj))
-    if isinstance(obj, list | tuple):
-        return type(obj)(send_to_device(item, device, skip_keys) for item in obj)
-    if isinstance(obj, Mapping):
-        moved = {
-            k: v if k in (skip_keys or ()) else send_to_device(v, device, skip_keys)
-            for k, v in obj.items()
-        }
-        try:
-            return type(obj)(moved)
-        except TypeError:
-            return moved
-    return obj
 
 
 def _find_device(obj: Any) -> torch.device | None:
@@ -151,7 +131,7 @@ class AlignDevicesHook(_Hook):
             return args, kwargs
         return (
             send_to_device(args, self.execution_device),
-            send_to_device(kwargs, self.execution_device, self.skip_keys),
+            send_to_device(kwargs, self.execution_device, skip_keys=self.skip_keys),
         )
 
     def post_forward(
@@ -166,7 +146,7 @@ class AlignDevicesHook(_Hook):
                 "Pass preload_module_classes=[<that module's class name>]."
             )
         if self.io_same_device and self._input_device is not None:
-            output = send_to_device(output, self._input_device, self.skip_keys)
+            output = send_to_device(output, self._input_device, skip_keys=self.skip_keys)
         return output
 
 

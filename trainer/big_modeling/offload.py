@@ -8,7 +8,8 @@ Each lives in the module of its part:
   ``load_offload_index``, ``save_offload_index``, ``write_tensor_file``, ``WeightsMap``):
   ``trainer.big_modeling.offload_folder``;
 - the forward hooks (``AlignDevicesHook``, ``ModelOffloadHook``, ``remove_hooks``,
-  ``send_to_device``, ``set_module_tensor``): ``trainer.big_modeling.hooks``;
+  ``set_module_tensor``): ``trainer.big_modeling.hooks``; ``send_to_device``:
+  ``trainer.data.transfer``;
 - offloading a model (``stream_model``, ``named_tensors``, ``require_loaded``):
   ``trainer.big_modeling.streaming``;
 - loading a checkpoint into a model (``load_weights``): ``trainer.big_modeling.loading``.
@@ -28,7 +29,6 @@ from trainer.big_modeling.hooks import (
     AlignDevicesHook,
     ModelOffloadHook,
     remove_hooks,
-    send_to_device,
     set_module_tensor,
 )
 from trainer.big_modeling.loading import load_weights
@@ -41,6 +41,7 @@ from trainer.big_modeling.offload_folder import (
     write_tensor_file,
 )
 from trainer.big_modeling.streaming import named_tensors, require_loaded, stream_model
+from trainer.data.transfer import send_to_device
 
 __all__ = [
     "OFFLOAD_INDEX",

@@ -344,7 +344,7 @@ def _trace_module(trainer: Trainer | None, module: Any, max_depth: int) -> Examp
     example = getattr(module, "example_input_array", None)
     if example is None:
         return None
-    from trainer.data.loader import send_to_device
+    from trainer.data.transfer import send_to_device
     from trainer.trainer.data_hooks import batch_transfer
 
     parameter = next(iter(module.parameters()), None)

@@ -9,9 +9,9 @@ from trainer.data.combined import CombinedLoader
 from trainer.data.loader import (
     DataLoaderShard,
     SkipBatchSampler,
-    send_to_device,
     skip_first_batches,
 )
+from trainer.data.transfer import send_to_device
 
 __all__ = [
     "CombinedLoader",

@@ -38,6 +38,7 @@ from trainer.data.rebuild import (
     with_index_batches,
 )
 from trainer.data.seeding import DataRng, PositionedBatchSampler, batch_seed, seeded_dataset
+from trainer.data.transfer import send_to_device
 from trainer.errors import CheckpointError, ConfigurationError, describe
 from trainer.runtime.seed import synchronize_rng_states
 
@@ -70,21 +71,6 @@ def stop_workers(iterator: Any) -> None:
 
 
 _FEEDER_JOIN_S = 5.0  # a closed queue's feeder thread ends at once; this only bounds a stuck one
-
-
-def send_to_device(data: Any, device: torch.device, non_blocking: bool = False) -> Any:
-    """Move every tensor in a nested batch (dict, list, tuple, namedtuple) to ``device``."""
-    if isinstance(data, torch.Tensor):
-        return data.to(device, non_blocking=non_blocking)
-    if isinstance(data, dict):
-        return type(data)({k: send_to_device(v, device, non_blocking) for k, v in data.items()})
-    if isinstance(data, tuple) and hasattr(data, "_fields"):
-        return type(data)(*(send_to_device(v, device, non_blocking) for v in data))
-    if isinstance(data, list | tuple):
-        return type(data)(send_to_device(v, device, non_blocking) for v in data)
-    if hasattr(data, "to") and callable(data.to):  # e.g. transformers' BatchEncoding
-        return data.to(device)
-    return data
 
 
 class SkipBatchSampler(BatchSampler):
@@ -134,6 +120,7 @@ class DataLoaderShard:
         self.end_of_dataloader = False
         self.batches_yielded = 0
         self.remainder = -1  # samples in the last batch that are real (gather_for_metrics)
+        self.total_batch_size: int | None = dataloader.batch_size  # every process's; by prepare
         self.seed: int | None = None  # set: shuffle order and every fetch's draws follow it
         self.process_index = process_index
         self._epoch = 0
@@ -160,6 +147,12 @@ class DataLoaderShard:
     def __len__(self) -> int:
         length = len(self.base_dataloader) - self.skip_batches
         return length if self.limit is None else min(length, self.limit)
+
+    @property
+    def total_dataset_length(self) -> int:
+        """Samples in the dataset, all processes' shares together (Accelerate's name)."""
+        dataset = self.base_dataloader.dataset
+        return getattr(dataset, "total_length", None) or len(dataset)
 
     def end_workers(self) -> None:
         """End the worker processes kept between passes (``persistent_workers=True``); the next
@@ -398,7 +391,7 @@ class DataLoaderShard:
             skip_batches=num_batches,
             process_index=self.process_index,
         )
-        shard.limit = self.limit
+        shard.limit, shard.total_batch_size = self.limit, self.total_batch_size
         shard.seed = self.seed
         shard._epoch = self._epoch
         shard.rng_types = self.rng_types

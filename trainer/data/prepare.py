@@ -106,7 +106,9 @@ def prepare_loader_shard(
         loader = to_stateful_loader(loader)
     generator = None if config.use_seedable_sampler else own_generator(loader)
     is_drawn_alike = max(num_processes, world_size) > 1 and _is_drawn_alike(loader)
-    remainder = -1
+    remainder, batch_size = -1, loader.batch_size
+    if batch_size is None:  # a batch sampler of the user's
+        batch_size = getattr(loader.batch_sampler, "batch_size", None)
     if num_processes > 1:
         loader, remainder = shard_data_loader(
             loader, num_processes=num_processes, process_index=process_index, config=config
@@ -119,6 +121,9 @@ def prepare_loader_shard(
         process_index=process_index,
     )
     prepared.remainder = remainder
+    if batch_size is not None and not config.split_batches:
+        batch_size *= num_processes
+    prepared.total_batch_size = batch_size
     prepared.rng_types = list(rng_types) if rng_types is not None else None
     if generator is not None:
         prepared.synchronized_generator = generator

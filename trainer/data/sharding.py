@@ -154,6 +154,11 @@ class IterableDatasetShard(IterableDataset):
         chunk_size = self.batch_size if self.split_batches else self.batch_size * self.num_processes
         return math.ceil(length / chunk_size) * (chunk_size // self.num_processes)
 
+    @property
+    def total_length(self) -> int:
+        """Samples in the whole dataset, every process's share (``total_dataset_length``)."""
+        return len(self.dataset)  # type: ignore[arg-type]
+
     def set_epoch(self, epoch: int) -> None:
         if hasattr(self.dataset, "set_epoch"):
             self.dataset.set_epoch(epoch)

@@ -18,7 +18,7 @@ from typing import Any
 import torch
 
 from trainer._warnings import warn_user
-from trainer.data.loader import send_to_device
+from trainer.data.transfer import send_to_device
 
 __all__ = ["TRANSFER_HOOKS", "DataHooks", "batch_transfer"]
 
