@@ -10,9 +10,9 @@ from __future__ import annotations
 from trainer import _old_paths
 from trainer.accelerator.accelerator import Accelerator
 from trainer.accelerator.data_loader import prepare_data_loader
-from trainer.accelerator.launchers import debug_launcher, notebook_launcher
+from trainer.accelerator.launchers import debug_launcher, notebook_launcher, patch_environment
 from trainer.accelerator.local_sgd import LocalSGD
-from trainer.accelerator.memory import find_executable_batch_size
+from trainer.accelerator.memory import find_executable_batch_size, release_memory
 from trainer.accelerator.model_wrappers import extract_model_from_parallel
 from trainer.accelerator.operations import (
     broadcast,
@@ -135,9 +135,11 @@ __all__ = [
     "load_checkpoint_in_model",
     "notebook_launcher",
     "pad_across_processes",
+    "patch_environment",
     "prepare_data_loader",
     "prepare_pippy",
     "reduce",
+    "release_memory",
     "seed_everything",
     "send_to_device",
     "set_seed",

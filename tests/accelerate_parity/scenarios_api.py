@@ -364,3 +364,17 @@ def _extract_model_from_parallel(side: Side) -> dict[str, Any]:
         "autocast": seen,
         "dtypes": [str(output.dtype), str(bare_output.dtype)],
     }
+
+
+@scenario("utilities/patch_environment_and_release_memory")
+def _patch_environment_and_release_memory(side: Side) -> dict[str, Any]:
+    """``patch_environment`` (names upper-cased, values as strings, everything put back) and
+    ``release_memory`` (one None per object, to rebind them)."""
+    os.environ["PARITY_KEPT"] = "before"
+    os.environ.pop("PARITY_ADDED", None)
+    with side.function("patch_environment")(parity_kept=1, parity_added=2.5):
+        inside = [os.environ.get("PARITY_KEPT"), os.environ.get("PARITY_ADDED")]
+    after = [os.environ.get("PARITY_KEPT"), os.environ.get("PARITY_ADDED")]
+    net, optimizer = model(), None
+    net, optimizer = side.function("release_memory")(net, optimizer)
+    return {"inside": inside, "after": after, "released": [net, optimizer]}

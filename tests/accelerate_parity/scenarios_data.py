@@ -327,7 +327,7 @@ def _skip_iterable(side: Side) -> dict[str, Any]:
 @scenario("prepare/total_batch_size")
 def _total_batch_size(side: Side) -> dict[str, Any]:
     """``total_batch_size`` / ``total_dataset_length`` of prepared loaders, as a script reads them
-    to log the effective batch size: a batch size, ``split_batches``, a user's batch sampler.
+    to log the effective batch size, and whether they are DataLoaders to ``isinstance``: a batch size, ``split_batches``, a user's batch sampler.
     (On an iterable dataset Accelerate 1.15 raises AttributeError: tests/data/test_loader.py.)"""
     facts: dict[str, Any] = {}
     cases = {
@@ -345,6 +345,7 @@ def _total_batch_size(side: Side) -> dict[str, Any]:
         prepared = accelerator.prepare(build())
         try:
             facts[name] = [prepared.total_batch_size, prepared.total_dataset_length]
+            facts[f"{name}_is_a_dataloader"] = isinstance(prepared, DataLoader)
         except AttributeError as err:
             facts[name] = error_fact(err)
     return facts

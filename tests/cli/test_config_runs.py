@@ -256,12 +256,14 @@ def test_optimizer_and_lr_scheduler_replace_configure_optimizers(tmp_path: Path)
     path = write_yaml(
         tmp_path / "run.yaml", {**TINY, "trainer": {**TINY["trainer"], "max_epochs": 2}}
     )
-    args = ["fit", "--config", str(path), "--optimizer", "Adam", "--optimizer.lr", "0.1"]
+    # Adamax: bitsandbytes (imported by other tests in this process) has its own Adam, SGD,
+    # AdamW, Adagrad and RMSprop, which make those short names ambiguous to jsonargparse.
+    args = ["fit", "--config", str(path), "--optimizer", "Adamax", "--optimizer.lr", "0.1"]
     args += ["--lr_scheduler", "StepLR", "--lr_scheduler.step_size", "1"]
     with pytest.warns(UserWarning, match="TinyRegressor.configure_optimizers is replaced"):
         cli = TrainerCLI(args=args, exit_on_error=False)
     optimizer = cli.trainer.optimizers[0]
-    assert isinstance(optimizer.optimizer, torch.optim.Adam)
+    assert isinstance(optimizer.optimizer, torch.optim.Adamax)
     (config,) = cli.trainer.lr_scheduler_configs
     assert isinstance(config.scheduler, torch.optim.lr_scheduler.StepLR)
     assert config.interval == "epoch"
@@ -270,7 +272,7 @@ def test_optimizer_and_lr_scheduler_replace_configure_optimizers(tmp_path: Path)
 
 def plateau_arguments(tmp_path: Path, class_path: str) -> list[str]:
     path = write_yaml(tmp_path / "run.yaml", TINY)
-    args = ["fit", "--config", str(path), "--optimizer", "SGD", "--optimizer.lr", "0.01"]
+    args = ["fit", "--config", str(path), "--optimizer", "ASGD", "--optimizer.lr", "0.01"]
     return [*args, "--lr_scheduler", class_path, "--lr_scheduler.monitor", "val/loss"]
 
 

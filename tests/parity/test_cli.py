@@ -4,7 +4,7 @@ The ways a project's ``main.py`` extends LightningCLI: ``add_arguments_to_parser
 options, ``link_arguments`` at parse and at instantiation, ``set_defaults``),
 ``before_instantiate_classes`` / ``after_instantiate_classes`` and ``before_<stage>`` /
 ``after_<stage>``, ``parser_kwargs`` (per-stage ``default_config_files``), a config given as a
-dict, ``configure_optimizers`` of the CLI with ``--optimizer Adam --lr_scheduler StepLR`` by
+dict, ``configure_optimizers`` of the CLI with ``--optimizer Adamax --lr_scheduler StepLR`` by
 short name, ``auto_configure_optimizers=False``, ``run=False`` and a ``SaveConfigCallback``
 subclass that overrides ``save_config``. Each scenario runs on lightning.pytorch 2.6 and on
 trainer; what Lightning did (events, hyperparameters, steps, learning rates, final weights) is
@@ -191,7 +191,9 @@ def _optimizer_cli(cli_base: type, seen: list[Any]) -> type:
 def test_the_clis_configure_optimizers_gets_the_optimizer_and_scheduler_by_short_name(
     tmp_path: Path,
 ) -> None:
-    args = ["fit", "--optimizer", "Adam", "--optimizer.lr", "0.05"]
+    # Adamax: bitsandbytes (imported by other tests in this process) has its own Adam, SGD,
+    # AdamW, Adagrad and RMSprop, which make those short names ambiguous to jsonargparse.
+    args = ["fit", "--optimizer", "Adamax", "--optimizer.lr", "0.05"]
     args += ["--lr_scheduler", "StepLR", "--lr_scheduler.step_size", "2"]
     args += ["--trainer.max_epochs", "2"]
     outcomes = {}
@@ -224,7 +226,7 @@ def test_without_auto_configure_optimizers_the_optimizer_key_is_unknown(tmp_path
             cli_base(
                 net,
                 data,
-                args=["fit", "--optimizer", "Adam"],
+                args=["fit", "--optimizer", "Adamax"],
                 trainer_defaults=defaults,
                 auto_configure_optimizers=False,
             )

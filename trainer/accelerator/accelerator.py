@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import gc
 import os
 from collections import OrderedDict
 from collections.abc import Callable, Iterable
@@ -22,6 +21,7 @@ from torch.utils.data import DataLoader
 from trainer.accelerator.checkpoint_api import CheckpointAPI
 from trainer.accelerator.engine_setup import setup_engine
 from trainer.accelerator.handler_setup import autocast_context, profile_session
+from trainer.accelerator.memory import empty_device_cache
 from trainer.accelerator.model_wrappers import AutocastForward
 from trainer.accelerator.optimizer import (
     AcceleratedOptimizer,
@@ -255,7 +255,7 @@ class Accelerator(ProcessAPI, ParallelismAPI, CheckpointAPI, TrackerAPI):
         for index, obj in enumerate(args):
             if isinstance(obj, torch.nn.Module):
                 result[index] = self.prepare_model(obj, device_placement=placement[index])
-            elif isinstance(obj, DataLoader):
+            elif isinstance(obj, DataLoader) and not isinstance(obj, DataLoaderShard):
                 result[index] = self.prepare_data_loader(obj, device_placement=placement[index])
         for index, obj in enumerate(args):
             if isinstance(obj, torch.optim.Optimizer):
@@ -481,10 +481,7 @@ class Accelerator(ProcessAPI, ParallelismAPI, CheckpointAPI, TrackerAPI):
         for held in (self._models, self._optimizers, self._schedulers, self._dataloaders):
             held.clear()
         self._replaced_parameters.clear()
-        if collect_garbage:
-            gc.collect()
-        if torch.cuda.is_available():
-            torch.cuda.empty_cache()
+        empty_device_cache(collect_garbage)
         return [None] * len(objects)
 
     clear = free_memory

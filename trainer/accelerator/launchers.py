@@ -14,6 +14,7 @@ worker monitoring, restarts and failure handling are torchrun's.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -21,7 +22,7 @@ import socket
 import sys
 import threading
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from trainer.accelerator.launch_config import LaunchConfig
@@ -32,6 +33,7 @@ __all__ = [
     "debug_launcher",
     "launch_environment",
     "notebook_launcher",
+    "patch_environment",
     "relaunch_with_torchrun",
     "run_torchrun",
     "torchrun_command",
@@ -240,9 +242,7 @@ def _elastic_launch(
     from torch.distributed.launcher.api import LaunchConfig as ElasticConfig
     from torch.distributed.launcher.api import elastic_launch
 
-    previous = {key: os.environ.get(key) for key in env}
-    os.environ.update(env)  # inherited by the workers
-    try:
+    with patch_environment(**env):  # inherited by the workers
         config = ElasticConfig(
             min_nodes=num_nodes, max_nodes=num_nodes, nproc_per_node=num_processes,
             run_id=uuid.uuid4().hex, rdzv_backend="c10d", rdzv_endpoint=f"{master_addr}:{port}",
@@ -251,6 +251,18 @@ def _elastic_launch(
         )  # fmt: skip
         returned = elastic_launch(config, function)(*args)
         return dict(sorted(returned.items()))  # by rank (torch fills it as processes end)
+
+
+@contextlib.contextmanager
+def patch_environment(**variables: Any) -> Iterator[None]:
+    """Set environment variables inside the block and put back what was there after
+    (Accelerate's ``accelerate.utils.patch_environment``): names are upper-cased, values made
+    strings; a variable that was not set is removed again."""
+    variables = {key.upper(): str(value) for key, value in variables.items()}
+    previous = {key: os.environ.get(key) for key in variables}
+    os.environ.update(variables)
+    try:
+        yield
     finally:
         for key, value in previous.items():
             if value is None:

@@ -89,8 +89,11 @@ class SkipBatchSampler(BatchSampler):
         return max(len(self.batch_sampler) - self.skip_batches, 0)  # type: ignore[arg-type]
 
 
-class DataLoaderShard:
+class DataLoaderShard(DataLoader):
     """A DataLoader prepared for one process.
+
+    A ``DataLoader`` to ``isinstance`` (as Accelerate's is); its settings (``dataset``,
+    ``batch_size``, ``sampler``, ...) are those of the loader it wraps.
 
     Args:
         dataloader: the user's DataLoader (already sharded for this process).
@@ -137,6 +140,10 @@ class DataLoaderShard:
         # Shared with skip_first_batches copies: they continue one another's passes.
         self._draws = PassDraws(dataloader)
         self._is_skip_copy = False  # made by skip_first_batches: a new loader, as in Accelerate
+
+    # DataLoader's own refuses some names after its __init__, which this class does not run;
+    # the plain one also keeps a Python call off each attribute set of a batch.
+    __setattr__ = object.__setattr__
 
     def __getattr__(self, name: str) -> Any:
         # Delegate dataset, batch_size, sampler, ... to the wrapped loader.

@@ -31,6 +31,7 @@ from trainer.data.draws import random_samplers
 from trainer.data.loader import DataLoaderShard
 from trainer.data.rebuild import index_batches_of, to_stateful_loader
 from trainer.data.sharding import shard_data_loader
+from trainer.errors import ConfigurationError
 from trainer.runtime.configs import DataLoaderConfiguration
 from trainer.runtime.gradient_state import GradientState
 
@@ -102,6 +103,11 @@ def prepare_loader_shard(
     Returns:
         The prepared loader.
     """
+    if isinstance(loader, DataLoaderShard):
+        raise ConfigurationError(
+            f"prepare: {loader!r} was prepared already (it holds one process's share). Use it "
+            "as it is, or prepare the DataLoader you built (its base_dataloader is a share too)."
+        )
     if config.use_stateful_dataloader:
         loader = to_stateful_loader(loader)
     generator = None if config.use_seedable_sampler else own_generator(loader)

@@ -190,7 +190,7 @@ class BatchStep:
         else:
             loss = loss_of(trainer, output, batch_idx)
         optimizer = trainer.optimizers[0]
-        if batch_idx % trainer.accumulate_grad_batches == 0:
+        if batch_idx % self._gradient_state.num_steps == 0:  # trainer.accumulate_grad_batches
             optimizer.optimizer.zero_grad()  # `_zero_grad`: the wrapped optimizer's own
         if loss is not None:
             self._accelerator.backward(loss)
