@@ -47,7 +47,7 @@ def test_stops_after_patience_checks_without_improvement(tmp_path):
     assert stopper.wait_count == 3
     assert float(stopper.best_score) == 0.5
     assert stopper.stopping_reason is EarlyStoppingReason.PATIENCE_EXHAUSTED
-    assert "did not improve in the last 3 checks" in stopper.stopping_reason_message
+    assert "did not improve in the last 3 records" in stopper.stopping_reason_message
 
 
 def test_min_delta_requires_a_large_enough_improvement(tmp_path):
@@ -149,7 +149,7 @@ def test_state_is_restored_from_a_checkpoint(tmp_path):
         "stopped_epoch": 4,
         "best_score": 0.5,
         "patience": 3,
-        "stopping_reason": "patience_exhausted",
+        "stopping_reason": 3,  # Lightning's EarlyStoppingReason value
         "stopping_reason_message": resumed.stopping_reason_message,
     }
     assert "did not improve" in resumed.stopping_reason_message
@@ -168,10 +168,19 @@ def test_why_a_run_stopped_survives_a_checkpoint(tmp_path):
     older = {k: v for k, v in stopper.state_dict().items() if not k.startswith("stopping")}
     restored.load_state_dict(older)  # a checkpoint written before the fields existed
     assert restored.stopping_reason is EarlyStoppingReason.NOT_STOPPED
+    # before the reasons took Lightning's values, checkpoints held their names
+    restored.load_state_dict({**older, "stopping_reason": "non_finite_metric"})
+    assert restored.stopping_reason is EarlyStoppingReason.NON_FINITE_METRIC
 
 
 @pytest.mark.parametrize(
-    "field, value", [("stopping_reason", "bored"), ("stopping_reason_message", 3)]
+    "field, value",
+    [
+        ("stopping_reason", "bored"),
+        ("stopping_reason", 7),
+        ("stopping_reason", True),
+        ("stopping_reason_message", 3),
+    ],
 )
 def test_a_crafted_stopping_reason_is_refused(field, value):
     state = EarlyStopping(monitor="m").state_dict()

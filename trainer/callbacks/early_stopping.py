@@ -23,17 +23,27 @@ if TYPE_CHECKING:
     from trainer.trainer.module import TrainModule
     from trainer.trainer.trainer import Trainer
 
-__all__ = ["EarlyStopping", "EarlyStoppingReason"]
+__all__ = ["EarlyStopping", "EarlyStoppingReason", "MonitorNotLoggedError"]
 
 
-class EarlyStoppingReason(str, enum.Enum):
-    """Why `EarlyStopping` stopped training (``EarlyStopping.stopping_reason``)."""
+class EarlyStoppingReason(enum.Enum):
+    """Why `EarlyStopping` stopped training (``EarlyStopping.stopping_reason``); the values are
+    Lightning's, and are what a checkpoint holds."""
 
-    NOT_STOPPED = "not_stopped"
-    STOPPING_THRESHOLD = "stopping_threshold"
-    DIVERGENCE_THRESHOLD = "divergence_threshold"
-    PATIENCE_EXHAUSTED = "patience_exhausted"
-    NON_FINITE_METRIC = "non_finite_metric"
+    NOT_STOPPED = 0
+    STOPPING_THRESHOLD = 1
+    DIVERGENCE_THRESHOLD = 2
+    PATIENCE_EXHAUSTED = 3
+    NON_FINITE_METRIC = 4
+
+
+class MonitorNotLoggedError(ConfigurationError, RuntimeError):
+    """``EarlyStopping(strict=True)`` found no logged value for its ``monitor`` (Lightning
+    raises ``RuntimeError`` there: this is one)."""
+
+
+# What checkpoints written before the values became Lightning's hold.
+_OLD_REASON_NAMES = {reason.name.lower(): reason for reason in EarlyStoppingReason}
 
 
 class EarlyStopping(Callback):
@@ -41,7 +51,9 @@ class EarlyStopping(Callback):
 
     A check reads ``trainer.callback_metrics[monitor]``. It is an improvement when the value
     beats the best so far by more than ``min_delta`` (lower for ``mode="min"``, higher for
-    ``"max"``); otherwise ``wait_count`` grows, and at ``patience`` the callback sets
+    ``"max"``; a negative ``min_delta`` lets a value up to that much worse count as one, and
+    become the best, as in Lightning); otherwise ``wait_count`` grows, and at ``patience`` the
+    callback sets
     ``trainer.should_stop``. It stops at once when the value is NaN/inf (``check_finite``),
     reaches ``stopping_threshold``, or crosses ``divergence_threshold``.
 
@@ -53,7 +65,8 @@ class EarlyStopping(Callback):
 
     Args:
         monitor: the metric to watch, a name given to ``self.log``, e.g. ``"val/loss"``.
-        min_delta: the least change that counts as an improvement (its sign is ignored).
+        min_delta: the least change that counts as an improvement. Stored signed for the mode,
+            as Lightning does (``mode="min"``: ``-min_delta``).
         patience: checks without improvement before stopping.
         verbose: print why it stopped, and each new best.
         mode: ``"min"`` (lower is better) or ``"max"``.
@@ -66,15 +79,16 @@ class EarlyStopping(Callback):
         log_rank_zero_only: with ``verbose``, print on global rank zero only.
 
     Raises:
-        ConfigurationError: an argument is invalid, or (``strict``) ``monitor`` was not logged:
-            the message lists the metrics that were.
+        ConfigurationError: an argument is invalid.
+        MonitorNotLoggedError: (``strict``) ``monitor`` was not logged; the message lists the
+            metrics that were. A ``ConfigurationError`` and, as Lightning's, a ``RuntimeError``.
 
     Examples:
         >>> stopper = EarlyStopping(monitor="val/loss", patience=2, min_delta=0.01)
         >>> # Trainer(callbacks=[stopper]).fit(module): with val/loss 1.0, 0.5, 0.495, 0.6 the
         >>> # run stops after the 4th epoch: 0.495 and 0.6 do not beat 0.5 by more than 0.01.
         >>> stopper.stopped_epoch, stopper.stopping_reason  # after fit
-        (3, <EarlyStoppingReason.PATIENCE_EXHAUSTED: 'patience_exhausted'>)
+        (3, <EarlyStoppingReason.PATIENCE_EXHAUSTED: 3>)
     """
 
     mode_dict: ClassVar[dict[str, Callable[..., Any]]] = {"min": torch.lt, "max": torch.gt}
@@ -107,7 +121,8 @@ class EarlyStopping(Callback):
                 )
         self.monitor = monitor
         self.mode = mode
-        self.min_delta = abs(float(min_delta))
+        # Lightning's sign: the check is `monitor_op(value - min_delta, best)` in both modes.
+        self.min_delta = float(min_delta) * (1 if mode == "max" else -1)
         self.patience = patience
         self.verbose = verbose
         self.strict = strict
@@ -145,9 +160,14 @@ class EarlyStopping(Callback):
                 the message is not a string.
         """
         reason = state_dict.get("stopping_reason", EarlyStoppingReason.NOT_STOPPED.value)
+        reason = _OLD_REASON_NAMES[reason].value if reason in _OLD_REASON_NAMES else reason
         message = state_dict.get("stopping_reason_message")
         reasons = [r.value for r in EarlyStoppingReason]
-        if reason not in reasons or not (message is None or isinstance(message, str)):
+        if (
+            isinstance(reason, bool)
+            or reason not in reasons
+            or not (message is None or isinstance(message, str))
+        ):
             raise CheckpointError(
                 f"EarlyStopping state ({self.state_key}): stopping_reason={describe(reason)}, "
                 f"stopping_reason_message={describe(message)}; expected one of {reasons} and "
@@ -179,7 +199,7 @@ class EarlyStopping(Callback):
 
     @staticmethod
     def _should_skip(trainer: Trainer) -> bool:
-        return trainer.state.stage != "fit" or trainer.sanity_checking
+        return trainer.state.stage != "fit" or trainer.sanity_checking or bool(trainer.fast_dev_run)
 
     # ---- what -----------------------------------------------------------------------------
     def check(self, trainer: Trainer) -> None:
@@ -192,7 +212,7 @@ class EarlyStopping(Callback):
                 "change monitor, or pass strict=False to skip checks without it."
             )
             if self.strict:
-                raise ConfigurationError(message)
+                raise MonitorNotLoggedError(message)
             if self.verbose:
                 self._print(trainer, message)
             return
@@ -209,41 +229,47 @@ class EarlyStopping(Callback):
             self._print(trainer, reason)
 
     def _evaluate(self, current: torch.Tensor) -> tuple[bool, str | None]:
-        """(stop?, message) for one value; updates ``best_score`` and ``wait_count``."""
-        best = float(self.best_score)
-        value = float(current)
+        """(stop?, message) for one value; updates ``best_score`` and ``wait_count``. The
+        messages are Lightning's, word for word (``stopping_reason_message``)."""
+        value, order = float(current), self.order_dict[self.mode]
         if self.check_finite and not math.isfinite(value):
             self.stopping_reason = EarlyStoppingReason.NON_FINITE_METRIC
             return True, (
-                f"EarlyStopping: {self.monitor} = {value} is not finite; the best was "
-                f"{best:.3f}. Stopping."
+                f"Monitored metric {self.monitor} = {current} is not finite. Previous best "
+                f"value was {float(self.best_score):.3f}. Signaling Trainer to stop."
             )
         if self.stopping_threshold is not None and self._is_better(value, self.stopping_threshold):
             self.stopping_reason = EarlyStoppingReason.STOPPING_THRESHOLD
             return True, (
-                f"EarlyStopping: {self.monitor} = {value:.6g} reached stopping_threshold "
-                f"{self.stopping_threshold}. Stopping."
+                f"Stopping threshold reached: {self.monitor} = {current} {order} "
+                f"{self.stopping_threshold}. Signaling Trainer to stop."
             )
         if self.divergence_threshold is not None and self._is_better(
-            self.divergence_threshold, value
+            -value, -self.divergence_threshold
         ):
             self.stopping_reason = EarlyStoppingReason.DIVERGENCE_THRESHOLD
             return True, (
-                f"EarlyStopping: {self.monitor} = {value:.6g} is worse than "
-                f"divergence_threshold {self.divergence_threshold}. Stopping."
+                f"Divergence threshold reached: {self.monitor} = {current} {order} "
+                f"{self.divergence_threshold}. Signaling Trainer to stop."
             )
-        shifted = value + self.min_delta if self.mode == "min" else value - self.min_delta
-        if self._is_better(shifted, best):
+        best = float(self.best_score)
+        if self._is_better(value - self.min_delta, best):
+            if math.isfinite(best):
+                message = (
+                    f"Metric {self.monitor} improved by {abs(best - value):.3f} >= min_delta = "
+                    f"{abs(self.min_delta)}. New best score: {value:.3f}"
+                )
+            else:
+                message = f"Metric {self.monitor} improved. New best score: {value:.3f}"
             self.best_score = current.clone()
             self.wait_count = 0
-            change = "" if math.isinf(best) else f" (by {abs(best - value):.6g})"
-            return False, f"EarlyStopping: {self.monitor} improved{change} to {value:.6g}."
+            return False, message
         self.wait_count += 1
         if self.wait_count >= self.patience:
             self.stopping_reason = EarlyStoppingReason.PATIENCE_EXHAUSTED
             return True, (
-                f"EarlyStopping: {self.monitor} did not improve in the last {self.wait_count} "
-                f"checks; the best was {best:.6g}. Stopping."
+                f"Monitored metric {self.monitor} did not improve in the last {self.wait_count} "
+                f"records. Best score: {best:.3f}. Signaling Trainer to stop."
             )
         return False, None
 
