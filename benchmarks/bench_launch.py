@@ -5,7 +5,9 @@ CPU), started from this process and timed from the moment it starts the launcher
 
 - ``raw``: ``python -m torch.distributed.run --standalone --nproc_per_node 2`` of a plain
   script (``init_process_group``, ``DistributedDataParallel``, a ``DistributedSampler`` loop,
-  the wrapper dropped, then ``destroy_process_group``);
+  the wrapper dropped, then ``destroy_process_group``; it imports
+  ``torch.distributed.nn.functional`` before the group, as docs/reliability.md advises, or the
+  group and its gloo threads outlive it);
 - ``torchrun+trainer``: the same torchrun of a script that runs
   ``Trainer(strategy="ddp").fit(...)``;
 - ``trainer launch``: ``trainer launch --num_processes 2`` of that Trainer script
@@ -14,7 +16,8 @@ CPU), started from this process and timed from the moment it starts the launcher
 Each training process writes, on the launcher's clock (``time.time()``), when it started to
 run the script, when its imports were done, when the process group was ready, when the first
 optimizer step was done and when the fit (process group ended) was done; the launcher's exit
-closes the job. The report gives, per phase, the median over ``--rounds`` interleaved rounds
+closes the job. Each also counts its OS threads after the fit (``threads_left``: 1 when the
+process group and its gloo threads are gone). The report gives, per phase, the median over ``--rounds`` interleaved rounds
 (of the slower process), so each cost can be put where it belongs: interpreter and launcher
 start, imports, rendezvous and group, first step (DDP's constructor imports ``torch._dynamo``:
 torch's cost, in both), the rest of the steps, teardown.
@@ -45,6 +48,7 @@ import json, os, sys, time
 marks = {"script": time.time()}
 import torch
 import torch.distributed as dist
+import torch.distributed.nn.functional  # before any group: see the end of this script
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
 marks["imports"] = time.time()
@@ -64,12 +68,16 @@ for index, (inputs, targets) in enumerate(
         marks["first_step"] = time.time()
     if index == 7:
         break
-# The DDP wrapper goes before its group ends: its reducer, freed after the group at
-# interpreter exit, aborts the process now and then (issue #13: it failed this benchmark).
+# docs/reliability.md, "Clean multi-process exit" (issue #13): DDP imports
+# torch.distributed.nn.functional, whose default arguments hold the group they find; imported
+# above, before the group, they hold none. Otherwise the group outlives destroy_process_group,
+# 3 gloo threads stay, and one aborts the process at exit now and then (it failed this
+# benchmark in CI). The DDP wrapper goes before its group ends too (its reducer).
 del model, optimizer
 dist.barrier()
 dist.destroy_process_group()
 marks["fit_end"] = time.time()
+marks["threads_left"] = len(os.listdir("/proc/self/task"))  # OS threads: 1 = the main one
 with open(os.path.join(sys.argv[1], f"rank{os.environ['RANK']}.json"), "w") as file:
     json.dump(marks, file)
 """
@@ -112,6 +120,7 @@ fit = trainer.Trainer(
 )
 fit.fit(Net(), DataLoader(TensorDataset(x, x[:, :1]), batch_size=4))
 marks["fit_end"] = time.time()
+marks["threads_left"] = len(os.listdir("/proc/self/task"))  # OS threads: 1 = the main one
 with open(os.path.join(sys.argv[1], f"rank{os.environ['RANK']}.json"), "w") as file:
     json.dump(marks, file)
 """
@@ -143,6 +152,9 @@ def run_once(variant: str, scripts: dict[str, Path], folder: Path) -> dict[str, 
     ranks = [json.loads((out / f"rank{r}.json").read_text()) for r in range(2)]
     marks = {phase: max(rank[phase] for rank in ranks) - start for phase in PHASES[:-1]}
     marks["exit"] = end - start
+    # OS threads alive in a process after its training ended (the most of the two): a gloo
+    # thread left there can abort the process as Python exits
+    marks["threads_left"] = max(rank["threads_left"] for rank in ranks)
     return marks
 
 

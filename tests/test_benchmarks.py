@@ -185,6 +185,11 @@ def test_bench_launch_reports_each_phase_of_each_job(tmp_path: Path) -> None:
         times = [marks[phase] for phase in ("script", "imports", "group", "first_step", "fit_end")]
         assert all(is_positive(t) for t in times) and times == sorted(times), name
         assert marks["exit"] >= marks["fit_end"], name
+    # Failed before for raw (4 threads: its group outlived destroy_process_group, and a rank
+    # aborted at exit in a CI run); every job ends its process group and the gloo threads.
+    assert {
+        name: [run["threads_left"] for run in runs] for name, runs in result["runs"].items()
+    } == {name: [1] for name in result["runs"]}
     assert "| trainer launch |" in out
 
 
