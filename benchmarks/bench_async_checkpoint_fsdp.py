@@ -39,6 +39,7 @@ import trainer
 from benchmarks.bench_async_checkpoint import WIDTH, Stack, TimedCheckpoint, print_summary
 from trainer.plugins import AsyncCheckpointIO
 from trainer.strategies import FSDPStrategy
+from trainer.strategies.group_lifetime import hold_no_group_in_default_arguments
 
 VARIANTS = ("none", "sync", "async")
 
@@ -106,6 +107,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", default=None)
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
+    hold_no_group_in_default_arguments()  # docs/reliability.md: or the group outlives its end
     dist.init_process_group("gloo")
     rank = dist.get_rank()
     folder = [

@@ -40,6 +40,7 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+import torch.distributed.nn.functional  # before any process group (docs/reliability.md)
 
 TARGETS = {"save": 0.9, "load": 0.8}
 
