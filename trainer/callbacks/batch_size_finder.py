@@ -10,14 +10,13 @@ exactly when it raises an error that ``trainer.accelerator.memory.is_out_of_memo
 
 from __future__ import annotations
 
-import gc
 import warnings
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import torch
 
-from trainer.accelerator.memory import is_out_of_memory
+from trainer.accelerator.memory import empty_device_cache, is_out_of_memory
 from trainer.callbacks.arguments import bad_argument, is_int, is_number
 from trainer.callbacks.callback import Callback
 from trainer.callbacks.finder_steps import TrainingState, run_training_steps
@@ -156,8 +155,7 @@ class BatchSizeFinder(Callback):
             finally:
                 state.restore()
             if not is_fitting and torch.cuda.is_available():
-                gc.collect()  # the failed trial's tensors may sit in reference cycles
-                torch.cuda.empty_cache()
+                empty_device_cache()  # the failed trial's tensors may sit in reference cycles
             return is_fitting
 
         search = _search_power if self.mode == "power" else _search_binary
