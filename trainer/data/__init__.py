@@ -3,7 +3,8 @@
 ``loader.py`` (DataLoaderShard), ``sharding.py`` (a process's share), ``seeding.py`` (what a
 dataset draws is a function of the batch's place), ``generators.py`` (the global generators'
 states), ``rebuild.py`` (loader copies; torchdata's StatefulDataLoader), ``transfer.py``
-(``send_to_device``).
+(``send_to_device``), ``fetch.py`` (a plain loader's batches read without torch's per-batch
+profiler record).
 """
 
 from trainer.data.combined import CombinedLoader

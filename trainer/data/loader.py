@@ -30,6 +30,7 @@ from torch.utils.data import (
 )
 
 from trainer.data.draws import PassDraws, drawing_elsewhere, random_samplers, take_torch_value
+from trainer.data.fetch import iterate, makes_iterator
 from trainer.data.generators import forget_generator_states
 from trainer.data.rebuild import (
     index_batches_of,
@@ -313,17 +314,18 @@ class DataLoaderShard(DataLoader):
     def _open_pass(
         self, loader: Any, run: Callable[..., Any], *, is_resuming: bool
     ) -> Iterator[Any]:
-        """torch's iterator over ``loader``; the pass's value of torch's generator taken (by
-        torch itself without a seed), or none when the pass continues a cut one."""
+        """An iterator over ``loader`` (``trainer/data/fetch.py``'s or torch's); the pass's value
+        of torch's generator taken (by the iterator without a seed), or none when the pass
+        continues a cut one."""
         is_due = self._draws.begin(self._epoch, is_resuming=is_resuming and not self._is_skip_copy)
         if self.seed is not None:  # the loader draws from the seed's own stream
             if is_due:
                 take_torch_value(self._draws.generator)
-            return run(iter, loader)
-        if not is_due and _makes_iterator(loader):
+            return run(iterate, loader)
+        if not is_due and makes_iterator(loader):
             with drawing_elsewhere(loader):
-                return run(iter, loader)
-        return run(iter, loader)
+                return run(iterate, loader)
+        return run(iterate, loader)
 
     def _synchronize_generators(self) -> None:
         """Give ``rng_types`` the main process's state (Accelerate's start of an iteration) and
@@ -440,15 +442,6 @@ def _read_ahead_with_state(
     # Taken before the next batch is read: a resume must not count the read-ahead batch.
     state = loader.state_dict()
     return state, (next(iterator, _DONE) if has_more else _DONE)
-
-
-def _makes_iterator(loader: Any) -> bool:
-    """Whether ``iter(loader)`` makes a torch iterator (which draws its value): persistent
-    workers keep theirs from pass to pass."""
-    if not isinstance(loader, DataLoader):
-        return False
-    is_persistent = loader.persistent_workers and loader.num_workers > 0
-    return not is_persistent or getattr(loader, "_iterator", None) is None
 
 
 def _can_skip_indices(loader: DataLoader) -> bool:
