@@ -10,6 +10,7 @@ whether ``fit`` raised (and what kind of error). No expected value is written by
 from __future__ import annotations
 
 import math
+import warnings
 from typing import Any
 
 import pytest
@@ -154,19 +155,33 @@ def test_a_metric_logged_in_training(check_on_train_epoch_end: bool | None) -> N
     _assert_same(FALLING, stopping, on_train_epoch=True)
 
 
+@pytest.mark.parametrize("verbose", [False, True])
 @pytest.mark.parametrize("strict", [True, False])
-def test_a_monitor_that_is_not_logged(strict: bool) -> None:
+def test_a_monitor_that_is_not_logged(strict: bool, verbose: bool) -> None:
     def run(fw: Framework) -> dict[str, Any]:
-        callback = fw.callbacks.EarlyStopping(monitor="absent", patience=1, strict=strict)
+        callback = fw.callbacks.EarlyStopping(
+            monitor="absent", patience=1, strict=strict, verbose=verbose
+        )
         fit = fw.trainer(**quiet(max_epochs=3, num_sanity_val_steps=0, callbacks=[callback]))
         module = _module(fw, [1.0], on_train_epoch=False)
-        try:
-            fit.fit(module, loader(8), loader(4, seed=1))
-            error = None
-        except Exception as caught:
-            error = "RuntimeError" if isinstance(caught, RuntimeError) else type(caught).__name__
-        return {"error": error, "epoch": fit.current_epoch, "wait_count": callback.wait_count}
+        with warnings.catch_warnings(record=True) as caught_warnings:
+            warnings.simplefilter("always")
+            try:
+                fit.fit(module, loader(8), loader(4, seed=1))
+                error = None
+            except Exception as caught:
+                error = (
+                    "RuntimeError" if isinstance(caught, RuntimeError) else type(caught).__name__
+                )
+        about_absent = [w.category for w in caught_warnings if "absent" in str(w.message)]
+        return {
+            "error": error,
+            "epoch": fit.current_epoch,
+            "wait_count": callback.wait_count,
+            "warnings": about_absent,
+        }
 
     lightning, ours = (run(fw) for fw in BOTH)
     assert ours == lightning
     assert (lightning["error"] is not None) == strict
+    assert lightning["warnings"] == ([RuntimeWarning] * 3 if verbose and not strict else [])

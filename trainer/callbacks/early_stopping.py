@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import enum
 import math
+import warnings
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -70,8 +71,8 @@ class EarlyStopping(Callback):
         patience: checks without improvement before stopping.
         verbose: print why it stopped, and each new best.
         mode: ``"min"`` (lower is better) or ``"max"``.
-        strict: raise when ``monitor`` was not logged (False: skip the check silently,
-            printing a note when ``verbose``).
+        strict: raise when ``monitor`` was not logged (False: skip the check silently, with a
+            ``RuntimeWarning`` on global rank zero when ``verbose``, as Lightning).
         check_finite: stop when the value is NaN or infinite.
         stopping_threshold: stop once the value is at least this good.
         divergence_threshold: stop once the value is worse than this.
@@ -213,8 +214,8 @@ class EarlyStopping(Callback):
             )
             if self.strict:
                 raise MonitorNotLoggedError(message)
-            if self.verbose:
-                self._print(trainer, message)
+            if self.verbose and trainer.is_global_zero:  # Lightning warns here, not prints
+                warnings.warn(message, RuntimeWarning, stacklevel=2)
             return
         current = metrics[self.monitor].detach().float().squeeze().cpu()
         is_local_stop, reason = self._evaluate(current)
