@@ -235,7 +235,9 @@ def write_checkpoint_files(
             records.update(job.result())
         records.update((name, future.result()) for name, future in present.items())
         records.update(known)
-    records[STATE_FILE] = write_json(directory / STATE_FILE, json.dumps(document, indent=1))
+    records[STATE_FILE] = write_json(
+        directory / STATE_FILE, json.dumps(document, separators=(",", ":"))
+    )
     write_manifest(
         directory,
         records,
