@@ -28,7 +28,6 @@ import os
 import re
 import warnings
 from collections.abc import Callable, Collection, Mapping
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -68,8 +67,10 @@ from trainer.checkpoint.schema import check_model_index, check_state, check_tens
 from trainer.checkpoint.tensor_files import (
     deduplicate,
     hash_read_tensors,
+    load_executor,
     read_safetensors,
     read_safetensors_names,
+    save_executor,
     shard_tensors,
     write_safetensors,
 )
@@ -216,7 +217,7 @@ def write_checkpoint_files(
     records: dict[str, dict[str, Any]] = {}
     # The tensor files are written concurrently, each hashing on its own thread, while the files
     # already there (a sharded engine's shards) are hashed: the cores share the work.
-    with ThreadPoolExecutor(max_workers=4) as pool:
+    with save_executor(directory, model_state, optimizer_tensors, state_tensors) as pool:
         present = start_recording_present_files(pool, directory, known)
         jobs = []
         if model_state is not None:
@@ -260,7 +261,7 @@ def verify_checkpoint(path: str | os.PathLike[str]) -> dict[str, Any]:
     """
     directory = Path(path)
     manifest = check_listing(directory)
-    with ThreadPoolExecutor(max_workers=4) as pool:
+    with load_executor(manifest["files"]) as pool:
         check_hashes(directory, manifest, start_hashing(pool, directory, manifest))
     try:
         _read_state(directory, manifest, read_safetensors)  # RNG states tried for real
@@ -374,7 +375,7 @@ def read_checkpoint(
     directory = Path(path)
     manifest = check_listing(directory) if verify else read_manifest(directory)
     files = manifest["files"]
-    with ThreadPoolExecutor(max_workers=4) as pool:
+    with load_executor(files) as pool:
         # Hashed on worker threads while the tensors are read; nothing is returned unverified.
         # A tensor file read on the CPU is hashed from the tensors read (the bytes returned are
         # the bytes checked, read once); every other file from disk, starting now.

@@ -28,7 +28,7 @@ from typing import Any
 from trainer.checkpoint.atomic import MANIFEST, MANIFEST_MAX_BYTES, read_small_file
 from trainer.checkpoint.paths import refuse_links
 from trainer.checkpoint.schema import check_manifest
-from trainer.checkpoint.tensor_files import hash_bytes, hash_file
+from trainer.checkpoint.tensor_files import InlineExecutor, hash_bytes, hash_file
 from trainer.errors import CheckpointError
 
 __all__ = [
@@ -143,7 +143,7 @@ def record_present_files(directory: Path) -> dict[str, dict[str, Any]]:
 
 
 def start_recording_present_files(
-    pool: ThreadPoolExecutor, directory: Path, known: Collection[str] = ()
+    pool: ThreadPoolExecutor | InlineExecutor, directory: Path, known: Collection[str] = ()
 ) -> dict[str, Future[dict[str, Any]]]:
     """`record_present_files` on ``pool``: the caller writes its own files while they hash.
 
@@ -309,7 +309,7 @@ def record_digest(record: dict[str, Any]) -> tuple[str, str]:
 
 
 def start_hashing(
-    pool: ThreadPoolExecutor,
+    pool: ThreadPoolExecutor | InlineExecutor,
     directory: Path,
     manifest: dict[str, Any],
     names: Iterable[str] | None = None,
@@ -333,7 +333,7 @@ def check_hashes(
     manifest: dict[str, Any],
     futures: dict[str, Future[Any]],
     *,
-    pool: ThreadPoolExecutor | None = None,
+    pool: ThreadPoolExecutor | InlineExecutor | None = None,
     verified_elsewhere: Collection[str] = (),
 ) -> None:
     """Wait for the digests in ``futures``; refuse the first listed file whose digest differs.

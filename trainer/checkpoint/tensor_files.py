@@ -34,7 +34,8 @@ import math
 import os
 import queue
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Mapping
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -75,6 +76,7 @@ if hasattr(torch, "float8_e4m3fn"):
 _CODE_DTYPES = {code: dtype for dtype, code in DTYPE_CODES.items()}
 
 _CHUNK = 16 * 1024 * 1024
+SMALL_SAVE_BYTES = 1024 * 1024  # below: written and hashed on the saving thread (see Hasher)
 
 FileRecord = dict[str, Any]  # {"size": int, "blake3" or "sha256": str}
 DIGESTS = ("sha256", "blake3")  # the algorithms a manifest record may name, by its key
@@ -129,25 +131,75 @@ def hash_bytes(data: bytes, algorithm: str | None = None) -> FileRecord:
 
 
 class Hasher:
-    """A digest of a byte stream, computed on a worker thread (both hashes release the GIL)."""
+    """A digest of a byte stream, computed on a worker thread (both hashes release the GIL);
+    with ``threaded=False`` on the caller's (a small file: a thread costs more to start)."""
 
-    def __init__(self, algorithm: str) -> None:
+    def __init__(self, algorithm: str, *, threaded: bool = True) -> None:
         self.digest = _new_digest(algorithm)
-        self._queue: queue.Queue[Any] = queue.Queue(maxsize=8)
-        self._thread = threading.Thread(target=self._run, daemon=True)
-        self._thread.start()
+        self._queue: queue.Queue[Any] | None = None
+        self._thread: threading.Thread | None = None
+        if threaded:
+            self._queue = queue.Queue(maxsize=8)
+            self._thread = threading.Thread(target=self._run, daemon=True)
+            self._thread.start()
 
     def _run(self) -> None:
+        assert self._queue is not None
         while (chunk := self._queue.get()) is not None:
             self.digest.update(chunk)
 
     def update(self, chunk: Any) -> None:
-        self._queue.put(chunk)
+        if self._queue is None:
+            self.digest.update(chunk)
+        else:
+            self._queue.put(chunk)
 
     def hexdigest(self) -> str:
-        self._queue.put(None)
-        self._thread.join()
+        if self._queue is not None and self._thread is not None:
+            self._queue.put(None)
+            self._thread.join()
         return self.digest.hexdigest()
+
+
+class InlineExecutor:
+    """What a save uses of ``ThreadPoolExecutor``, each job run when submitted (a small save:
+    starting its threads cost more than its writes). A job's error is raised by ``result()``."""
+
+    def submit(self, function: Callable[..., Any], /, *args: Any) -> Future[Any]:
+        future: Future[Any] = Future()
+        try:
+            future.set_result(function(*args))
+        except Exception as error:  # given to the caller by result(), as a pool does
+            future.set_exception(error)
+        return future
+
+    def __enter__(self) -> InlineExecutor:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        return None
+
+
+def save_executor(directory: Path, *tensors: Any) -> ThreadPoolExecutor | InlineExecutor:
+    """Threads for a save (its files written and hashed side by side), or `InlineExecutor` when
+    its tensors total under `SMALL_SAVE_BYTES` and ``directory`` holds nothing to hash."""
+    groups = [group.values() for group in tensors if isinstance(group, Mapping)]
+    total = sum(_nbytes(value) for values in groups for value in values)
+    is_small = total < SMALL_SAVE_BYTES and not any(directory.iterdir())
+    return InlineExecutor() if is_small else ThreadPoolExecutor(max_workers=4)
+
+
+def load_executor(files: Mapping[str, Any]) -> ThreadPoolExecutor | InlineExecutor:
+    """Threads for a load's hashes, or `InlineExecutor` when the manifest's ``files`` records
+    total under `SMALL_SAVE_BYTES` (an unreadable size counts as large)."""
+    sizes = [record.get("size") if isinstance(record, dict) else None for record in files.values()]
+    if all(type(size) is int for size in sizes) and sum(sizes) < SMALL_SAVE_BYTES:
+        return InlineExecutor()
+    return ThreadPoolExecutor(max_workers=4)
+
+
+def _nbytes(value: Any) -> int:
+    return value.numel() * value.element_size() if isinstance(value, torch.Tensor) else 0
 
 
 def _tensor_bytes(tensor: torch.Tensor) -> memoryview:
@@ -185,7 +237,7 @@ def write_safetensors(
     header_bytes += b" " * (-len(header_bytes) % 8)
     prefix = len(header_bytes).to_bytes(8, "little") + header_bytes
     algorithm = default_digest()
-    hasher = Hasher(algorithm)
+    hasher = Hasher(algorithm, threaded=offset >= SMALL_SAVE_BYTES)
     with open(path, "wb") as file:
         file.write(prefix)
         hasher.update(prefix)
