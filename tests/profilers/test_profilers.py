@@ -517,3 +517,18 @@ def test_resolve_profiler_error_names_the_argument_value_and_fix(value, received
     assert received in message
     assert '"simple", "advanced" or "pytorch"' in message
     assert fix in message
+
+
+def test_a_fits_pytorch_trace_still_records_each_batch_fetch(tmp_path: Path):
+    # The prepared loader reads a plain loader itself (trainer/data/fetch.py) and makes torch's
+    # per-batch DataLoader record only while a profiler runs: a trace keeps it.
+    from tests.conftest import LinearModule, make_loader, quiet_trainer
+
+    profiler = PyTorchProfiler(dirpath=tmp_path / "traces")
+    run = quiet_trainer(tmp_path, max_epochs=1, limit_val_batches=0, profiler=profiler)
+    run.fit(LinearModule(), make_loader(32, 4))
+    trace = tmp_path / "traces" / "fit-training_step.pt.trace.json"
+    names = [event.get("name") for event in _trace_events(trace)]
+    fetches = names.count("enumerate(DataLoader)#_SingleProcessDataLoaderIter.__next__")
+    steps = {name for name in names if str(name).startswith("ProfilerStep#")}
+    assert len(steps) == 3 and fetches >= 3, (len(steps), fetches)
