@@ -13,6 +13,7 @@ import argparse
 import inspect
 import json
 import os
+import re
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -371,7 +372,9 @@ def test_ckpt_path_gives_the_class_path_model_its_saved_hyperparameters(
     assert cli.config["validate"].model.init_args.hidden == 6  # and the saved config says so
 
     state = checkpoint / "state.json"  # a crafted checkpoint is refused before it is used
-    state.write_text(state.read_text().replace('"hidden": 6', '"hidden": 60'))
+    text, edits = re.subn(r'"hidden":\s*6\b', '"hidden": 60', state.read_text())
+    assert edits >= 1  # the edit took (state.json is compact JSON)
+    state.write_text(text)
     capsys.readouterr()
     assert main.main(["validate", "--config", path, "--ckpt_path", str(checkpoint)]) == 1
     assert "state.json" in capsys.readouterr().err
