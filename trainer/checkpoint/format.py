@@ -236,9 +236,7 @@ def write_checkpoint_files(
             records.update(job.result())
         records.update((name, future.result()) for name, future in present.items())
         records.update(known)
-    records[STATE_FILE] = write_json(
-        directory / STATE_FILE, json.dumps(document, separators=(",", ":"))
-    )
+    records[STATE_FILE] = write_json(directory / STATE_FILE, json.dumps(document, indent=1))
     write_manifest(
         directory,
         records,
