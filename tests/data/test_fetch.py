@@ -121,6 +121,13 @@ def test_other_loaders_are_read_by_torch(make_loader: Any) -> None:
     del iterator
 
 
+def test_a_timeout_without_workers_gets_torchs_refusal() -> None:
+    loader = DataLoader(TensorDataset(torch.arange(4.0)), batch_size=2, timeout=5)
+    assert not is_read_here(loader)
+    with pytest.raises(AssertionError, match="timeout"):
+        iterate(loader)
+
+
 def test_a_running_profiler_still_records_each_fetch_under_torchs_name() -> None:
     loader = DataLoader(TensorDataset(torch.arange(10.0)), batch_size=3)
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as profiler:

@@ -22,7 +22,7 @@ from trainer.data.draws import take_torch_value
 __all__ = ["is_read_here", "iterate", "makes_iterator"]
 
 _PROFILE_NAME = "enumerate(DataLoader)#_SingleProcessDataLoaderIter.__next__"  # torch's name
-# torch has no public "is a profiler running" (record_function asks the same C function).
+# Whether the autograd profiler is on (torch.profiler's too): torch has no public name for it.
 _profiler_enabled = torch._C._autograd._profiler_enabled  # noqa: SLF001
 
 
@@ -32,6 +32,7 @@ def is_read_here(loader: Any) -> bool:
     return (
         type(loader) is DataLoader
         and loader.num_workers == 0
+        and loader.timeout == 0  # torch refuses a timeout without workers: left to say so
         and loader.batch_sampler is not None
         and not loader.pin_memory
         and not isinstance(loader.dataset, IterableDataset)
