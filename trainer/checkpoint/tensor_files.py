@@ -136,26 +136,23 @@ class Hasher:
 
     def __init__(self, algorithm: str, *, threaded: bool = True) -> None:
         self.digest = _new_digest(algorithm)
-        self._queue: queue.Queue[Any] | None = None
-        self._thread: threading.Thread | None = None
-        if threaded:
-            self._queue = queue.Queue(maxsize=8)
-            self._thread = threading.Thread(target=self._run, daemon=True)
+        self._queue: queue.Queue[Any] = queue.Queue(maxsize=8)
+        self._thread = threading.Thread(target=self._run, daemon=True) if threaded else None
+        if self._thread is not None:
             self._thread.start()
 
     def _run(self) -> None:
-        assert self._queue is not None
         while (chunk := self._queue.get()) is not None:
             self.digest.update(chunk)
 
     def update(self, chunk: Any) -> None:
-        if self._queue is None:
+        if self._thread is None:
             self.digest.update(chunk)
         else:
             self._queue.put(chunk)
 
     def hexdigest(self) -> str:
-        if self._queue is not None and self._thread is not None:
+        if self._thread is not None:
             self._queue.put(None)
             self._thread.join()
         return self.digest.hexdigest()
@@ -185,17 +182,20 @@ def save_executor(directory: Path, *tensors: Any) -> ThreadPoolExecutor | Inline
     its tensors total under `SMALL_SAVE_BYTES` and ``directory`` holds nothing to hash."""
     groups = [group.values() for group in tensors if isinstance(group, Mapping)]
     total = sum(_nbytes(value) for values in groups for value in values)
-    is_small = total < SMALL_SAVE_BYTES and not any(directory.iterdir())
-    return InlineExecutor() if is_small else ThreadPoolExecutor(max_workers=4)
+    return _executor(is_small=total < SMALL_SAVE_BYTES and not any(directory.iterdir()))
 
 
 def load_executor(files: Mapping[str, Any]) -> ThreadPoolExecutor | InlineExecutor:
     """Threads for a load's hashes, or `InlineExecutor` when the manifest's ``files`` records
     total under `SMALL_SAVE_BYTES` (an unreadable size counts as large)."""
     sizes = [record.get("size") if isinstance(record, dict) else None for record in files.values()]
-    if all(type(size) is int for size in sizes) and sum(sizes) < SMALL_SAVE_BYTES:
-        return InlineExecutor()
-    return ThreadPoolExecutor(max_workers=4)
+    return _executor(
+        is_small=all(type(size) is int for size in sizes) and sum(sizes) < SMALL_SAVE_BYTES
+    )
+
+
+def _executor(*, is_small: bool) -> ThreadPoolExecutor | InlineExecutor:
+    return InlineExecutor() if is_small else ThreadPoolExecutor(max_workers=4)
 
 
 def _nbytes(value: Any) -> int:
