@@ -17,9 +17,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import torch
 
 from tests.conftest import LinearModule, make_loader, quiet_trainer
-from trainer import Accelerator, LoggerType
+from trainer import Accelerator, ConfigurationError, LoggerType
 from trainer.callbacks.model_checkpoint import ModelCheckpoint
 from trainer.loggers import CSVLogger, Logger, MLFlowLogger, TensorBoardLogger, WandbLogger
 from trainer.loggers.wandb import STEP_METRIC
@@ -220,6 +221,23 @@ def test_resuming_an_earlier_checkpoint_drops_later_points_in_the_file_loggers(
 
 
 # ---- the Accelerator's trackers ------------------------------------------------------------------
+def test_every_logger_checks_the_step_and_continues_one_past_the_last(tmp_path: Path) -> None:
+    """A step-less row lands one past the last step in all four; a non-int step is refused by
+    each, naming the logger, before anything is written for it."""
+    loggers = make_loggers(tmp_path)
+    for logger in loggers:
+        for bad in ("3", 2.5, True, [1]):
+            with pytest.raises(ConfigurationError, match=f"{type(logger).__name__}.log_metrics"):
+                logger.log_metrics({"a": 0.0}, step=bad)  # type: ignore[arg-type]
+        logger.log_metrics({"a": 1.0})  # no row yet: step 0
+        logger.log_metrics({"a": 2.0}, step=torch.tensor(4))  # a 0-d int tensor is an index
+        logger.log_metrics({"a": 3.0})  # one past the last: 5
+        logger.finalize("success")
+    expected = [("a", 0, 1.0), ("a", 4, 2.0), ("a", 5, 3.0)]
+    for name, points in read_all(loggers).items():
+        assert_same_points(expected, points, name)
+
+
 def test_accelerator_log_with_names_build_the_same_loggers(tmp_path: Path) -> None:
     accelerator = Accelerator(
         cpu=True,

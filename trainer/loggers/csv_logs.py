@@ -17,10 +17,8 @@ global rank zero only).
 from __future__ import annotations
 
 import argparse
-import contextlib
 import csv
 import io
-import operator
 import os
 import warnings
 from collections.abc import Iterable, Mapping
@@ -33,7 +31,7 @@ from trainer.loggers._versioned import (
     check_folder_arguments,
 )
 from trainer.loggers.hparams_file import HparamsFile, atomic_open
-from trainer.loggers.logger import metric_as_float
+from trainer.loggers.logger import metric_as_float, resolve_step
 
 __all__ = ["CSVLogger"]
 
@@ -137,7 +135,7 @@ class CSVLogger(VersionedFolderLogger):
             >>> logger.log_metrics({"loss": torch.tensor(0.5)}, step=3)  # doctest: +SKIP
             >>> logger.save()  # doctest: +SKIP   # metrics.csv now has the row "3,0.5"
         """
-        step = self._resolve_step(step)
+        step = resolve_step("CSVLogger", step, self._last_step)
         row: dict[str, float | int] = {_STEP_KEY: step}
         for key, value in metrics.items():
             column = f"{self._prefix}{self.LOGGER_JOIN_CHAR}{key}" if self._prefix else key
@@ -265,18 +263,6 @@ class CSVLogger(VersionedFolderLogger):
         if os.path.isfile(path):
             with open(path, "rb+") as file:
                 os.fsync(file.fileno())
-
-    def _resolve_step(self, step: int | None) -> int:
-        """Check ``step`` at the boundary, so a bad value fails at the call, not at the write."""
-        if step is None:
-            return 0 if self._last_step is None else self._last_step + 1
-        if not isinstance(step, bool):
-            with contextlib.suppress(TypeError, RuntimeError):
-                return operator.index(step)
-        raise ConfigurationError(
-            f"CSVLogger.log_metrics expected step to be an int, received {describe(step)}. "
-            f"Pass the global step, e.g. step=trainer.global_step."
-        )
 
     def _ensure_log_dir(self) -> str:
         """Create the run folder at the first write (not in ``__init__``: loggers may never write)."""

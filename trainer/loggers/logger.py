@@ -6,12 +6,14 @@ once, when the write happens). This module owns the interface; each backend is o
 
 from __future__ import annotations
 
+import contextlib
+import operator
 from abc import ABC, abstractmethod
 from typing import Any
 
 from trainer.errors import ConfigurationError, describe
 
-__all__ = ["BlankTracker", "Logger", "metric_as_float"]
+__all__ = ["BlankTracker", "Logger", "metric_as_float", "resolve_step"]
 
 
 class Logger(ABC):
@@ -122,3 +124,22 @@ def metric_as_float(owner: str, key: str, value: Any) -> float:
             f"{owner} expected metric {key!r} to be a number or a one-element tensor, "
             f"received {describe(value)}. Log a scalar, e.g. loss.item() or x.mean()."
         ) from err
+
+
+def resolve_step(owner: str, step: Any, last_step: int | None) -> int:
+    """The step a row is logged at: ``step`` as an int, or one past ``last_step`` when None.
+
+    Checked at the call, so a bad value fails there and not later in a backend's writer.
+
+    Raises:
+        ConfigurationError: naming ``owner`` when ``step`` is not an int (a bool is not).
+    """
+    if step is None:
+        return 0 if last_step is None else last_step + 1
+    if not isinstance(step, bool):
+        with contextlib.suppress(TypeError, RuntimeError):
+            return operator.index(step)
+    raise ConfigurationError(
+        f"{owner}.log_metrics expected step to be an int, received {describe(step)}. "
+        f"Pass the global step, e.g. step=trainer.global_step."
+    )

@@ -27,8 +27,6 @@ from __future__ import annotations
 
 import argparse
 import atexit
-import contextlib
-import operator
 import os
 import re
 import time
@@ -47,7 +45,7 @@ from trainer.loggers._mlflow_store import (
     make_client,
     reopen_run,
 )
-from trainer.loggers.logger import Logger, metric_as_float
+from trainer.loggers.logger import Logger, metric_as_float, resolve_step
 from trainer.loggers.params import as_dict, flatten_params
 from trainer.loggers.uploads import checkpoints_to_log
 
@@ -254,7 +252,7 @@ class MLFlowLogger(Logger):
             >>> logger.log_metrics({"train/loss": 0.5}, step=50)  # doctest: +SKIP
             >>> logger.save()  # doctest: +SKIP   # one log_batch request
         """
-        step = self._resolve_step(step)
+        step = resolve_step("MLFlowLogger", step, self._last_step)
         timestamp = int(time.time() * 1000)
         if not self._is_flushed_at_exit:
             atexit.register(_save_at_exit, weakref.ref(self))
@@ -408,18 +406,6 @@ class MLFlowLogger(Logger):
                 )
             self._names[key] = name
         return name
-
-    def _resolve_step(self, step: int | None) -> int:
-        """Check ``step`` at the boundary, so a bad value fails at the call, not at the flush."""
-        if step is None:
-            return 0 if self._last_step is None else self._last_step + 1
-        if not isinstance(step, bool):
-            with contextlib.suppress(TypeError, RuntimeError):
-                return operator.index(step)
-        raise ConfigurationError(
-            f"MLFlowLogger.log_metrics expected step to be an int, received {describe(step)}. "
-            f"Pass the global step, e.g. step=trainer.global_step."
-        )
 
 
 def _save_at_exit(reference: weakref.ReferenceType[MLFlowLogger]) -> None:

@@ -23,8 +23,6 @@ run), and a version read from a checkpoint must name a folder inside ``<save_dir
 from __future__ import annotations
 
 import argparse
-import contextlib
-import operator
 import os
 import time
 import warnings
@@ -32,14 +30,14 @@ from collections.abc import Mapping
 from typing import Any
 
 from trainer._imports import is_available, require
-from trainer.errors import CheckpointError, ConfigurationError, describe
+from trainer.errors import CheckpointError, describe
 from trainer.loggers._versioned import (
     VersionedFolderLogger,
     argument_error,
     check_folder_arguments,
 )
 from trainer.loggers.hparams_file import HparamsFile
-from trainer.loggers.logger import metric_as_float
+from trainer.loggers.logger import metric_as_float, resolve_step
 from trainer.loggers.params import as_dict, flatten_params
 
 __all__ = ["TensorBoardLogger"]
@@ -162,7 +160,7 @@ class TensorBoardLogger(VersionedFolderLogger):
         Examples:
             >>> logger.log_metrics({"train/loss": 0.5, "epoch": 0.0}, step=50)  # doctest: +SKIP
         """
-        step = self._resolve_step(step)
+        step = resolve_step("TensorBoardLogger", step, self._last_step)
         values = {
             self._tag(key): metric_as_float("TensorBoardLogger", key, value)
             for key, value in metrics.items()
@@ -327,18 +325,6 @@ class TensorBoardLogger(VersionedFolderLogger):
         for summary in hparams(dict(self._hparams), metric_dict):
             file_writer.add_summary(summary)
         self._has_pending_hparams = False
-
-    def _resolve_step(self, step: int | None) -> int:
-        """Check ``step`` at the boundary, so a bad value fails at the call, not in the writer."""
-        if step is None:
-            return 0 if self._last_step is None else self._last_step + 1
-        if not isinstance(step, bool):
-            with contextlib.suppress(TypeError, RuntimeError):
-                return operator.index(step)
-        raise ConfigurationError(
-            f"TensorBoardLogger.log_metrics expected step to be an int, received "
-            f"{describe(step)}. Pass the global step, e.g. step=trainer.global_step."
-        )
 
 
 def _wait_for_a_later_file_name(log_dir: str) -> None:

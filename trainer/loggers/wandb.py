@@ -19,9 +19,7 @@ before wandb puts it in a folder name.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import glob
-import operator
 import os
 import re
 import secrets
@@ -32,7 +30,7 @@ from typing import Any, Literal
 
 from trainer._imports import is_available, require
 from trainer.errors import CheckpointError, ConfigurationError, describe
-from trainer.loggers.logger import Logger
+from trainer.loggers.logger import Logger, resolve_step
 from trainer.loggers.params import to_yaml_safe
 from trainer.loggers.uploads import checkpoints_to_log
 
@@ -222,7 +220,7 @@ class WandbLogger(Logger):
             >>> logger.log_metrics({"train/loss": 0.5}, step=50)  # doctest: +SKIP
             >>> # row: {"train/loss": 0.5, "trainer/global_step": 50}
         """
-        step = self._resolve_step(step)
+        step = resolve_step("WandbLogger", step, self._last_step)
         row = {self._key(key): _to_value(value) for key, value in metrics.items()}
         row[STEP_METRIC] = step
         self.experiment.log(row)
@@ -323,18 +321,6 @@ class WandbLogger(Logger):
 
     def _key(self, key: str) -> str:
         return f"{self._prefix}{self.LOGGER_JOIN_CHAR}{key}" if self._prefix else key
-
-    def _resolve_step(self, step: int | None) -> int:
-        """Check ``step`` at the boundary, so a bad value fails at the call, not inside wandb."""
-        if step is None:
-            return 0 if self._last_step is None else self._last_step + 1
-        if not isinstance(step, bool):
-            with contextlib.suppress(TypeError, RuntimeError):
-                return operator.index(step)
-        raise ConfigurationError(
-            f"WandbLogger.log_metrics expected step to be an int, received {describe(step)}. "
-            f"Pass the global step, e.g. step=trainer.global_step."
-        )
 
 
 def _warn_if_offline_file_is_empty(save_dir: str, run_id: str, step: int) -> None:
