@@ -319,7 +319,7 @@ def test_trackers_write_csv(tmp_path):
     assert accelerator.get_tracker("csv") is accelerator.trackers[0]
     accelerator.end_training()
     text = (tmp_path / "proj" / "version_0" / "metrics.csv").read_text().splitlines()
-    assert text[0].split(",") == ["step", "loss"] and text[1] == "3,0.5"
+    assert text[0].split(",") == ["loss", "step"] and text[1] == "0.5,3"
     assert "lr: 0.1" in (tmp_path / "proj" / "version_0" / "hparams.yaml").read_text()
     with pytest.raises(trainer.ConfigurationError, match="log_with='nonsense'"):
         Accelerator(log_with="nonsense").init_trackers("p")

@@ -226,6 +226,18 @@ def _objects_after_uneven_loop(side: Side) -> Any:
     return accelerator.gather_for_metrics(seen, use_gather_object=True)
 
 
+@scenario("gather_for_metrics/padded_last_batch_without_even_batches")
+def _padded_last_batch_without_even_batches(side: Side) -> dict[str, Any]:
+    """``even_batches=False``, 14 samples by 4: the last batches differ in size across
+    processes; padded to one size, gathering keeps only the real rows (the remainder)."""
+    accelerator = side.accelerator(dataloader_config=side.loader_config(even_batches=False))
+    steps = []
+    for batch in accelerator.prepare(loader(14, 4)):
+        padded = accelerator.pad_across_processes(batch[2], pad_index=-1)
+        steps.append(jsonable(accelerator.gather_for_metrics(padded)))
+    return {"steps": steps}
+
+
 @scenario("gather_for_metrics/metric_value")
 def _metric_value(side: Side) -> dict[str, Any]:
     """A mean over the whole evaluation set: each sample counted exactly once."""

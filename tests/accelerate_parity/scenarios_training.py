@@ -163,6 +163,30 @@ for _name, _plugin in ACCUMULATION_CASES.items():
     scenario(f"accumulation/{_name}")(_accumulation_case(**_plugin))
 
 
+@scenario("accumulation/evaluation_inside_last_batch")
+def _evaluation_inside_last_batch(side: Side) -> dict[str, Any]:
+    """An evaluation loop over another prepared loader, run inside the epoch's last training
+    batch before its step: that batch still ends the window and steps (3 steps, 4 batches)."""
+    accelerator = side.accelerator(gradient_accumulation_steps=3)
+    net = model()
+    opt = torch.optim.SGD(net.parameters(), lr=0.1)
+    net, opt, train, evaluation = accelerator.prepare(net, opt, loader(8, 2), loader(4, 2))
+    sync, ends = [], []
+    for _ in range(2):
+        for batch in train:
+            if accelerator.gradient_state.end_of_dataloader:
+                with torch.no_grad():
+                    for other in evaluation:
+                        loss_of(net, other)
+            ends.append(bool(accelerator.gradient_state.end_of_dataloader))
+            with accelerator.accumulate(net):
+                accelerator.backward(loss_of(net, batch))
+                sync.append(accelerator.sync_gradients)
+                opt.step()
+                opt.zero_grad()
+    return {"sync": sync, "end": ends, "parameters": parameters(accelerator.unwrap_model(net))}
+
+
 def _rank_batches(accelerator: Any, count: int) -> list[tuple[torch.Tensor, ...]]:
     """Hand-made batches that differ between processes, so a sync shows in the gradients."""
     rows = dataset(4 * count, seed=10 + accelerator.process_index)

@@ -37,7 +37,7 @@ def test_layout_and_header_has_step_column(tmp_path: Path) -> None:
     logger.finalize("success")
 
     header, rows = read_csv(tmp_path / "exp" / "version_0" / "metrics.csv")
-    assert header == ["step", "loss", "acc"]
+    assert header == ["acc", "loss", "step"]
     assert rows == [
         {"step": "0", "loss": "0.5", "acc": "0.25"},
         {"step": "1", "loss": "0.25", "acc": "0.5"},
@@ -58,13 +58,13 @@ def test_new_key_widens_header_and_leaves_empty_cells(tmp_path: Path) -> None:
     logger = CSVLogger(tmp_path)
     logger.log_metrics({"loss": 1.0}, step=0)
     logger.save()
-    assert read_csv(metrics_path(logger))[0] == ["step", "loss"]
+    assert read_csv(metrics_path(logger))[0] == ["loss", "step"]
 
     logger.log_metrics({"loss": 0.5}, step=1)
     logger.log_metrics({"val_loss": 0.75}, step=1)
     logger.save()
     header, rows = read_csv(metrics_path(logger))
-    assert header == ["step", "loss", "val_loss"]
+    assert header == ["loss", "step", "val_loss"]
     assert rows == [
         {"step": "0", "loss": "1.0", "val_loss": ""},
         {"step": "1", "loss": "0.5", "val_loss": ""},
@@ -196,7 +196,7 @@ def test_resume_keeps_old_rows_without_duplicated_steps(tmp_path: Path) -> None:
     resumed.finalize("success")
 
     header, rows = read_csv(metrics_path(first))
-    assert header == ["step", "loss", "val_loss", "acc"]
+    assert header == ["acc", "loss", "step", "val_loss"]
     assert [(row["step"], row["loss"]) for row in rows] == [
         ("0", "0.0"),
         ("1", "1.0"),
@@ -271,7 +271,7 @@ def test_tensor_values_become_plain_floats(tmp_path: Path) -> None:
     logger.log_metrics({"loss": torch.tensor([0.25])})  # step None: one past the last
     logger.save()
     header, rows = read_csv(metrics_path(logger))
-    assert header == ["step", "train-loss", "train-count"]
+    assert header == ["step", "train-count", "train-loss"]
     assert rows == [
         {"step": "7", "train-loss": "0.5", "train-count": "3.0"},
         {"step": "8", "train-loss": "0.25", "train-count": ""},
@@ -311,7 +311,7 @@ def test_bad_metric_value_is_rejected_without_trace(tmp_path: Path) -> None:
         logger.log_hyperparams([("lr", 0.1)])  # type: ignore[arg-type]  # on purpose
     logger.log_metrics({"loss": 1.0}, step=0)
     logger.save()
-    assert read_csv(metrics_path(logger)) == (["step", "loss"], [{"step": "0", "loss": "1.0"}])
+    assert read_csv(metrics_path(logger)) == (["loss", "step"], [{"step": "0", "loss": "1.0"}])
 
 
 def test_save_without_metrics_writes_nothing(tmp_path: Path) -> None:

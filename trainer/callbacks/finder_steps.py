@@ -22,7 +22,7 @@ import torch
 from trainer.errors import ConfigurationError
 from trainer.runtime.seed import get_rng_states, set_rng_states
 from trainer.trainer.batch_step import BatchStep, trial_step
-from trainer.trainer.hook_table import logging_allowed
+from trainer.trainer.log_refusal import logging_allowed
 from trainer.trainer.mode_hooks import capture_modes, put_modes
 
 if TYPE_CHECKING:

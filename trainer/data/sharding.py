@@ -5,8 +5,9 @@ sampler is seeded the same everywhere) and dealt round-robin — process ``p`` g
 ``p, p+N, p+2N, ...``; with ``split_batches=True`` each batch is the global batch and process
 ``p`` gets slice ``p`` of it. With ``even_batches=True`` the last round is completed with samples
 from the start, so every process steps the same number of times with full batches; the number of
-real samples in the last gathered batch (``remainder``) lets ``gather_for_metrics`` drop the
-duplicates. A ``BatchSampler`` given as the loader's ``sampler`` (``batch_size=None``: the dataset
+real samples in the last gathered batch (``remainder``, also with ``even_batches=False``, as
+Accelerate's) lets ``gather_for_metrics`` drop the duplicates (or the padding a user added with
+``pad_across_processes``). A ``BatchSampler`` given as the loader's ``sampler`` (``batch_size=None``: the dataset
 reads a whole batch of indices at once) is sharded the same way. Iterable data: every process
 reads the stream and keeps its share of each chunk.
 
@@ -220,7 +221,7 @@ def shard_data_loader(
         sharded = with_index_batches(loader, batch_sampler)
         size = getattr(index_batches, "batch_size", None) or 1
         global_batch = size if config.split_batches else size * num_processes
-    if length is None or loader.drop_last or not config.even_batches:
+    if length is None or loader.drop_last:
         return sharded, -1
     remainder = length % global_batch
     return sharded, remainder if remainder else -1

@@ -44,7 +44,7 @@ class CSVLogger(VersionedFolderLogger):
 
     Files go to ``<save_dir>/<name>/version_<N>/`` (no ``<name>`` folder when ``name`` is None
     or ``""``). The folder is created at the first write, not here. ``metrics.csv`` has a
-    ``step`` column, then one column per metric in order of first appearance; a metric that
+    ``step`` column and one column per metric, sorted by name (as Lightning's); a metric that
     appears later widens the header and earlier rows get an empty cell.
 
     Rows are kept in memory and written by `log_metrics` once a step is
@@ -75,7 +75,7 @@ class CSVLogger(VersionedFolderLogger):
         >>> logger.log_metrics({"loss": 0.125, "acc": 0.75}, step=1)  # doctest: +SKIP
         >>> logger.finalize("success")  # doctest: +SKIP
         >>> open(logger.log_dir + "/metrics.csv").read()  # doctest: +SKIP
-        'step,loss,acc\\r\\n0,0.25,\\r\\n1,0.125,0.75\\r\\n'
+        'acc,loss,step\\r\\n,0.25,0\\r\\n0.75,0.125,1\\r\\n'
     """
 
     tracker_name = "csv"
@@ -147,7 +147,8 @@ class CSVLogger(VersionedFolderLogger):
                 )
             row[column] = metric_as_float("CSVLogger.log_metrics", key, value)
         # Columns grow only once the whole row is valid, so a rejected row leaves no trace.
-        self._columns.extend(column for column in row if column not in self._columns)
+        if row.keys() - set(self._columns):
+            self._columns = sorted({*self._columns, *row})
         self._pending.append(row)
         self._last_step = step
         if step - self._flushed_step >= self._flush_every:
@@ -340,10 +341,8 @@ def _read_metrics(path: str) -> tuple[list[str], list[dict[str, str]]]:
 
 
 def _merge_columns(old: list[str], new: list[str]) -> list[str]:
-    """Columns in order of first appearance: the file's first, then this run's new ones."""
-    if not old:
-        return list(new)
-    return [*old, *(column for column in new if column not in old)]
+    """The file's columns and this run's, sorted by name as Lightning's CSVLogger writes them."""
+    return sorted({*old, *new})
 
 
 def _step_of(row: Mapping[str, str]) -> int | None:

@@ -6,6 +6,7 @@ Shared by the loggers (CSV, TensorBoard, MLflow, W&B); nothing here imports a tr
 from __future__ import annotations
 
 import argparse
+import enum
 import numbers
 from collections.abc import Mapping
 from typing import Any
@@ -42,7 +43,8 @@ def flatten_params(params: Mapping[str, Any], parent: str = "") -> dict[str, Any
 
 
 def to_yaml_safe(value: Any) -> Any:
-    """What ``yaml.safe_dump`` can write: plain scalars, lists and dicts; anything else as str()."""
+    """What ``yaml.safe_dump`` can write: plain scalars, lists and dicts; an Enum as its name;
+    anything else as str()."""
     if value is None or type(value) in (bool, int, float, str):
         return value
     if isinstance(value, argparse.Namespace):
@@ -51,6 +53,8 @@ def to_yaml_safe(value: Any) -> Any:
         return {_to_yaml_key(key): to_yaml_safe(item) for key, item in value.items()}
     if isinstance(value, (list, tuple, set, frozenset)):
         return [to_yaml_safe(item) for item in value]
+    if isinstance(value, enum.Enum):  # its name, as Lightning's hparams.yaml
+        return value.name
     if isinstance(value, numbers.Integral):
         return int(value)
     if isinstance(value, numbers.Real):

@@ -37,10 +37,14 @@ class GradientState:
 
     def end_iteration(self, dataloader: Any) -> None:
         """Called by a prepared dataloader when its iteration ends (exhausted or abandoned)."""
-        if dataloader in self.active_dataloaders:
-            self.active_dataloaders.remove(dataloader)
-        self.end_of_dataloader = False
-        self.remainder = self.active_dataloaders[-1].remainder if self.active_dataloaders else -1
+        active = self.active_dataloaders
+        if dataloader in active:
+            active.remove(dataloader)
+        # Back in an outer loader (an evaluation run inside a training batch): its state again,
+        # so its last batch still ends the accumulation window (Accelerate's).
+        outer = active[-1] if active else None
+        self.end_of_dataloader = bool(getattr(outer, "end_of_dataloader", False))
+        self.remainder = outer.remainder if outer is not None else -1
 
     def advance(self) -> bool:
         """Count one batch; decide and return whether it synchronises (and steps)."""

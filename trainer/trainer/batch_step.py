@@ -224,8 +224,7 @@ class BatchStep:
         """``on_train_batch_end`` with `batch_end_outputs` of ``training_step``'s output."""
         if self._on_batch_end:  # hot path: build nothing nobody reads
             outputs = batch_end_outputs(output, self._loss_divisor, self._is_automatic)
-            for hook in self._on_batch_end:  # the table's order; nobody reads what they return
-                hook(outputs, batch, batch_idx)
+            self._hooks.call("on_train_batch_end", outputs, batch, batch_idx)
 
     def backward(self, loss: torch.Tensor, **kwargs: Any) -> None:
         """The hooks around ``accelerator.backward`` (also ``manual_backward``'s path)."""

@@ -19,6 +19,7 @@ import torch
 
 from trainer._warnings import warn_user
 from trainer.data.transfer import send_to_device
+from trainer.trainer.log_refusal import refusing_logs
 
 __all__ = ["TRANSFER_HOOKS", "DataHooks", "batch_transfer"]
 
@@ -71,6 +72,11 @@ def batch_transfer(
     if not any(_overrides(module, n) or _overrides(datamodule, n) for n in TRANSFER_HOOKS):
         return None
     before, move, after = (getattr(_owner(n, module, datamodule), n) for n in TRANSFER_HOOKS)
+    if hasattr(module, "metric_store"):  # self.log raises in them, as in Lightning
+        before, move, after = (
+            refusing_logs(hook, module, name)
+            for hook, name in zip((before, move, after), TRANSFER_HOOKS, strict=True)
+        )
 
     def transfer(batch: Any) -> Any:
         batch = before(batch, dataloader_idx)

@@ -21,6 +21,8 @@ import torch
 
 from trainer.errors import ConfigurationError
 from trainer.trainer.dataloader_idx import check_dataloader_idx
+from trainer.trainer.hooks import LOG_KEYS
+from trainer.trainer.log_refusal import RefusedLogging
 from trainer.trainer.logger_rows import logging_step, send_to_loggers
 from trainer.trainer.mode_hooks import restore_modes, switch_to_eval
 from trainer.trainer.options import overrides, safe_len
@@ -84,8 +86,10 @@ def _run_epoch(trainer: Trainer, run: Run, stage: str, loaders: list[Any]) -> li
     store = run.stores.get(stage)
     if store is not None:
         store.start_epoch()
-        store.hook = (step_name, False, True)
+        store.hook = LOG_KEYS[step_name]
         module.metric_store = store
+    elif stage == "predict":  # self.log raises in predict_step, as in Lightning
+        module.metric_store = RefusedLogging(step_name, module.metric_store)
     is_logging = store is not None and not trainer.sanity_checking
     modes = switch_to_eval(module, stage)  # on_<stage>_model_eval
     predictions: list[list[Any]] = [[] for _ in loaders]
@@ -104,6 +108,7 @@ def _run_epoch(trainer: Trainer, run: Run, stage: str, loaders: list[Any]) -> li
                 trainer.predict_batch_indices = None if recorder is None else recorder.take()
             if store is not None:
                 store.current_batch = batch
+                store.touch_steps()
             call_batch_hook(f"on_{stage}_batch_start", batch, batch_idx, *extra)
             with trainer.accelerator.autocast():
                 output = run.run_step(step_name, batch, batch_idx, *extra)
@@ -116,11 +121,8 @@ def _run_epoch(trainer: Trainer, run: Run, stage: str, loaders: list[Any]) -> li
         call(f"on_{stage}_epoch_end")
     else:
         store.dataloader_idx = None  # what the epoch-end hooks log belongs to no dataloader
-        store.hook = (f"on_{stage}_epoch_end", False, True)  # errors of self.log name it
-        try:
-            call(f"on_{stage}_epoch_end")
-        finally:
-            store.hook = (step_name, False, True)
+        store.touch_epochs()
+        call(f"on_{stage}_epoch_end")
         store.finalize_epoch()
     if is_logging:
         send_to_loggers(trainer, store.epoch_items(for_logger=True), logging_step(trainer))

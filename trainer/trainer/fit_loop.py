@@ -40,7 +40,9 @@ from trainer.trainer import profiling
 from trainer.trainer.batch_step import BatchStep, batch_end_outputs
 from trainer.trainer.durations import val_check_seconds
 from trainer.trainer.evaluation_loop import run_eval_epoch
+from trainer.trainer.hooks import LOG_KEYS
 from trainer.trainer.loaders import is_reload_due, reload_stage
+from trainer.trainer.log_refusal import refusing_logs
 from trainer.trainer.logger_rows import send_to_loggers
 from trainer.trainer.manual_step import bind_manual_steps
 from trainer.trainer.mode_hooks import warn_on_eval_modules
@@ -60,6 +62,7 @@ if TYPE_CHECKING:
 
 __all__ = ["FitLimits", "FitLoop", "run_sanity_check"]
 
+_BATCH_END_LOGGING = LOG_KEYS["on_train_batch_end"]
 _SKIP_EPOCH = object()  # on_train_batch_start returned -1: the rest of the epoch is skipped
 
 
@@ -298,12 +301,8 @@ class FitLoop(BatchStep, FitLimits):
         trainer.progress.is_epoch_ending = True
         store = run.stores["train"]
         store.finalize_epoch()
-        previous_hook = store.hook  # errors of self.log name the hook; its defaults are epoch's
-        store.hook = ("on_train_epoch_end", False, True)
-        try:
-            run.hooks.call("on_train_epoch_end")
-        finally:
-            store.hook = previous_hook
+        store.touch_epochs()  # read from now on, a name validation also logs is training's
+        run.hooks.call("on_train_epoch_end")
         epoch_metrics = store.finalize_epoch()
         for monitor in run.hooks.epoch_end_monitors:  # ModelCheckpoint, EarlyStopping: see above
             monitor()
@@ -319,7 +318,9 @@ class FitLoop(BatchStep, FitLimits):
     def _train_batch(self, batch: Any, batch_idx: int) -> Any:
         """One batch: its step (`BatchStep`), counted, between the batch hooks."""
         trainer = self.trainer
-        self._train_store.current_batch = batch
+        store = self._train_store
+        store.current_batch = batch
+        store.step_time = next(store.clock)  # `MetricStore.touch_steps`, inlined: every batch
         if self._on_batch_start and self.start_batch(batch, batch_idx):  # it returned -1
             # Lightning counts the skipped batch as the epoch's last: the interval schedulers
             # step as after its last batch (no optimizer step, no validation).
@@ -354,8 +355,10 @@ class FitLoop(BatchStep, FitLimits):
                 outputs = {"loss": output.detach()}
             else:
                 outputs = batch_end_outputs(output, self._loss_divisor, self._is_automatic)
+            step_hook, store.hook = store.hook, _BATCH_END_LOGGING  # self.log's rules there
             for hook in on_batch_end:
                 hook(outputs, batch, batch_idx)
+            store.hook = step_hook
         # Lightning writes the step row after on_train_batch_end (what it logs joins the row),
         # and also for the batch that stops the fit.
         stops = is_stepping and trainer.should_stop and trainer.log_every_n_steps > 0
@@ -388,7 +391,9 @@ class FitLoop(BatchStep, FitLimits):
             count,
             lambda: trainer.callback_metrics,
             is_plateau=is_plateau,
-            step=trainer.module.lr_scheduler_step,
+            step=refusing_logs(
+                trainer.module.lr_scheduler_step, trainer.module, "lr_scheduler_step"
+            ),
         )
 
     def _has_schedulers(self, interval: str, *, is_plateau: bool) -> bool:
@@ -417,7 +422,9 @@ class FitLoop(BatchStep, FitLimits):
             self._reloaded_at["validation"] = epoch
             self._run.stores["validation"].batch_counts.clear()  # Lightning counts rows anew
         if not (self._is_automatic and not self.is_stepping):  # not inside a window
-            trainer.module.on_validation_model_zero_grad()
+            module = trainer.module
+            hook = "on_validation_model_zero_grad"
+            refusing_logs(module.on_validation_model_zero_grad, module, hook)()
         trainer.progress.last_val_step = trainer.global_step
         run_eval_epoch(trainer, self._run, "validation")  # modes restored there
         self._last_val_time = time.monotonic()

@@ -7,8 +7,7 @@ applies it. Hooks nobody overrides get an empty list, so the loop skips them wit
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
@@ -20,9 +19,12 @@ from trainer.trainer.dataloader_idx import takes_dataloader_idx
 from trainer.trainer.hooks import (
     CALLBACK_HOOKS,
     CALLBACK_ONLY_HOOKS,
+    LOG_KEYS,
     LOGGING_REFUSED_HOOKS,
     MONITORING_CALLBACKS,
 )
+from trainer.trainer.log_refusal import refusing_logs
+from trainer.trainer.metrics import MetricStore
 from trainer.trainer.module_hooks import ModuleHooks
 from trainer.trainer.options import is_instance_named
 
@@ -30,7 +32,7 @@ if TYPE_CHECKING:
     from trainer.trainer.module import TrainModule
     from trainer.trainer.trainer import Trainer
 
-__all__ = ["HookTable", "is_overridden", "logging_allowed"]
+__all__ = ["HookTable", "is_overridden"]
 
 
 class HookTable:
@@ -49,6 +51,7 @@ class HookTable:
         callbacks: Iterable[Callback],
         profiler: Profiler | None = None,
     ) -> None:
+        self._module = module
         self._functions: dict[str, list[Callable[..., Any]]] = {}
         self._module_functions: dict[str, Callable[..., Any]] = {}
         # Per evaluation batch hook, for each function: whether it takes dataloader_idx.
@@ -79,7 +82,7 @@ class HookTable:
                 [*own, *before] if name == "on_load_checkpoint" else [*before, *own]
             )
             if name in LOGGING_REFUSED_HOOKS:  # only these pay for the guard
-                guarded = [_refusing_logs(f, module, name) for f in self._functions[name]]
+                guarded = [refusing_logs(f, module, name) for f in self._functions[name]]
                 raw = {
                     id(g): raw[id(f)] for f, g in zip(self._functions[name], guarded, strict=True)
                 }
@@ -103,12 +106,17 @@ class HookTable:
             raise ConfigurationError(
                 f"internal: {name!r} is not a hook; see trainer.trainer.hooks.CALLBACK_HOOKS"
             )
-        module_function = self._module_functions.get(name)
-        result = None
-        for function in functions:
-            returned = function(*args)
-            if function is module_function:
-                result = returned
+        store, previous = self._log_as(name)
+        try:
+            module_function = self._module_functions.get(name)
+            result = None
+            for function in functions:
+                returned = function(*args)
+                if function is module_function:
+                    result = returned
+        finally:
+            if previous is not None:
+                store.hook = previous
         return result
 
     def call_with_dataloader_idx(self, name: str, *args: Any) -> None:
@@ -118,60 +126,31 @@ class HookTable:
         if takes is None:
             takes = [takes_dataloader_idx(raw, len(args) - 1) for raw in self._raw[name]]
             self._takes_index[name] = takes
-        for function, takes_index in zip(self._functions[name], takes, strict=True):
-            if takes_index:
-                function(*args)
-            else:
-                function(*args[:-1])
+        store, previous = self._log_as(name)
+        try:
+            for function, takes_index in zip(self._functions[name], takes, strict=True):
+                if takes_index:
+                    function(*args)
+                else:
+                    function(*args[:-1])
+        finally:
+            if previous is not None:
+                store.hook = previous
+
+    def _log_as(self, name: str) -> tuple[Any, Any]:
+        """Make ``self.log`` follow hook ``name``'s rules and keep its own values (`LOG_KEYS`);
+        return the store and the key to put back after the hook (None: nothing changed)."""
+        store = self._module.metric_store
+        key = LOG_KEYS.get(name)
+        if key is None or type(store) is not MetricStore:
+            return store, None
+        previous, store.hook = store.hook, key
+        return store, previous
 
 
 def is_overridden(obj: object, name: str, base: type) -> bool:
     """Whether ``obj`` implements hook ``name``: on its class, or assigned on the instance."""
     return name in vars(obj) or getattr(type(obj), name, None) is not getattr(base, name)
-
-
-class _RefusedLogging:
-    """The module's metric store while a hook runs in which Lightning refuses ``self.log``;
-    ``store`` is the one it stands in for."""
-
-    def __init__(self, hook: str, store: Any) -> None:
-        self.hook = hook
-        self.store = store
-
-    def log(self, name: str, value: Any, **options: Any) -> None:
-        raise ConfigurationError(
-            f"self.log({name!r}) in {self.hook}: logging is not possible in this hook, as in "
-            "Lightning (no step or epoch of logged metrics is open). Log in a *_step, "
-            "*_batch_end or *_epoch_end hook, or write to the logger itself: "
-            "self.logger.log_metrics({...})."
-        )
-
-
-def _refusing_logs(function: Callable[..., Any], module: Any, hook: str) -> Callable[..., Any]:
-    """``function`` with the module's ``self.log`` refused while it runs."""
-
-    def call(*args: Any) -> Any:
-        store = module.metric_store
-        module.metric_store = _RefusedLogging(hook, store)
-        try:
-            return function(*args)
-        finally:
-            module.metric_store = store
-
-    return call
-
-
-@contextlib.contextmanager
-def logging_allowed(module: Any) -> Iterator[None]:
-    """Inside a hook that refuses ``self.log`` (a finder's ``on_fit_start``), let the training
-    steps run there log as fit's own steps do."""
-    store = module.metric_store
-    if isinstance(store, _RefusedLogging):
-        module.metric_store = store.store
-    try:
-        yield
-    finally:
-        module.metric_store = store
 
 
 def _timed(

@@ -22,6 +22,7 @@ __all__ = [
     "EVAL_STAGES",
     "FIT_ORDER",
     "LOGGING_REFUSED_HOOKS",
+    "LOG_KEYS",
     "MONITORING_CALLBACKS",
     "OPTIMIZER_HOOKS",
     "STEP_HOOKS",
@@ -77,7 +78,9 @@ CALLBACK_ONLY_HOOKS: tuple[str, ...] = (
 )
 
 # Hooks in which self.log raises, as Lightning's: no epoch or step of the logged metrics is
-# open there (a value logged in on_validation_end was dropped without a word).
+# open there (a value logged in on_validation_end was dropped without a word). The module-only
+# ones (batch transfer, lr_scheduler_step, the model mode hooks, configure_*) are refused where
+# they are called (`trainer.trainer.hook_table.refused_logging`).
 LOGGING_REFUSED_HOOKS = frozenset(
     {
         "setup",
@@ -100,6 +103,53 @@ LOGGING_REFUSED_HOOKS = frozenset(
         "on_exception",
     }
 )
+
+
+def _log_keys(names: tuple[str, ...], on_step: bool, on_epoch: bool, per_step: bool) -> dict:
+    return {name: (name, on_step, on_epoch, per_step) for name in names}
+
+
+# What self.log does in each hook that allows it, as Lightning 2.6: (hook, default on_step,
+# default on_epoch, whether a value per step is allowed). Where it is not, the hook logs once per
+# epoch: on_step=True or on_epoch=False is refused. Each hook keeps its own values of a name
+# (logged in training_step and again in on_train_epoch_end, a name is two metrics).
+LOG_KEYS: dict[str, tuple[str, bool, bool, bool]] = {
+    **_log_keys(
+        (
+            "training_step",
+            "on_train_batch_start",
+            "on_train_batch_end",
+            "on_before_backward",
+            "on_after_backward",
+            "on_before_zero_grad",
+            "on_before_optimizer_step",
+        ),
+        on_step=True,
+        on_epoch=False,
+        per_step=True,
+    ),
+    **_log_keys(
+        tuple(
+            name
+            for stage in ("validation", "test")
+            for name in (f"{stage}_step", f"on_{stage}_batch_start", f"on_{stage}_batch_end")
+        ),
+        on_step=False,
+        on_epoch=True,
+        per_step=True,
+    ),
+    **_log_keys(
+        tuple(
+            name
+            for stage in ("train", "validation", "test")
+            for name in (f"on_{stage}_start", f"on_{stage}_epoch_start", f"on_{stage}_epoch_end")
+        ),
+        on_step=False,
+        on_epoch=True,
+        per_step=False,
+    ),
+}
+
 
 # Callback classes that run after the module in on_train_epoch_end (they read its metrics).
 MONITORING_CALLBACKS: tuple[str, ...] = ("ModelCheckpoint", "EarlyStopping")

@@ -36,7 +36,10 @@ def send_to_loggers(
     batch stepped yet, as in Lightning). Under automatic optimization that count is
     ``global_step``; under manual optimization every batch counts once, however many
     optimizers it stepped. Rows carry ``epoch`` unless ``has_epoch`` is False (Lightning's
-    validation/test step rows).
+    validation/test step rows). In the other rows a metric logged as ``"step"`` is, as in
+    Lightning, the row's step instead (and the row gets no ``epoch``): e.g.
+    ``self.log("step", float(self.current_epoch))`` in ``on_validation_epoch_end`` puts the
+    epoch's values at step = epoch.
     """
     if not items or not trainer.loggers or not trainer.is_global_zero:
         return
@@ -45,11 +48,14 @@ def send_to_loggers(
 
 
 def _write_row(trainer: Trainer, items: dict[str, Any], step: int | None, has_epoch: bool) -> None:
-    if step is None:
-        step = trainer.progress.batches_stepped - 1
     metrics = {name: to_float(value) for name, value in items.items()}
-    if has_epoch:
-        metrics.setdefault("epoch", float(trainer.progress.epoch))
+    if has_epoch and "step" in metrics:  # Lightning: a logged "step" is the row's step
+        step = int(metrics.pop("step"))
+    else:
+        if step is None:
+            step = trainer.progress.batches_stepped - 1
+        if has_epoch:
+            metrics.setdefault("epoch", float(trainer.progress.epoch))
     for logger in trainer.loggers:
         logger.log_metrics(metrics, step=step)
 

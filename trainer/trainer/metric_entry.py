@@ -8,11 +8,14 @@ that owns the entries and reads them out is `trainer.trainer.metrics.MetricStore
 
 from __future__ import annotations
 
+import dataclasses
 import sys
+from collections.abc import Iterable, Iterator, Mapping
 from typing import Any, NamedTuple
 
 import torch
 
+from trainer._warnings import warn_user
 from trainer.errors import ConfigurationError, describe
 
 __all__ = [
@@ -54,8 +57,9 @@ class LogOptions(NamedTuple):
     sync_dist: bool
 
 
-# (hook name, default on_step, default on_epoch): what a MetricStore is logging from.
-HookKey = tuple[str, bool, bool]
+# (hook name, default on_step, default on_epoch, whether a value per step is allowed): what a
+# MetricStore is logging from (`trainer.trainer.hooks.LOG_KEYS`).
+HookKey = tuple[str, bool, bool, bool]
 
 
 class MetricEntry:
@@ -71,7 +75,7 @@ class MetricEntry:
         "metric",
         "on_epoch",
         "on_step",
-        "options_by_hook",
+        "options",
         "plain_key",
         "prog_bar",
         "reduce_fx",
@@ -96,8 +100,7 @@ class MetricEntry:
         self.weight: Any = 0
         self.metric: Any = None
         self.is_metric = False
-        # the options of the first call in each hook, keyed by `MetricStore.hook`
-        self.options_by_hook: dict[HookKey, LogOptions] = {}
+        self.options = options  # the first call's: later calls in the hook must agree
         self.last_call: tuple[Any, ...] = ()  # options as given, + hook: equal means checked
         self.dataloader_idx = dataloader_idx
         # The published names (Lightning's: the dataloader suffix goes after _step / _epoch).
@@ -135,18 +138,51 @@ def describe_conflict(name: str, hook: str, first: LogOptions, again: LogOptions
     )
 
 
-def batch_size_of(batch: Any) -> int:
-    """The first dimension of the batch's first tensor (the weight of a "mean" epoch value)."""
+def batch_size_of(batch: Any) -> int | None:
+    """The batch size an epoch mean weights a value with, found as Lightning finds it.
+
+    The first tensor's first dimension (a 0-d tensor counts 1), searching tensors, mappings,
+    dataclasses and other iterables depth first; strings and other leaves have no size. None when
+    the batch holds no tensor. A second size that differs (another tensor's, or a leaf met
+    after the first tensor) makes the choice ambiguous: warned once, the first size is kept.
+    """
+    found = None
+    for size in _sizes(batch):
+        if found is None:
+            found = size
+        elif size != found:
+            message = (
+                "Trying to infer the batch_size from an ambiguous collection. The batch size "
+                f"found is {found}. To avoid any miscalculation, pass it: "
+                "self.log(..., batch_size=batch_size)."
+            )
+            if message not in _WARNED:
+                _WARNED.add(message)
+                warn_user(message)
+            break
+    return found
+
+
+_WARNED: set[str] = set()
+
+
+def _sizes(batch: Any) -> Iterator[int | None]:
     if isinstance(batch, torch.Tensor):
-        return int(batch.shape[0]) if batch.ndim else 1
-    if isinstance(batch, dict):
-        values = list(batch.values())
-    elif isinstance(batch, list | tuple):
-        values = list(batch)
+        yield int(batch.shape[0]) if batch.ndim else 1
+    elif isinstance(batch, Mapping):
+        for value in batch.values():
+            yield from _sizes(value)
+    elif dataclasses.is_dataclass(batch) and not isinstance(batch, type):
+        for field in dataclasses.fields(batch):
+            yield from _sizes(getattr(batch, field.name))
+    elif isinstance(batch, Iterable) and not isinstance(batch, (str, bytes, *_numpy_leaves())):
+        for item in batch:
+            yield from _sizes(item)
     else:
-        return 1
-    for item in values:
-        size = batch_size_of(item)
-        if isinstance(item, torch.Tensor | list | tuple | dict):
-            return size
-    return 1
+        yield None
+
+
+def _numpy_leaves() -> tuple[type, ...]:
+    """numpy arrays are leaves (walking one element by element would take ages)."""
+    numpy = sys.modules.get("numpy")
+    return (numpy.ndarray, numpy.generic) if numpy is not None else ()

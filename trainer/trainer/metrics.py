@@ -25,12 +25,16 @@ when forked), and `MetricStore.epoch_items` can pick one dataloader's values, as
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import itertools
+import numbers
+import operator
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
 import torch
 
 from trainer.errors import ConfigurationError, describe
+from trainer.trainer.hooks import LOG_KEYS
 from trainer.trainer.metric_entry import (
     HookKey,
     LogOptions,
@@ -44,7 +48,10 @@ from trainer.trainer.metric_entry import (
 if TYPE_CHECKING:
     from trainer.strategies import Strategy
 
-__all__ = ["MetricStore", "logging_dtype", "stage_stores", "to_float"]
+# (time, {published name: value}): a group of values and when it was last brought up to date.
+Layer = tuple[int, dict[str, Any]]
+
+__all__ = ["MetricStore", "logging_dtype", "merge_layers", "stage_stores", "to_float"]
 
 
 class MetricStore:
@@ -54,11 +61,16 @@ class MetricStore:
         reducer: ``(tensor, op) -> tensor`` across processes, for ``sync_dist=True``.
     """
 
-    def __init__(self, reducer: Callable[[torch.Tensor, str], torch.Tensor] | None = None) -> None:
-        self.entries: dict[str, MetricEntry] = {}
-        self.hook: HookKey = ("training_step", True, False)
+    def __init__(
+        self,
+        reducer: Callable[[torch.Tensor, str], torch.Tensor] | None = None,
+        clock: Iterator[int] | None = None,
+    ) -> None:
+        # by (hook, name): as in Lightning, each hook keeps its own values of a name
+        self.entries: dict[tuple[str, str], MetricEntry] = {}
+        self.hook: HookKey = LOG_KEYS["training_step"]
         self.current_batch: Any = None
-        self._batch_size_cache: tuple[int, int] | None = None  # (id(batch), size)
+        self._batch_size_cache: tuple[int, int | None] | None = None  # (id(batch), size)
         self.epoch_values: dict[str, Any] = {}
         # The step and epoch values of earlier epochs of this run, by name (see the module doc).
         self.kept_steps: dict[str, Any] = {}
@@ -67,33 +79,16 @@ class MetricStore:
         self.batch_counts: dict[int, int] = {}
         self.dataloader_idx: int | None = None  # set by the loop when there are several loaders
         self.reducer = reducer
+        # When each group of values was last brought up to date, on a clock the stages of one
+        # Trainer share: a name two stages log reads as the later one's (`merge_layers`).
+        self.clock = itertools.count(1) if clock is None else clock
+        self.step_time = self.epoch_time = self.kept_step_time = self.kept_epoch_time = 0
         self.key_check: Callable[[list[str]], None] | None = None
 
-    # The Trainer sets these three before the hooks it runs; they are kept as one tuple, `hook`,
-    # so that a log call compares one object to tell that nothing changed since its last check.
     @property
     def hook_name(self) -> str:
+        """The hook logging now (set by the loops and `HookTable` with its `LOG_KEYS` entry)."""
         return self.hook[0]
-
-    @hook_name.setter
-    def hook_name(self, name: str) -> None:
-        self.hook = (name, self.hook[1], self.hook[2])
-
-    @property
-    def default_on_step(self) -> bool:
-        return self.hook[1]
-
-    @default_on_step.setter
-    def default_on_step(self, on_step: bool) -> None:
-        self.hook = (self.hook[0], on_step, self.hook[2])
-
-    @property
-    def default_on_epoch(self) -> bool:
-        return self.hook[2]
-
-    @default_on_epoch.setter
-    def default_on_epoch(self, on_epoch: bool) -> None:
-        self.hook = (self.hook[0], self.hook[1], on_epoch)
 
     # ---- writing ------------------------------------------------------------------------
     def log(
@@ -116,11 +111,18 @@ class MetricStore:
                 key = f"{name}/dataloader_idx_{self.dataloader_idx}"
             else:
                 self._check_unsuffixed(name)
-        entry = self.entries.get(key)
-        call = (on_step, on_epoch, reduce_fx, prog_bar, logger, sync_dist, self.hook)
+        hook = self.hook
+        entry = self.entries.get((hook[0], key))
+        call = (on_step, on_epoch, reduce_fx, prog_bar, logger, sync_dist, hook)
         if entry is None or call != entry.last_call:  # the hot path compares identical objects
             entry = self._check_call(key, name, call, value, add_dataloader_idx)
         if entry.is_metric:
+            if entry.metric is not None and entry.metric is not value:
+                raise ConfigurationError(
+                    f"self.log({name!r}, ...) in {self.hook_name}: two different Metric objects "
+                    "were logged under this name in one epoch (Lightning refuses it too); one "
+                    "would silently replace the other. Log each Metric under its own name."
+                )
             entry.metric = value
             if entry.on_step:
                 entry.step_value = getattr(value, "_forward_cache", None)
@@ -134,7 +136,7 @@ class MetricStore:
             value = value.detach()
             if value.dtype is not torch.float32 and value.dtype is not torch.float64:
                 value = value.to(logging_dtype())  # a bf16 mean over an epoch would drift
-        elif not isinstance(value, int | float) or isinstance(value, bool):
+        elif not isinstance(value, numbers.Real):  # bool and numpy numbers too, as Lightning
             raise ConfigurationError(
                 f"self.log({name!r}, value) in {self.hook_name}: expected a number, a scalar "
                 f"Tensor or a torchmetrics Metric, received {describe(value)}."
@@ -151,7 +153,7 @@ class MetricStore:
 
     def _check_unsuffixed(self, name: str) -> None:
         """``add_dataloader_idx=False`` from two dataloaders would mix them under one name."""
-        entry = self.entries.get(name)
+        entry = self.entries.get((self.hook[0], name))
         if entry is not None and entry.dataloader_idx != self.dataloader_idx:
             raise ConfigurationError(
                 f"self.log({name!r}, add_dataloader_idx=False) in {self.hook_name}: logged from "
@@ -166,7 +168,7 @@ class MetricStore:
         """The entry for ``name``, its options as given in ``call`` resolved and checked against
         the first call with this name in the same hook (Lightning's rule)."""
         on_step, on_epoch, reduce_fx, prog_bar, logger, sync_dist, hook = call
-        hook_name, default_on_step, default_on_epoch = hook
+        hook_name, default_on_step, default_on_epoch, per_step = hook
         if add_dataloader_idx and "/dataloader_idx_" in name:  # Lightning refuses it too
             raise ConfigurationError(
                 f"self.log({name!r}) in {hook_name}: the name holds '/dataloader_idx_', which "
@@ -186,16 +188,22 @@ class MetricStore:
                 f"self.log({name!r}) in {hook_name}: on_step=False and on_epoch=False "
                 "would record nothing. Set one of them to True."
             )
-        entry = self.entries.get(key)
+        if not per_step and (options.on_step or not options.on_epoch):
+            raise ConfigurationError(
+                f"self.log({name!r}, on_step={options.on_step}, on_epoch={options.on_epoch}) in "
+                f"{hook_name}: this hook logs once per epoch, so only on_step=False, "
+                "on_epoch=True is allowed (as in Lightning). Log per-step values in "
+                "training_step or a *_batch_end hook."
+            )
+        entry = self.entries.get((hook_name, key))
         if entry is None:
             idx = self.dataloader_idx
             suffix = f"/dataloader_idx_{idx}" if idx is not None and add_dataloader_idx else ""
             entry = MetricEntry(options, name, suffix, idx)
             entry.is_metric = is_torchmetric(value)
-            self.entries[key] = entry
-        first = entry.options_by_hook.setdefault(hook, options)
-        if first != options:
-            raise ConfigurationError(describe_conflict(name, hook_name, first, options))
+            self.entries[(hook_name, key)] = entry
+        elif entry.options != options:
+            raise ConfigurationError(describe_conflict(name, hook_name, entry.options, options))
         entry.last_call = call
         return entry
 
@@ -208,7 +216,7 @@ class MetricStore:
             value = value.double()  # Lightning's sum starts in the logging dtype: the wider wins
         fx = entry.reduce_fx
         if fx == "mean":
-            weight = batch_size if batch_size is not None else self._infer_batch_size()
+            weight = batch_size if batch_size is not None else self._infer_batch_size(entry)
             contribution = value * weight
             entry.total = contribution if entry.total is None else entry.total + contribution
             entry.weight += weight
@@ -220,13 +228,25 @@ class MetricStore:
             pick = torch.maximum if fx == "max" else torch.minimum
             entry.total = pick(entry.total, value)
 
-    def _infer_batch_size(self) -> int:
+    def _infer_batch_size(self, entry: MetricEntry) -> int:
+        """The weight of a value in its epoch mean: the batch's size (Lightning's search);
+        1 in the hooks that run once per epoch, where no batch is in progress."""
+        if not self.hook[3]:
+            return 1
         batch = self.current_batch
         cached = self._batch_size_cache
         if cached is not None and cached[0] == id(batch):
-            return cached[1]
-        size = batch_size_of(batch)
-        self._batch_size_cache = (id(batch), size)
+            size = cached[1]
+        else:
+            size = batch_size_of(batch)
+            self._batch_size_cache = (id(batch), size)
+        if size is None:
+            raise ConfigurationError(
+                f"self.log({entry.plain_key!r}) in {self.hook_name}: the epoch value is a mean "
+                "weighted by batch size, and the batch holds no tensor to take it from "
+                f"(a {type(batch).__name__}). Pass it: self.log(..., batch_size=N), as in "
+                "Lightning."
+            )
         return size
 
     # ---- reading ------------------------------------------------------------------------
@@ -297,51 +317,70 @@ class MetricStore:
             items[entry.epoch_key] = value
         return items
 
-    def callback_items(self, *, is_training: bool = True) -> dict[str, Any]:
+    def callback_items(self, *, is_training: bool = True) -> list[Layer]:
         """What callbacks see: by published name and by plain name, the latest value of each.
 
         Args:
             is_training: the training store; the others (validation, test) give epoch values
                 only, as Lightning's ``callback_metrics`` never holds their ``_step`` values.
         """
-        items: dict[str, Any] = {}
-        for entry, forked, value, is_step in self._published():
+        layers = []
+        for time, is_step, values in self._layers():
             if is_step and not is_training:
                 continue
-            items[entry.plain_key] = value
-            items[forked] = value
-        return items
+            items: dict[str, Any] = {}
+            for entry, forked, value in values:
+                items[entry.plain_key] = value
+                items[forked] = value
+            layers.append((time, items))
+        return layers
 
-    def logged_items(self) -> dict[str, Any]:
+    def logged_items(self) -> list[Layer]:
         """Lightning's ``logged_metrics``: the latest value of every ``logger=True`` name."""
-        return {forked: value for entry, forked, value, _ in self._published() if entry.logger}
+        return [
+            (time, {forked: value for entry, forked, value in values if entry.logger})
+            for time, _, values in self._layers()
+        ]
 
-    def bar_items(self) -> dict[str, Any]:
+    def bar_items(self) -> list[Layer]:
         """Lightning's ``progress_bar_metrics``: the latest value of every ``prog_bar=True`` name."""
-        return {forked: value for entry, forked, value, _ in self._published() if entry.prog_bar}
+        return [
+            (time, {forked: value for entry, forked, value in values if entry.prog_bar})
+            for time, _, values in self._layers()
+        ]
 
-    def _published(self) -> list[tuple[MetricEntry, str, Any, bool]]:
-        """``(entry, published name, value, is_step)``, oldest first: kept values, then this
-        epoch's step values, then its epoch values (so the plain name ends on the latest)."""
+    def _layers(self) -> list[tuple[int, bool, list[tuple[MetricEntry, str, Any]]]]:
+        """``(time, is_step, [(entry, published name, value)])``: the values of earlier epochs,
+        then this epoch's, step values and epoch values apart, each with the time it was last
+        brought up to date (`touch_steps`, `touch_epochs`)."""
         live_steps = {
             name: entry.step_value
             for name, entry in self.entries.items()
             if entry.on_step and entry.step_value is not None
         }
         live_epochs = {name: value for name, (value, _) in self.epoch_values.items()}
-        published = []
-        for values, is_step in (
-            (self.kept_steps, True),
-            (self.kept_epochs, False),
-            (live_steps, True),
-            (live_epochs, False),
+        layers = []
+        for time, values, is_step in (
+            (self.kept_step_time, self.kept_steps, True),
+            (self.kept_epoch_time, self.kept_epochs, False),
+            (self.step_time, live_steps, True),
+            (self.epoch_time, live_epochs, False),
         ):
+            published = []
             for name, value in values.items():
                 entry = self.entries[name]
-                published.append(
-                    (entry, entry.step_key if is_step else entry.epoch_key, value, is_step)
-                )
-        return published
+                published.append((entry, entry.step_key if is_step else entry.epoch_key, value))
+            layers.append((time, is_step, published))
+        return layers
+
+    def touch_steps(self) -> None:
+        """A batch of this stage runs: its step values are the latest (Lightning's dicts take
+        the running stage's values at every batch)."""
+        self.step_time = next(self.clock)
+
+    def touch_epochs(self) -> None:
+        """This stage's epoch ends: its epoch values are the latest."""
+        self.epoch_time = next(self.clock)
 
     def reset(self) -> None:
         """Forget everything (start of a stage run)."""
@@ -357,10 +396,19 @@ class MetricStore:
         for name, (value, _) in self.epoch_values.items():
             self.kept_epochs[name] = value
         self.epoch_values.clear()
+        self.kept_step_time, self.kept_epoch_time = self.step_time, self.epoch_time
         for name, entry in self.entries.items():
             if entry.step_value is not None:
                 self.kept_steps[name] = entry.step_value
-            entry.total, entry.weight, entry.step_value = None, 0, None
+            entry.total, entry.weight, entry.step_value, entry.metric = None, 0, None, None
+
+
+def merge_layers(layers: list[Layer]) -> dict[str, Any]:
+    """One dict of the stores' layers, later times winning a name (ties keep their order)."""
+    merged: dict[str, Any] = {}
+    for _, items in sorted(layers, key=operator.itemgetter(0)):
+        merged.update(items)
+    return merged
 
 
 def logging_dtype() -> torch.dtype:
@@ -397,7 +445,8 @@ def stage_stores(strategy: Strategy) -> dict[str, MetricStore]:
                 "Log the same names on every rank (log a default value where a rank has none)."
             )
 
-    stores = {stage: MetricStore(reduce) for stage in ("train", "validation", "test")}
+    clock = itertools.count(1)
+    stores = {stage: MetricStore(reduce, clock) for stage in ("train", "validation", "test")}
     for store in stores.values():
         store.key_check = check_same_keys
     return stores

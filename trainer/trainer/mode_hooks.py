@@ -17,6 +17,7 @@ from typing import Any
 import torch
 
 from trainer._warnings import warn_user
+from trainer.trainer.log_refusal import refusing_logs
 
 __all__ = [
     "ModeHooks",
@@ -89,7 +90,8 @@ def put_modes(module: torch.nn.Module, modes: dict[str, bool]) -> None:
 def switch_to_eval(module: Any, stage: str) -> dict[str, bool]:
     """Record every submodule's mode, then run ``stage``'s eval hook; return the record."""
     modes = capture_modes(module)
-    getattr(module, _EVAL_HOOK[stage])()
+    hook = _EVAL_HOOK[stage]
+    refusing_logs(getattr(module, hook), module, hook)()
     return modes
 
 
@@ -97,7 +99,7 @@ def restore_modes(module: Any, stage: str, modes: dict[str, bool]) -> None:
     """End of an evaluation: the module's overridden train hook, else the recorded modes."""
     hook = _TRAIN_HOOK.get(stage)
     if hook is not None and _is_overridden(module, hook):
-        getattr(module, hook)()
+        refusing_logs(getattr(module, hook), module, hook)()
     else:
         put_modes(module, modes)
 

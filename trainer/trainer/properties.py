@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from trainer.errors import ConfigurationError
-from trainer.trainer.metrics import to_float
+from trainer.trainer.metrics import merge_layers, to_float
 from trainer.trainer.options import (
     check_accumulation,
     is_checkpoint_callback,
@@ -226,28 +226,24 @@ class TrainerProperties:
         One dict for the whole call, as Lightning's: what a callback puts in it (e.g.
         `LearningRateMonitor`'s rates) stays until a logged value of that name replaces it.
         """
-        merged: dict[str, Any] = dict(self._restored_metrics)
+        layers = [(-1, dict(self._restored_metrics))]
         for stage, store in self._stores.items():
-            merged.update(store.callback_items(is_training=stage == "train"))
-        self._callback_metrics.update(self._as_tensors(merged))
+            layers.extend(store.callback_items(is_training=stage == "train"))
+        self._callback_metrics.update(self._as_tensors(merge_layers(layers)))
         return self._callback_metrics
 
     @property
     def logged_metrics(self) -> dict[str, torch.Tensor]:
         """Latest value of every metric logged with ``logger=True`` in this run, as tensors
         (as Lightning: whether or not ``log_every_n_steps`` has sent it to a logger yet)."""
-        merged: dict[str, Any] = {}
-        for store in self._stores.values():
-            merged.update(store.logged_items())
-        return self._as_tensors(merged)
+        layers = [layer for store in self._stores.values() for layer in store.logged_items()]
+        return self._as_tensors(merge_layers(layers))
 
     @property
     def progress_bar_metrics(self) -> dict[str, float]:
         """Metrics logged with ``prog_bar=True``, as floats (reading them syncs the device)."""
-        items: dict[str, Any] = {}
-        for store in self._stores.values():
-            items.update(store.bar_items())
-        return {k: to_float(v) for k, v in items.items()}
+        layers = [layer for store in self._stores.values() for layer in store.bar_items()]
+        return {k: to_float(v) for k, v in merge_layers(layers).items()}
 
     @staticmethod
     def _as_tensors(values: dict[str, Any]) -> dict[str, torch.Tensor]:
