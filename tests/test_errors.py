@@ -279,3 +279,27 @@ def test_test_without_test_step(tmp_path):
 def test_validate_before_any_fit_without_a_module(tmp_path):
     with pytest.raises(ConfigurationError, match=r"trainer.validate\(\): no module given"):
         quiet_trainer(tmp_path).validate()
+
+
+def test_a_missing_checkpoint_is_also_what_lightning_and_accelerate_raise(tmp_path):
+    """A ported ``except FileNotFoundError`` (Lightning's ckpt_path) or ``except ValueError``
+    (Accelerate's load_state) still catches it."""
+    from trainer.checkpoint import read_checkpoint
+
+    missing = str(tmp_path / "no" / "such")
+    calls = {
+        "fit": lambda: quiet_trainer(tmp_path).fit(
+            LinearModule(), make_loader(), ckpt_path=missing
+        ),
+        "load_state": lambda: trainer.Accelerator(cpu=True).load_state(missing),
+        "read_checkpoint": lambda: read_checkpoint(missing),
+        "a .ckpt file": lambda: quiet_trainer(tmp_path).test(
+            LinearModule(), make_loader(), ckpt_path=missing + ".ckpt"
+        ),
+    }
+    for what, call in calls.items():
+        with pytest.raises(trainer.CheckpointNotFoundError) as caught:
+            call()
+        assert isinstance(caught.value, FileNotFoundError | ValueError), what
+        assert isinstance(caught.value, trainer.CheckpointError), what
+        assert "no" in str(caught.value) and "such" in str(caught.value), what

@@ -43,6 +43,7 @@ from trainer.data.transfer import send_to_device
 from trainer.errors import (
     AnomalyError,
     CheckpointError,
+    CheckpointNotFoundError,
     ConfigurationError,
     HookResultError,
     MissingDependencyError,
@@ -86,6 +87,7 @@ __all__ = [
     "AutocastKwargs",
     "BnbQuantizationConfig",
     "CheckpointError",
+    "CheckpointNotFoundError",
     "ConfigurationError",
     "DDPCommunicationHookType",
     "DataLoaderConfiguration",

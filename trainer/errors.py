@@ -10,6 +10,7 @@ from __future__ import annotations
 __all__ = [
     "AnomalyError",
     "CheckpointError",
+    "CheckpointNotFoundError",
     "ConfigurationError",
     "HookResultError",
     "MissingDependencyError",
@@ -36,6 +37,13 @@ class AnomalyError(TrainerError, RuntimeError):
 
 class CheckpointError(TrainerError):
     """A checkpoint is missing, corrupt, foreign, or could not be written."""
+
+
+class CheckpointNotFoundError(CheckpointError, FileNotFoundError, ValueError):
+    """A checkpoint path that does not exist (or no checkpoint to load). Also a
+    ``FileNotFoundError``, as Lightning raises for a missing ``ckpt_path``, and a ``ValueError``,
+    as Accelerate's ``load_state`` raises for a missing folder, so ported ``except`` clauses
+    still catch it."""
 
 
 class StrategyError(TrainerError, RuntimeError):

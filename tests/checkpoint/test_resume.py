@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import csv
 import os
 import signal
 import subprocess
@@ -328,8 +329,8 @@ def test_resumed_csv_logger_continues_the_same_run_without_duplicate_steps(tmp_p
     )
     t2.fit(Net(), data(), ckpt_path="last")
     assert t2.logger.version == 0
-    rows = (tmp_path / "trainer_logs" / "version_0" / "metrics.csv").read_text().splitlines()[1:]
-    steps = [int(r.split(",")[0]) for r in rows]
+    with open(tmp_path / "trainer_logs" / "version_0" / "metrics.csv", newline="") as file:
+        steps = [int(row["step"]) for row in csv.DictReader(file)]
     assert steps == sorted(set(steps)) and steps[-1] == 11  # optimizer step 12, logged at 11
     assert not (tmp_path / "trainer_logs" / "version_1").exists()
 

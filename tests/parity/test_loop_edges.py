@@ -343,3 +343,40 @@ def test_num_val_batches_is_the_full_count_during_the_sanity_check() -> None:
     expected = _counts_seen_by_validation(LIGHTNING)
     assert expected[0] == (True, 5, 2)
     assert _counts_seen_by_validation(TRAINER) == expected
+
+
+def _predict(self: Any, batch: Any, batch_idx: int) -> Any:
+    return self.net(batch[0])
+
+
+def test_predict_without_a_batch_runs_no_predict_hook_and_returns_none() -> None:
+    """``limit_predict_batches=0``: Lightning runs setup and teardown only, and returns None."""
+    hooks = ("setup", "teardown", "on_predict_start", "on_predict_epoch_start", "on_predict_end")
+
+    def run(fw: Any) -> tuple[Any, list[Any]]:
+        calls: list[str] = []
+
+        def record(name: str) -> Any:
+            return lambda self, *args, **kwargs: calls.append(name)
+
+        recorder = type("Recorder", (fw.Callback,), {name: record(name) for name in hooks})()
+        predicting = type("Predicting", (regression_class(fw.Module),), {"predict_step": _predict})
+        module = predicting()
+        fit = fw.trainer(**quiet(callbacks=[recorder], limit_predict_batches=0))
+        return fit.predict(module, loader(8)), calls
+
+    assert run(TRAINER) == run(LIGHTNING) == (None, ["setup", "teardown"])
+
+
+@pytest.mark.parametrize("value", [0, 0.0])
+def test_gradient_clip_val_zero_trains_without_clipping(value: float) -> None:
+    """Lightning accepts 0 and clips nothing: the same weights as with no clipping at all."""
+
+    def run(fw: Any, clip: float | None) -> list[float]:
+        module = regression_class(fw.Module)()
+        fw.trainer(**quiet(max_epochs=2, gradient_clip_val=clip)).fit(module, loader(8))
+        return [round(float(v), 6) for v in torch.cat([p.reshape(-1) for p in module.parameters()])]
+
+    unclipped = run(LIGHTNING, None)
+    assert run(LIGHTNING, value) == unclipped
+    assert run(TRAINER, value) == unclipped

@@ -30,6 +30,7 @@ __all__ = [
     "Triggers",
     "resolve_triggers",
     "should_save_on_train_epoch_end",
+    "trigger_state_key",
     "validates_after",
 ]
 
@@ -41,6 +42,19 @@ class Triggers:
     every_n_train_steps: int
     every_n_epochs: int
     train_time_interval: float | None  # seconds
+
+
+def trigger_state_key(checkpoint: Any, train_time_interval: Any) -> str:
+    """Lightning's ``ModelCheckpoint.state_key``: the monitor, the mode and the resolved
+    triggers (``train_time_interval`` as given), so two checkpointers keep two states."""
+    fields = {
+        "monitor": checkpoint.monitor,
+        "mode": checkpoint.mode,
+        "every_n_train_steps": checkpoint.every_n_train_steps,
+        "every_n_epochs": checkpoint.every_n_epochs,
+        "train_time_interval": train_time_interval,
+    }
+    return f"{type(checkpoint).__qualname__}{fields!r}"
 
 
 def resolve_triggers(

@@ -38,7 +38,11 @@ from trainer.callbacks.checkpoint_naming import (
     is_taken_last,
     monitor_candidates,
 )
-from trainer.callbacks.checkpoint_triggers import CheckpointSchedule, resolve_triggers
+from trainer.callbacks.checkpoint_triggers import (
+    CheckpointSchedule,
+    resolve_triggers,
+    trigger_state_key,
+)
 from trainer.callbacks.on_exception_checkpoint import OnExceptionCheckpoint
 from trainer.checkpoint.atomic import remove_stale_temporaries
 from trainer.errors import ConfigurationError, TrainerError, describe
@@ -149,6 +153,7 @@ class ModelCheckpoint(CheckpointSchedule):
         self.every_n_train_steps = triggers.every_n_train_steps
         self.every_n_epochs = triggers.every_n_epochs
         self.train_time_interval = triggers.train_time_interval
+        self._interval_given = train_time_interval  # its repr is part of `state_key`
         self.save_on_train_epoch_end = save_on_train_epoch_end
         self.enable_version_counter = enable_version_counter
         self.best_k_models: dict[str, torch.Tensor] = {}
@@ -168,6 +173,11 @@ class ModelCheckpoint(CheckpointSchedule):
 
     @property
     def state_key(self) -> str:
+        return trigger_state_key(self, self._interval_given)
+
+    @property
+    def legacy_state_key(self) -> str:
+        """The key of checkpoints written before the triggers joined `state_key`."""
         return f"ModelCheckpoint{{'monitor': {self.monitor!r}, 'mode': {self.mode!r}}}"
 
     def state_dict(self) -> dict[str, Any]:

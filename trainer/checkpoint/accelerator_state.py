@@ -44,7 +44,7 @@ from trainer.checkpoint.training_state import (
     loader_state_for_rank,
     rng_state_for_rank,
 )
-from trainer.errors import CheckpointError, ConfigurationError
+from trainer.errors import CheckpointError, CheckpointNotFoundError, ConfigurationError
 from trainer.runtime.seed import set_rng_states
 
 if TYPE_CHECKING:
@@ -265,7 +265,7 @@ def load_accelerator_state(
             )
         existing = _numbered(_auto_dir(accelerator))
         if not existing:
-            raise CheckpointError(
+            raise CheckpointNotFoundError(
                 f"load_state(): no checkpoint_N directory in {_auto_dir(accelerator)}."
             )
         number, source = existing[-1]

@@ -16,7 +16,7 @@ import torch
 from trainer.checkpoint.lightning import from_lightning, is_lightning_checkpoint
 from trainer.checkpoint.schema import check_state
 from trainer.checkpoint.tensor_files import read_safetensors
-from trainer.errors import CheckpointError
+from trainer.errors import CheckpointError, CheckpointNotFoundError
 
 __all__ = ["LEGACY_SUFFIXES", "load_weights_file"]
 
@@ -39,8 +39,10 @@ def load_weights_file(path: str | os.PathLike[str], device: str = "cpu") -> dict
             and plain containers in it, or an invalid field (named with its value).
     """
     file = Path(path)
+    if not file.exists():
+        raise CheckpointNotFoundError(f"checkpoint file {file} does not exist.")
     if not file.is_file():
-        raise CheckpointError(f"checkpoint file {file} does not exist.")
+        raise CheckpointError(f"checkpoint file {file} is not a file.")
     if file.suffix == ".safetensors":
         try:
             return {"state_dict": read_safetensors(str(file), device)[0]}

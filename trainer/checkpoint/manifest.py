@@ -29,7 +29,7 @@ from trainer.checkpoint.atomic import MANIFEST, MANIFEST_MAX_BYTES, read_small_f
 from trainer.checkpoint.paths import refuse_links
 from trainer.checkpoint.schema import check_manifest
 from trainer.checkpoint.tensor_files import InlineExecutor, hash_bytes, hash_file
-from trainer.errors import CheckpointError
+from trainer.errors import CheckpointError, CheckpointNotFoundError
 
 __all__ = [
     "ENGINE_DIRS",
@@ -206,8 +206,10 @@ def read_manifest(path: str | os.PathLike[str]) -> dict[str, Any]:
     """
     directory = Path(path)
     manifest_path = directory / MANIFEST
+    if not directory.exists():
+        raise CheckpointNotFoundError(f"checkpoint {directory} does not exist.")
     if not directory.is_dir():
-        raise CheckpointError(f"checkpoint {directory} does not exist or is not a directory.")
+        raise CheckpointError(f"checkpoint {directory} is not a directory.")
     refuse_links(directory)
     if not manifest_path.is_file():
         raise CheckpointError(

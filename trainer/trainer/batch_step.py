@@ -177,7 +177,7 @@ class BatchStep:
         if (
             not self._is_plain
             or trainer.detect_anomaly
-            or trainer.gradient_clip_val is not None
+            or trainer.gradient_clip_val
             or self.skip_backward
         ):
             return self._step_automatic(batch, batch_idx)
@@ -290,11 +290,7 @@ class BatchStep:
         """
         trainer = self.trainer
         optimizer = trainer.optimizers[0]
-        if (
-            self._on_before_optimizer_step
-            or self._has_clip_hook
-            or trainer.gradient_clip_val is not None
-        ):
+        if self._on_before_optimizer_step or self._has_clip_hook or trainer.gradient_clip_val:
             self._before_step(is_skipped)
         if not is_skipped:
             if self._needs_closure:
@@ -318,7 +314,7 @@ class BatchStep:
             trainer.module.configure_gradient_clipping(
                 trainer.optimizers[0], trainer.gradient_clip_val, trainer.gradient_clip_algorithm
             )
-        elif not is_skipped and trainer.gradient_clip_val is not None:
+        elif not is_skipped and trainer.gradient_clip_val:
             parameters = trainer.module.parameters()
             if trainer.gradient_clip_algorithm == "norm":
                 accelerator.clip_grad_norm_(parameters, trainer.gradient_clip_val)

@@ -32,7 +32,7 @@ from trainer.checkpoint.training_state import (
     loader_state_for_rank,
     rng_state_for_rank,
 )
-from trainer.errors import CheckpointError, ConfigurationError, describe
+from trainer.errors import CheckpointError, CheckpointNotFoundError, ConfigurationError, describe
 
 if TYPE_CHECKING:
     from trainer.plugins.async_checkpoint import PendingSave
@@ -194,7 +194,7 @@ def resolve_ckpt_path(
         return Path(best)
     path = Path(ckpt_path)
     if not path.exists():
-        raise CheckpointError(
+        raise CheckpointNotFoundError(
             f"{stage}(ckpt_path={os.fspath(ckpt_path)!r}): no such file or directory."
         )
     return path
@@ -411,7 +411,10 @@ def _check_resumable(trainer: Trainer, checkpoint: dict[str, Any]) -> None:
 def _restore_callbacks(trainer: Trainer, checkpoint: dict[str, Any]) -> None:
     callback_states = checkpoint.get("callbacks") or {}
     for callback in trainer.callbacks:
-        if (key := callback.state_key) in callback_states:
+        key = callback.state_key
+        if key not in callback_states:  # a checkpoint of an earlier trainer version
+            key = getattr(callback, "legacy_state_key", key)
+        if key in callback_states:
             what = f"callbacks[{key!r}] does"
             load_state_into(callback, callback_states[key], "ckpt_path", what)
 

@@ -38,11 +38,12 @@ STEP_NAMES = {"validation": "validation_step", "test": "test_step", "predict": "
 STAGE_OF = {"validation": "validate", "test": "test", "predict": "predict"}
 
 
-def run_eval_epoch(trainer: Trainer, run: Run, stage: str) -> list[Any]:
+def run_eval_epoch(trainer: Trainer, run: Run, stage: str) -> list[Any] | None:
     """One epoch of ``stage`` ("validation", "test", "predict"): hooks, steps, metrics.
 
     Returns one entry per dataloader: its predictions (predict), else the logged epoch values
-    by published name (Lightning's ``validate()`` / ``test()`` results).
+    by published name (Lightning's ``validate()`` / ``test()`` results); with no batch at all,
+    ``[]`` (None for predict), as Lightning.
     """
     module = trainer.module
     loaders = run.loaders.get(stage)
@@ -60,8 +61,9 @@ def run_eval_epoch(trainer: Trainer, run: Run, stage: str) -> list[Any]:
             "(the default predict_step calls forward on the batch). Implement one of them."
         )
     check_dataloader_idx(module, stage, is_multiple=len(loaders) > 1)
-    if stage != "predict" and all(safe_len(loader) == 0 for loader in loaders):
-        return []  # Lightning skips an evaluation without a batch (limit 0): no hooks, no row
+    if all(safe_len(loader) == 0 for loader in loaders):
+        # Lightning skips a stage without a batch (limit 0): no hooks, no row; predict -> None
+        return None if stage == "predict" else []
     running = "sanity_check" if trainer.sanity_checking else STAGE_OF[stage]
     with trainer.state.running_as(running), _grad_context(trainer):
         return _run_epoch(trainer, run, stage, loaders)

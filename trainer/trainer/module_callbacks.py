@@ -121,4 +121,23 @@ def build_callbacks(
         from trainer.callbacks.fit_summary import FitSummary
 
         given.append(FitSummary())  # last: it reports where the final checkpoints went
+    _check_state_keys(given)
     return in_lightning_order(given)  # checkpoint callbacks last: they see what others did
+
+
+def _check_state_keys(callbacks: list[Callback]) -> None:
+    """Two callbacks with state under one ``state_key`` would restore each other's state from a
+    checkpoint: refused, as Lightning refuses it."""
+    seen: dict[str, Callback] = {}
+    for callback in callbacks:
+        if not callback.state_dict():
+            continue
+        key = callback.state_key
+        if key in seen:
+            raise ConfigurationError(
+                f"Trainer(callbacks=...): two {type(callback).__name__} callbacks have the same "
+                f"state_key {key!r}, so a checkpoint could not tell their states apart (as in "
+                "Lightning). Give them different settings (monitor, mode, every_n_* or "
+                "train_time_interval), or keep one."
+            )
+        seen[key] = callback

@@ -191,10 +191,11 @@ def check_clip(value: float | None, algorithm: str | None) -> str:
             f"Trainer(gradient_clip_algorithm={algorithm!r}): expected 'norm' or 'value'."
         )
     if value is not None and (
-        isinstance(value, bool) or not isinstance(value, int | float) or value <= 0
+        isinstance(value, bool) or not isinstance(value, int | float) or value < 0
     ):
         raise ConfigurationError(
-            f"Trainer(gradient_clip_val={describe(value)}): expected a positive number or None."
+            f"Trainer(gradient_clip_val={describe(value)}): expected a number >= 0 or None "
+            "(0 and None clip nothing, as in Lightning)."
         )
     return algorithm
 

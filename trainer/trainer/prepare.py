@@ -151,7 +151,7 @@ def configure_optimizers(
         ([], []) if returned is None else parse_optimizer_config(returned, where)
     )
     if not module.automatic_optimization and (
-        trainer.accumulate_grad_batches > 1 or trainer.gradient_clip_val is not None
+        trainer.accumulate_grad_batches > 1 or bool(trainer.gradient_clip_val)
     ):
         raise ConfigurationError(
             f"{type(module).__name__} uses manual optimization (automatic_optimization = False), "

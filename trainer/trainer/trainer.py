@@ -348,7 +348,7 @@ class Trainer(TrainerProperties):
             raise
         self._teardown(run_stage, "finished")
         if stage == "predict":  # one list of outputs per dataloader; Lightning unwraps one
-            return None if not keep else result[0] if len(result) == 1 else result
+            return None if not keep or result is None else result[0] if len(result) == 1 else result
         return result
 
     def save_checkpoint(
