@@ -340,6 +340,43 @@ for _name, _case in RESUME_CASES.items():
     scenario(f"resume/{_name}")(_resume_case(**_case))
 
 
+@scenario("resume/saved_in_the_epochs_last_batch")
+def _saved_in_the_epochs_last_batch(side: Side) -> dict[str, Any]:
+    """``save_state`` inside the loop at the epoch's last batch (Accelerate's example saves every
+    N steps); resumed, the next epochs replay the run that went on (shuffled, with dropout)."""
+
+    def build() -> tuple[Any, ...]:
+        accelerator = side.accelerator()
+        net = model(0.2)
+        opt = torch.optim.SGD(net.parameters(), lr=0.05)
+        return (accelerator, *accelerator.prepare(net, opt, loader(8, 2, shuffle=True)))
+
+    def train(parts: tuple[Any, ...], rows: list[Any], save_to: str | None = None) -> None:
+        accelerator, net, opt, data = parts
+        for index, batch in enumerate(data):
+            loss = loss_of(net, batch)
+            accelerator.backward(loss)
+            opt.step()
+            opt.zero_grad()
+            rows.append((ids(batch), round(loss.item(), 6)))
+            if save_to is not None and index == len(data) - 1:
+                accelerator.save_state(save_to)
+
+    directory = str(scratch() / "checkpoint")
+    facts: dict[str, Any] = {"first": [], "uninterrupted": [], "resumed": []}
+    whole = build()
+    train(whole, facts["first"], save_to=directory)
+    for _ in range(2):
+        train(whole, facts["uninterrupted"])
+    _reseed()
+    resumed = build()
+    resumed[0].load_state(directory)
+    for _ in range(2):
+        train(resumed, facts["resumed"])
+    facts["replayed"] = facts["resumed"] == facts["uninterrupted"]
+    return facts
+
+
 @scenario("resume/state_pre_hooks")
 def _state_pre_hooks(side: Side) -> dict[str, Any]:
     """diffusers' pattern: the save hook writes model 0 its own way into ``output_dir`` (main

@@ -13,7 +13,7 @@ import pytest
 
 pytest.importorskip("accelerate")
 
-from tests.accelerate_parity.expectations import DIFFERENT, known_gap
+from tests.accelerate_parity.expectations import DIFFERENT, SPENT_PASS_GAP, known_gap
 from tests.accelerate_parity.facts import Facts, fact
 
 pytestmark = [pytest.mark.distributed, pytest.mark.slow]
@@ -167,6 +167,25 @@ def test_accelerate_resume_is_exact_only_there(parity_facts, world, case, exact)
         if not exact:
             first = len(facts["before_save_ids"])
             assert facts["resumed_ids"][:first] == facts["before_save_ids"]
+
+
+@pytest.mark.parametrize("world", [1, 2])
+def test_accelerate_replays_a_save_in_the_epochs_last_batch_on_one_process(
+    parity_facts, world
+) -> None:
+    """``save_state`` inside the loop at the epoch's last batch, then a plain loop over the
+    loader after ``load_state``: Accelerate 1.15 replays the next epochs on one process only."""
+    scenario = "resume/saved_in_the_epochs_last_batch"
+    for rank in range(world):
+        assert fact(parity_facts("accelerate", world), rank, scenario)["replayed"] is (world == 1)
+
+
+@pytest.mark.xfail(strict=True, reason=SPENT_PASS_GAP)
+@pytest.mark.parametrize("world", [1, 2])
+def test_trainer_replays_a_save_in_the_epochs_last_batch(parity_facts, world) -> None:
+    scenario = "resume/saved_in_the_epochs_last_batch"
+    for rank in range(world):
+        assert fact(parity_facts("trainer", world), rank, scenario)["replayed"] is True
 
 
 # ---- gradient state, processes ------------------------------------------------------------
@@ -354,6 +373,6 @@ def test_every_difference_has_a_test() -> None:
         "batch_order/batch_sampler_as_sampler", "ops/gather_method/scalar",
         "ops/gather_function/scalar", "ops/reduce_method/min", "ops/reduce_function/min",
         "ops/reduce_method/sum_scale_2", "ops/reduce_function/sum_scale_2",
-        "unwrap/compiled_default",
+        "unwrap/compiled_default", "resume/saved_in_the_epochs_last_batch",
     }  # fmt: skip
     assert set(DIFFERENT) == covered

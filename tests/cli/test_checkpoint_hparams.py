@@ -66,6 +66,7 @@ def validate_from(tmp_path: Path, hyper_parameters: dict[str, Any]) -> TrainerCL
         },
     )
     options = ["--trainer.logger", "false", "--trainer.enable_progress_bar", "false"]
+    options += ["--trainer.default_root_dir", str(tmp_path)]  # its config.yaml goes there
     return TrainerCLI(
         Net,
         args=["validate", "--ckpt_path", str(checkpoint), *options],

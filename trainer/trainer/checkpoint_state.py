@@ -180,8 +180,10 @@ def resolve_ckpt_path(
     if ckpt_path == "last":
         latest = _newest_checkpoint(trainer)
         if latest is None:
+            then = "starting from scratch" if stage == "fit" else "using the module's weights"
             warnings.warn(
-                f"{stage}(ckpt_path='last'): no checkpoint in {checkpoint_dir(trainer)} yet; starting from scratch.",
+                f"{stage}(ckpt_path='last'): no checkpoint in {checkpoint_dir(trainer)} yet; "
+                f"no checkpoint will be loaded, {then}.",
                 stacklevel=3,
             )
         return latest
