@@ -17,14 +17,7 @@ BOTH = (1, 2)
 TWO = (2,)
 ONE = (1,)
 
-SPENT_PASS_GAP = (
-    "save_state inside the epoch's last batch, then a plain loop after load_state: trainer's "
-    "loader continues the saved (finished) pass and reads that epoch's order again, where "
-    "Accelerate starts the next epoch"
-)
-KNOWN_GAPS: dict[str, tuple[tuple[int, ...], str]] = {
-    "resume/saved_in_the_epochs_last_batch": (ONE, SPENT_PASS_GAP),
-}
+KNOWN_GAPS: dict[str, tuple[tuple[int, ...], str]] = {}
 
 # Deliberate differences (docs/migration/accelerate.md): not compared one to one;
 # test_differences.py pins what each side does.
@@ -46,7 +39,7 @@ DIFFERENT: dict[str, tuple[int, ...]] = {
     "resume/epoch_end": TWO,
     "resume/epoch_end_dropout": TWO,
     "resume/epoch_end_seedable": BOTH,
-    "resume/saved_in_the_epochs_last_batch": TWO,  # a known gap: test_differences.py
+    "resume/saved_in_the_epochs_last_batch": TWO,
     # dispatch_batches (Accelerate's default for iterable datasets) reads per process.
     "batch_order/dispatch_batches*": TWO,
     "batch_order/iterable*": TWO,

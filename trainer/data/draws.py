@@ -27,16 +27,24 @@ from contextlib import contextmanager
 from typing import Any
 
 import torch
-from torch.utils.data import DataLoader, RandomSampler
+from torch.utils.data import DataLoader, RandomSampler, TensorDataset, default_collate
 
 from trainer.data.rebuild import stateful_sampler_types
 from trainer.errors import CheckpointError, describe
 
-__all__ = ["PassDraws", "drawing_elsewhere", "random_samplers", "take_torch_value"]
+__all__ = [
+    "PassDraws",
+    "drawing_elsewhere",
+    "draws_nothing",
+    "random_samplers",
+    "set_generator_state",
+    "take_torch_value",
+]
 
 # State keys (in DataLoaderShard.state_dict).
 PASS_DRAWN = "pass_drawn"  # this epoch's pass has taken its value and has not run to its end
 PASS_OPEN = "pass_open"  # ... and was being read when the state was taken
+PASS_SPENT = "pass_spent"  # ... in its last batch: a loop iterating again starts the next epoch
 
 
 def take_torch_value(generator: torch.Generator | None) -> None:
@@ -128,3 +136,28 @@ def random_samplers(loader: DataLoader) -> list[RandomSampler]:
             found.append(obj)
         pending += [getattr(obj, "sampler", None), getattr(obj, "batch_sampler", None)]
     return found
+
+
+# Datasets whose reads draw no random number (they index tensors): seeding their fetches would
+# cost tens of microseconds a batch (seed three generators, save and restore the training's)
+# and change nothing. A subclass may override __getitem__, so only these exact types qualify.
+_DATASETS_THAT_DRAW_NOTHING: tuple[type, ...] = (TensorDataset,)
+
+
+def draws_nothing(loader: DataLoader) -> bool:
+    """Whether reading ``loader`` draws no random number: a tensor dataset, default collation."""
+    return type(loader.dataset) in _DATASETS_THAT_DRAW_NOTHING and loader.collate_fn in (
+        default_collate,
+        None,
+    )
+
+
+def set_generator_state(generator: torch.Generator, state: Any) -> None:
+    """Restore a saved generator state, refusing anything torch would not have written."""
+    try:
+        generator.set_state(state)
+    except (RuntimeError, TypeError) as err:
+        raise CheckpointError(
+            f"loader state: field 'generator' is not a torch.Generator state (received "
+            f"{describe(state)}). Load a checkpoint saved from this loader's setup."
+        ) from err

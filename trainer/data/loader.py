@@ -25,11 +25,18 @@ from torch.utils.data import (
     DataLoader,
     IterableDataset,
     Sampler,
-    TensorDataset,
-    default_collate,
 )
 
-from trainer.data.draws import PassDraws, drawing_elsewhere, random_samplers, take_torch_value
+from trainer.data.draws import (
+    PASS_OPEN,
+    PASS_SPENT,
+    PassDraws,
+    drawing_elsewhere,
+    draws_nothing,
+    random_samplers,
+    set_generator_state,
+    take_torch_value,
+)
 from trainer.data.fetch import iterate, makes_iterator
 from trainer.data.generators import forget_generator_states
 from trainer.data.rebuild import (
@@ -40,7 +47,7 @@ from trainer.data.rebuild import (
 )
 from trainer.data.seeding import DataRng, PositionedBatchSampler, batch_seed, seeded_dataset
 from trainer.data.transfer import send_to_device
-from trainer.errors import CheckpointError, ConfigurationError, describe
+from trainer.errors import CheckpointError, ConfigurationError
 from trainer.runtime.seed import synchronize_rng_states
 
 __all__ = [
@@ -141,6 +148,7 @@ class DataLoaderShard(DataLoader):
         # Shared with skip_first_batches copies: they continue one another's passes.
         self._draws = PassDraws(dataloader)
         self._is_skip_copy = False  # made by skip_first_batches: a new loader, as in Accelerate
+        self._spent: tuple[Any] | None = None  # loaded in a pass's last batch (`state_dict`)
 
     # DataLoader's own refuses some names after its __init__, which this class does not run;
     # the plain one also keeps a Python call off each attribute set of a batch.
@@ -208,7 +216,12 @@ class DataLoaderShard(DataLoader):
         """Where the loader stands: seed and epoch; a StatefulDataLoader's state after the batches
         yielded so far (the read-ahead batch not counted); the synchronized generator's state
         (as the open pass started, else now); whether the epoch's pass has taken its value from
-        torch's generator (``trainer/data/draws.py``). Other positions are the Trainer's."""
+        torch's generator (``trainer/data/draws.py``). Other positions are the Trainer's.
+
+        Taken while the pass's last batch is in use, it also says the pass is spent
+        (``pass_spent``, with the generator's state after it): a loop that iterates the loader
+        again after loading starts the next epoch, as Accelerate's; the Trainer, which resumes
+        that epoch with all its batches skipped, continues it as before."""
         state: dict[str, Any] = {"seed": self.seed, "epoch": self._epoch}
         state.update(self._draws.state_dict(self._epoch))
         if self._loader_state is not None:
@@ -217,6 +230,11 @@ class DataLoaderShard(DataLoader):
         if generator is not None:  # an open pass restarts from its start: its order again
             opened = self._pass_generator_state
             state["generator"] = opened.clone() if opened is not None else generator.get_state()
+        if self._draws.is_open and self.end_of_dataloader and not self._is_skip_copy:
+            state.pop(PASS_OPEN, None)  # a plain pass after loading takes a value afresh
+            state[PASS_SPENT] = True
+            if generator is not None:
+                state["generator_after"] = generator.get_state()
         return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -237,8 +255,9 @@ class DataLoaderShard(DataLoader):
         if state.get("loader") is not None and self.is_stateful:
             self._loader_state = self._pending_loader_state = state["loader"]
         if state.get("generator") is not None and self.synchronized_generator is not None:
-            _set_generator_state(self.synchronized_generator, state["generator"])
+            set_generator_state(self.synchronized_generator, state["generator"])
             self._pass_generator_state = None
+        self._spent = (state.get("generator_after"),) if state.get(PASS_SPENT) is True else None
 
     def __iter__(self) -> Iterator[Any]:
         """One pass over the loader; a pass that runs to the end advances the epoch.
@@ -248,6 +267,11 @@ class DataLoaderShard(DataLoader):
         so a loop that never calls ``set_epoch`` still reshuffles, and a saved position
         replays exactly. The Trainer calls ``set_epoch`` itself before each epoch.
         """
+        spent, self._spent = self._spent, None
+        if spent is not None and (self._is_skip_copy or self.skip_batches == 0):
+            self._epoch += 1  # the loop goes on past the pass the loaded state had spent
+            if spent[0] is not None and self.synchronized_generator is not None:
+                set_generator_state(self.synchronized_generator, spent[0])
         self.set_epoch(self._epoch)
         self._synchronize_generators()
         self.end_of_dataloader = False
@@ -371,7 +395,7 @@ class DataLoaderShard(DataLoader):
     def _seeded_loader(self) -> DataLoader | None:
         """The copy of the loader whose fetches are seeded by their place (built once)."""
         base = self.base_dataloader
-        if self.seed is None or not isinstance(base, DataLoader) or _draws_nothing(base):
+        if self.seed is None or not isinstance(base, DataLoader) or draws_nothing(base):
             return None
         if self._fetch_loader is None:
             if isinstance(base.dataset, IterableDataset):
@@ -407,6 +431,7 @@ class DataLoaderShard(DataLoader):
         shard.synchronized_generator = self.synchronized_generator
         shard._draws = self._draws
         shard._is_skip_copy = True
+        shard._spent, self._spent = self._spent, None
         return shard
 
     def __repr__(self) -> str:
@@ -414,18 +439,6 @@ class DataLoaderShard(DataLoader):
 
 
 _DONE = object()
-# Datasets whose reads draw no random number (they index tensors): seeding their fetches would
-# cost tens of microseconds a batch (seed three generators, save and restore the training's)
-# and change nothing. A subclass may override __getitem__, so only these exact types qualify.
-_DATASETS_THAT_DRAW_NOTHING: tuple[type, ...] = (TensorDataset,)
-
-
-def _draws_nothing(loader: DataLoader) -> bool:
-    """Whether reading ``loader`` draws no random number: a tensor dataset, default collation."""
-    return type(loader.dataset) in _DATASETS_THAT_DRAW_NOTHING and loader.collate_fn in (
-        default_collate,
-        None,
-    )
 
 
 def _call(function: Callable[..., Any], *args: Any) -> Any:
@@ -456,17 +469,6 @@ def _skipping(loader: DataLoader, skip: int) -> DataLoader:
     """A one-pass copy of ``loader`` whose first ``skip`` index batches are dropped unread."""
     batches = SkipBatchSampler(index_batches_of(loader), skip)
     return with_index_batches(loader, batches, persistent_workers=False)
-
-
-def _set_generator_state(generator: torch.Generator, state: Any) -> None:
-    """Restore a saved generator state, refusing anything torch would not have written."""
-    try:
-        generator.set_state(state)
-    except (RuntimeError, TypeError) as err:
-        raise CheckpointError(
-            f"loader state: field 'generator' is not a torch.Generator state (received "
-            f"{describe(state)}). Load a checkpoint saved from this loader's setup."
-        ) from err
 
 
 def skip_first_batches(dataloader: Any, num_batches: int = 0) -> Any:
