@@ -408,3 +408,13 @@ def test_accelerator_state_has_this_accelerators_settings():
     assert bf16.state.distributed_type == trainer.DistributedType.NO
     assert isinstance(bf16.state, trainer.PartialState)
     assert (bf16.state.num_processes, bf16.state.is_main_process) == (1, True)
+
+
+def test_an_unknown_tracker_name_is_refused_when_the_accelerator_is_built(tmp_path):
+    """As Accelerate's ValueError in ``Accelerator(...)``, before any run or file exists."""
+    with pytest.raises(trainer.ConfigurationError, match="log_with='nonsense'") as caught:
+        Accelerator(cpu=True, log_with=["csv", "nonsense"], project_dir=str(tmp_path))
+    assert isinstance(caught.value, ValueError)
+    assert list(tmp_path.iterdir()) == []
+    built = Accelerator(cpu=True, log_with=[trainer.LoggerType.CSV, "all"])
+    assert built.log_with == [trainer.LoggerType.CSV, "all"]

@@ -37,6 +37,7 @@ from trainer.accelerator.tracker_api import TrackerAPI
 from trainer.data.loader import DataLoaderShard, skip_first_batches
 from trainer.data.prepare import prepare_loader_shard
 from trainer.errors import ConfigurationError
+from trainer.loggers.registry import check_log_with
 from trainer.precision import Precision
 from trainer.runtime.configs import (
     DataLoaderConfiguration,
@@ -164,7 +165,7 @@ class Accelerator(ProcessAPI, ParallelismAPI, CheckpointAPI, TrackerAPI):
         vars(self).update(engine.handlers)  # Accelerate's ddp_handler, scaler_handler, ...
         self.device_placement = device_placement
         self._checkpoint_io: AsyncCheckpointIO | None = None  # the last save_state's, if any
-        self.log_with = log_with
+        self.log_with = check_log_with(log_with)  # an unknown name fails here, as Accelerate's
         self.trackers: list[Any] = []
         self._models: list[torch.nn.Module] = []
         self._optimizers: list[AcceleratedOptimizer] = []

@@ -20,7 +20,7 @@ from trainer._imports import is_available
 from trainer.errors import ConfigurationError, describe
 from trainer.loggers.logger import Logger
 
-__all__ = ["TRACKER_NAMES", "available_trackers", "build_trackers"]
+__all__ = ["TRACKER_NAMES", "available_trackers", "build_trackers", "check_log_with"]
 
 TRACKER_NAMES = ("csv", "tensorboard", "wandb", "mlflow")
 # The package each tracker needs ("all" starts only the ones installed).
@@ -32,6 +32,26 @@ def available_trackers() -> list[str]:
     return [
         name for name in TRACKER_NAMES if _PACKAGES[name] is None or is_available(_PACKAGES[name])
     ]
+
+
+def check_log_with(log_with: Any) -> Any:
+    """``log_with`` itself, once every entry names a tracker or is a Logger: an unknown name is
+    refused when the Accelerator is built (as Accelerate's ``ValueError``), not at
+    ``init_trackers``. Nothing is imported.
+
+    Raises:
+        ConfigurationError: an entry that is neither a tracker name, "all", nor a Logger.
+    """
+    entries = (
+        [] if log_with is None else log_with if isinstance(log_with, list | tuple) else [log_with]
+    )
+    for entry in entries:
+        if not isinstance(entry, Logger) and str(entry).lower() not in (*_BUILDERS, "all"):
+            raise ConfigurationError(
+                f"log_with={describe(entry)} is not an available tracker. Expected one of "
+                f"{(*TRACKER_NAMES, 'all')}, a LoggerType, or a trainer.loggers.Logger instance."
+            )
+    return log_with
 
 
 def build_trackers(
@@ -48,17 +68,13 @@ def build_trackers(
     names: list[Any] = []
     for entry in entries:
         names.extend(available_trackers() if str(entry).lower() == "all" else [entry])
+    check_log_with(names)
     trackers: list[Logger] = []
     for entry in names:
         if isinstance(entry, Logger):
             trackers.append(entry)
             continue
         name = str(entry).lower()
-        if name not in _BUILDERS:
-            raise ConfigurationError(
-                f"log_with={describe(entry)} is not an available tracker. Expected one of "
-                f"{(*TRACKER_NAMES, 'all')}, a LoggerType, or a trainer.loggers.Logger instance."
-            )
         directory = os.fspath(logging_dir) if logging_dir is not None else "."
         trackers.append(_BUILDERS[name](project_name, directory, dict(init_kwargs.get(name, {}))))
     return trackers
