@@ -264,8 +264,8 @@ class MetricStore:
 
     def finalize_epoch(self) -> dict[str, Any]:
         """Compute every epoch value (one sync here, not per step) and remember it."""
-        synced = sorted(
-            name for name, entry in self.entries.items() if entry.sync_dist and entry.on_epoch
+        synced = sorted(  # by name (and dataloader suffix): the same on every rank
+            key for (_, key), entry in self.entries.items() if entry.sync_dist and entry.on_epoch
         )
         if self.key_check is not None and synced:
             self.key_check(synced)  # ranks that logged different names would hang in the sync
