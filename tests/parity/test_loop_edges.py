@@ -380,3 +380,32 @@ def test_gradient_clip_val_zero_trains_without_clipping(value: float) -> None:
     unclipped = run(LIGHTNING, None)
     assert run(LIGHTNING, value) == unclipped
     assert run(TRAINER, value) == unclipped
+
+
+@pytest.mark.parametrize("where", ["module", "callback"])
+def test_an_error_in_teardown_reaches_on_exception(where: str) -> None:
+    """Raised in ``teardown`` (the module's or a callback's) after a finished fit: the
+    callbacks' ``on_exception`` runs and the error propagates, as in Lightning."""
+
+    def run(fw: Any) -> list[str]:
+        seen: list[str] = []
+
+        def boom(self: Any, *args: Any, **kwargs: Any) -> None:
+            raise RuntimeError("boom in teardown")
+
+        def on_exception(self: Any, trainer_: Any, module: Any, err: BaseException) -> None:
+            seen.append(f"on_exception: {err}")
+
+        callback_methods: dict[str, Any] = {"on_exception": on_exception}
+        module_class = regression_class(fw.Module)
+        if where == "callback":
+            callback_methods["teardown"] = boom
+        else:
+            module_class = type("Failing", (module_class,), {"teardown": boom})
+        callback = type("Watcher", (fw.Callback,), callback_methods)()
+        fit = fw.trainer(**quiet(callbacks=[callback], max_epochs=1))
+        with pytest.raises(RuntimeError, match="boom in teardown"):
+            fit.fit(module_class(), loader(8))
+        return seen
+
+    assert run(TRAINER) == run(LIGHTNING) == ["on_exception: boom in teardown"]

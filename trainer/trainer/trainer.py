@@ -2,10 +2,9 @@
 
 The loops live next door and read top to bottom: `trainer.trainer.fit_loop` (epochs, batches,
 optimizer steps, validation inside fit) and `trainer.trainer.evaluation_loop` (one epoch of
-validation / test / predict). ``_setup`` hands them a `Run` (hooks, loaders, metric stores, the
-prepared model) explicitly. Everything device-, precision- and process-related goes through
-``self.accelerator``; callbacks and loggers see only public attributes; hooks run through one
-`HookTable` in DESIGN §3's order.
+validation / test / predict), handed a `Run` by ``_setup``. Device, precision and processes go
+through ``self.accelerator``; callbacks and loggers see only public attributes; hooks run
+through one `HookTable` in DESIGN §3's order.
 """
 
 from __future__ import annotations
@@ -223,8 +222,7 @@ class Trainer(TrainerProperties):
         """Rebuild the train dataloader from the DataModule/TrainModule and prepare it again
         (BatchSizeFinder, at ``on_fit_start``): same shuffle seed and epoch, global RNG untouched.
 
-        Raises:
-            ConfigurationError: fit received the DataLoader directly, so it cannot be rebuilt.
+        Raises: ConfigurationError: fit received the DataLoader directly (nothing to rebuild).
         """
         reset_train_loader(self, self._loaders, self._given_stages)
 
@@ -443,9 +441,13 @@ class Trainer(TrainerProperties):
             self.checkpoint_io.end_stage(status, fail_stage=fail)
         self.state.status = status
         if status == "finished":  # after an exception only on_exception runs (Lightning 2.6)
-            if self.datamodule is not None:
-                self.datamodule.teardown(stage)
-            self._call_hook("teardown", stage)
+            try:
+                if self.datamodule is not None:
+                    self.datamodule.teardown(stage)
+                self._call_hook("teardown", stage)
+            except BaseException as err:  # on_exception, the rest torn down as failed
+                self._handle_exception(err, stage)
+                raise
         if self.is_global_zero:
             for logger in self.loggers:
                 if stage == "fit":
