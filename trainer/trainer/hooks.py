@@ -80,7 +80,7 @@ CALLBACK_ONLY_HOOKS: tuple[str, ...] = (
 # Hooks in which self.log raises, as Lightning's: no epoch or step of the logged metrics is
 # open there (a value logged in on_validation_end was dropped without a word). The module-only
 # ones (batch transfer, lr_scheduler_step, the model mode hooks, configure_*) are refused where
-# they are called (`trainer.trainer.hook_table.refused_logging`).
+# they are called (`trainer.trainer.log_refusal.refusing_logs`).
 LOGGING_REFUSED_HOOKS = frozenset(
     {
         "setup",

@@ -13,7 +13,7 @@ from typing import Any
 
 from trainer.errors import ConfigurationError
 
-__all__ = ["RefusedLogging", "logging_allowed", "refused_logging", "refusing_logs"]
+__all__ = ["RefusedLogging", "logging_allowed", "refusing_logs"]
 
 
 class RefusedLogging:
@@ -54,17 +54,6 @@ def logging_allowed(module: Any) -> Iterator[None]:
     store = module.metric_store
     if isinstance(store, RefusedLogging):
         module.metric_store = store.store
-    try:
-        yield
-    finally:
-        module.metric_store = store
-
-
-@contextlib.contextmanager
-def refused_logging(module: Any, hook: str) -> Iterator[None]:
-    """Inside the block, the module's ``self.log`` raises, naming ``hook``."""
-    store = module.metric_store
-    module.metric_store = RefusedLogging(hook, store)
     try:
         yield
     finally:

@@ -31,7 +31,7 @@ from trainer.trainer.evaluation_loop import STAGE_OF, run_eval_epoch
 from trainer.trainer.fit_loop import FitLoop, run_sanity_check
 from trainer.trainer.hook_table import HookTable
 from trainer.trainer.loaders import end_workers, load_stage, prepare_data, reset_train_loader
-from trainer.trainer.log_refusal import refused_logging
+from trainer.trainer.log_refusal import refusing_logs
 from trainer.trainer.logger_rows import log_hyperparams
 from trainer.trainer.metrics import stage_stores
 from trainer.trainer.module import DataModule, TrainModule
@@ -397,8 +397,8 @@ class Trainer(TrainerProperties):
         self._restored_metrics = {}
         warn_on_lightning_hooks(module)
         self._call_hook("setup", stage)
-        with self.strategy.module_init_context(), refused_logging(module, "configure_model"):
-            module.configure_model()
+        with self.strategy.module_init_context():
+            refusing_logs(module.configure_model, module, "configure_model")()
         if self.compile:
             options = self.compile if isinstance(self.compile, dict) else {}
             module.compile(**options)
@@ -411,8 +411,8 @@ class Trainer(TrainerProperties):
             required = name in ("train", "test", "predict")
             self._loaders[name] = load_stage(self, name, given, required=required)
         if stage == "fit":
-            with refused_logging(module, "configure_optimizers"):
-                self.optimizers, self.lr_scheduler_configs = configure_optimizers(self, module)
+            configure = refusing_logs(configure_optimizers, module, "configure_optimizers")
+            self.optimizers, self.lr_scheduler_configs = configure(self, module)
         module.metric_store = self._stores["train"]
         self._run = Run(
             hooks=self._hooks,
