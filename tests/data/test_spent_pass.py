@@ -15,7 +15,7 @@ import pytest
 import torch
 from torch.utils.data import DataLoader, TensorDataset
 
-from trainer import Accelerator, skip_first_batches
+from trainer import Accelerator, CheckpointError, skip_first_batches
 
 
 def _prepared(generator: bool) -> Any:
@@ -66,3 +66,15 @@ def test_the_trainers_resume_of_that_epoch_reads_nothing() -> None:
     resumed.skip_batches = len(resumed)  # what the Trainer sets: the epoch's batches were done
     assert _order(resumed) == []
     assert resumed.state_dict()["epoch"] == state["epoch"] + 1
+
+
+@pytest.mark.parametrize(
+    ("field", "value"), [("pass_spent", "yes"), ("generator_after", [1, 2, 3])]
+)
+def test_a_crafted_spent_state_is_refused_when_loaded(field: str, value: Any) -> None:
+    """Read from a checkpoint: checked at load, the error naming the field."""
+    state, _, _ = _saved_in_last_batch(generator=True)
+    assert "generator_after" in state
+    state[field] = value
+    with pytest.raises(CheckpointError, match=f"field '{field}'"):
+        _prepared(generator=True).load_state_dict(state)

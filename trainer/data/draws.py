@@ -113,7 +113,7 @@ class PassDraws:
         Raises:
             CheckpointError: an entry is not a bool.
         """
-        for key in (PASS_DRAWN, PASS_OPEN):
+        for key in (PASS_DRAWN, PASS_OPEN, PASS_SPENT):
             if not isinstance(state.get(key, False), bool):
                 raise CheckpointError(
                     f"loader state: field {key!r} must be a bool; received "
@@ -152,12 +152,13 @@ def draws_nothing(loader: DataLoader) -> bool:
     )
 
 
-def set_generator_state(generator: torch.Generator, state: Any) -> None:
-    """Restore a saved generator state, refusing anything torch would not have written."""
+def set_generator_state(generator: torch.Generator, state: Any, field: str = "generator") -> None:
+    """Restore a saved generator state (loader state ``field``), refusing anything torch would
+    not have written."""
     try:
         generator.set_state(state)
     except (RuntimeError, TypeError) as err:
         raise CheckpointError(
-            f"loader state: field 'generator' is not a torch.Generator state (received "
+            f"loader state: field {field!r} is not a torch.Generator state (received "
             f"{describe(state)}). Load a checkpoint saved from this loader's setup."
         ) from err

@@ -257,7 +257,10 @@ class DataLoaderShard(DataLoader):
         if state.get("generator") is not None and self.synchronized_generator is not None:
             set_generator_state(self.synchronized_generator, state["generator"])
             self._pass_generator_state = None
-        self._spent = (state.get("generator_after"),) if state.get(PASS_SPENT) is True else None
+        after = state.get("generator_after") if state.get(PASS_SPENT) else None
+        if after is not None:  # checked now, applied when a loop goes on past the spent pass
+            set_generator_state(torch.Generator(), after, "generator_after")
+        self._spent = (after,) if state.get(PASS_SPENT) else None
 
     def __iter__(self) -> Iterator[Any]:
         """One pass over the loader; a pass that runs to the end advances the epoch.
