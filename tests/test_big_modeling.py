@@ -557,6 +557,32 @@ def test_an_index_without_a_manifest_names_only_files_inside_its_folder(referenc
         load_checkpoint_in_model(_empty_tiny(), index_path)
 
 
+@pytest.mark.parametrize(
+    ("aliases", "match"),
+    [
+        ('{"a": "b"', r"'__metadata__\.aliases': expected a JSON object"),  # a JSONDecodeError
+        ('["weight"]', r"'__metadata__\.aliases': expected a mapping"),  # an AttributeError
+        ("[" * 100_000 + "]" * 100_000, r"'__metadata__\.aliases': expected a JSON object"),
+    ],
+    ids=["not-json", "a-list", "nested"],
+)
+def test_a_safetensors_file_with_bad_aliases_metadata_is_refused(
+    tmp_path: Path, aliases: str, match: str
+) -> None:
+    path = tmp_path / "model.safetensors"
+    save_file(nn.Linear(4, 1).state_dict(), path, metadata={"aliases": aliases})
+    with pytest.raises(CheckpointError, match=rf"model\.safetensors, field {match}"):
+        load_checkpoint_in_model(nn.Linear(4, 1), path)
+
+
+def test_a_safetensors_file_with_metadata_that_is_not_strings_is_refused(tmp_path: Path) -> None:
+    raw = b'{"__metadata__":{"aliases":{"a":"b"}},"bias":{"dtype":"F32","shape":[1],"data_offsets":[0,4]}}'
+    path = tmp_path / "model.safetensors"
+    path.write_bytes(len(raw).to_bytes(8, "little") + raw + bytes(4))  # a TypeError in json before
+    with pytest.raises(CheckpointError, match="'__metadata__' must map names to strings"):
+        load_checkpoint_in_model(nn.Linear(4, 1), path)
+
+
 # --- a model bigger than its memory budget, in a subprocess ---------------------------------------
 
 _BUDGET = 200 * 10**6  # max_memory={"cpu": "200MB"}

@@ -293,6 +293,7 @@ def test_a_missing_checkpoint_is_also_what_lightning_and_accelerate_raise(tmp_pa
         ),
         "load_state": lambda: trainer.Accelerator(cpu=True).load_state(missing),
         "read_checkpoint": lambda: read_checkpoint(missing),
+        "load_from_checkpoint": lambda: LinearModule.load_from_checkpoint(missing),
         "a .ckpt file": lambda: quiet_trainer(tmp_path).test(
             LinearModule(), make_loader(), ckpt_path=missing + ".ckpt"
         ),
@@ -303,3 +304,30 @@ def test_a_missing_checkpoint_is_also_what_lightning_and_accelerate_raise(tmp_pa
         assert isinstance(caught.value, FileNotFoundError | ValueError), what
         assert isinstance(caught.value, trainer.CheckpointError), what
         assert "no" in str(caught.value) and "such" in str(caught.value), what
+
+
+def test_weights_that_do_not_fit_are_also_what_torch_raises(tmp_path):
+    """A ported ``except RuntimeError`` (torch's load_state_dict, through Lightning's
+    load_from_checkpoint and ckpt_path, or Accelerate's load_state) still catches it."""
+
+    class Wider(LinearModule):
+        def __init__(self, lr: float = 0.05):
+            super().__init__(lr)
+            self.head = torch.nn.Linear(1, 3)  # weights the checkpoint does not hold
+
+    fit = quiet_trainer(tmp_path / "saved", max_steps=1)
+    fit.fit(LinearModule(), make_loader())
+    saved = tmp_path / "ck"
+    fit.save_checkpoint(saved)
+    calls = {
+        "load_from_checkpoint": lambda: Wider.load_from_checkpoint(saved),
+        "fit": lambda: quiet_trainer(tmp_path / "resumed", max_steps=2).fit(
+            Wider(), make_loader(), ckpt_path=saved
+        ),
+    }
+    for what, call in calls.items():
+        with pytest.raises(trainer.CheckpointMismatchError) as caught:
+            call()
+        assert isinstance(caught.value, RuntimeError), what
+        assert isinstance(caught.value, trainer.CheckpointError), what
+        assert "do not fit Wider" in str(caught.value), what

@@ -43,6 +43,7 @@ from trainer.data.transfer import send_to_device
 from trainer.errors import (
     AnomalyError,
     CheckpointError,
+    CheckpointMismatchError,
     CheckpointNotFoundError,
     ConfigurationError,
     HookResultError,
@@ -87,6 +88,7 @@ __all__ = [
     "AutocastKwargs",
     "BnbQuantizationConfig",
     "CheckpointError",
+    "CheckpointMismatchError",
     "CheckpointNotFoundError",
     "ConfigurationError",
     "DDPCommunicationHookType",

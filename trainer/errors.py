@@ -2,7 +2,8 @@
 
 Every error the framework raises on purpose derives from `TrainerError`. A message says
 what is wrong, where (hook, argument, file, rank) and how to fix it, with the value received.
-This module owns only the classes; the checks live next to the code they guard.
+This module owns the classes and two helpers for messages; the checks live next to the code
+they guard.
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ from __future__ import annotations
 __all__ = [
     "AnomalyError",
     "CheckpointError",
+    "CheckpointMismatchError",
     "CheckpointNotFoundError",
     "ConfigurationError",
     "HookResultError",
@@ -46,6 +48,12 @@ class CheckpointNotFoundError(CheckpointError, FileNotFoundError, ValueError):
     still catch it."""
 
 
+class CheckpointMismatchError(CheckpointError, RuntimeError):
+    """A checkpoint's weights do not fit the model they are loaded into (missing, unexpected or
+    differently shaped tensors). Also a ``RuntimeError``, as torch's ``load_state_dict`` raises
+    there (Lightning and Accelerate let it through), so ported ``except`` clauses still catch it."""
+
+
 class StrategyError(TrainerError, RuntimeError):
     """A strategy could not set up or run (process group, device, engine)."""
 
@@ -60,3 +68,10 @@ def describe(value: object) -> str:
     if len(text) > 80:
         text = text[:77] + "..."
     return f"{text} (type {type(value).__name__})"
+
+
+def summarize_error(err: BaseException, limit: int = 200) -> str:
+    """``"TypeName: first line of the message"`` (cut to ``limit`` characters), or the type name
+    alone when the message is empty (``torch.load`` of a 0-byte file raises a bare EOFError)."""
+    lines = str(err).strip().splitlines()
+    return f"{type(err).__name__}: {lines[0][:limit]}" if lines else type(err).__name__

@@ -163,6 +163,35 @@ for _name, _plugin in ACCUMULATION_CASES.items():
     scenario(f"accumulation/{_name}")(_accumulation_case(**_plugin))
 
 
+@scenario("accumulation/one_cycle_schedule")
+def _one_cycle_schedule(side: Side) -> dict[str, Any]:
+    """OneCycleLR sized to the optimizer steps (10 batches, 2 per step, on each process): it
+    anneals to its end, one step per optimizer step, with the default plugin and with
+    ``adjust_scheduler=False``."""
+    runs = {}
+    for adjust in (True, False):
+        accelerator = side.accelerator(
+            gradient_accumulation_plugin=side.accumulation_plugin(
+                num_steps=2, adjust_scheduler=adjust
+            )
+        )
+        net = model()
+        opt = torch.optim.SGD(net.parameters(), lr=0.1)
+        train = loader(10 * accelerator.num_processes, 1)
+        sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=0.1, total_steps=5)
+        net, opt, train, sched = accelerator.prepare(net, opt, train, sched)
+        lrs = []
+        for batch in train:
+            with accelerator.accumulate(net):
+                accelerator.backward(loss_of(net, batch))
+                opt.step()
+                sched.step()
+                opt.zero_grad()
+            lrs.append(round(opt.param_groups[0]["lr"], 8))
+        runs[f"adjust_{adjust}"] = {"lr": lrs, "count": sched.scheduler.state_dict()["_step_count"]}
+    return runs
+
+
 @scenario("accumulation/evaluation_inside_last_batch")
 def _evaluation_inside_last_batch(side: Side) -> dict[str, Any]:
     """An evaluation loop over another prepared loader, run inside the epoch's last training

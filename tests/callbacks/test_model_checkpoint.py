@@ -92,6 +92,20 @@ def test_an_old_symlink_last_still_resumes_and_is_replaced_by_a_directory(tmp_pa
     assert (folder / "epoch=1-step=4" / "manifest.json").is_file()  # the link's target survives
 
 
+@pytest.mark.parametrize("absolute", [False, True])
+def test_a_symlink_last_that_save_last_tracked_still_resumes(tmp_path, absolute):
+    folder = tmp_path / "checkpoints"
+    _fit(tmp_path, max_epochs=2)  # save_last=True: the state tracks `last`
+    shutil.rmtree(folder / "last")
+    target = folder / "epoch=1-step=4" if absolute else "epoch=1-step=4"
+    os.symlink(target, folder / "last")  # the layout earlier versions wrote
+
+    callback = _fit(tmp_path, ckpt_path="last", max_epochs=3)
+    assert not (folder / "last").is_symlink() and _step(folder / "last") == 6
+    assert callback.last_model_path == str(folder / "last")
+    assert (folder / "epoch=1-step=4" / "manifest.json").is_file()  # the link's target survives
+
+
 def test_a_flattened_last_link_is_replaced_but_a_foreign_folder_is_refused(tmp_path):
     folder = tmp_path / "checkpoints"
     _fit(tmp_path, max_epochs=2, save_last=False)
@@ -259,6 +273,33 @@ def test_rotation_never_deletes_a_folder_whose_manifest_trainer_did_not_write(tm
     assert callback.best_k_models == {}
     delete_checkpoint(str(webapp), str(folder))  # what rotation calls
     assert sorted(p.name for p in webapp.iterdir()) == ["index.html", "manifest.json"]
+
+
+def test_a_checkpoint_a_user_added_files_to_is_kept_by_rotation_and_by_last(tmp_path):
+    folder = tmp_path / "checkpoints"
+    _fit(tmp_path, max_epochs=2)  # top 2 by min of SCORES[:2]: epochs 0 and 1, and `last`
+    assert _names(folder) == ["epoch=0-step=2", "epoch=1-step=4", "last"]
+    (folder / "epoch=0-step=2" / "eval.txt").write_text("mine")
+    (folder / "last" / "NOTES.md").write_text("mine too")
+
+    with pytest.warns(UserWarning, match=r"epoch=0-step=2.*does not list \(eval.txt\): kept"):
+        callback = _fit(tmp_path, max_epochs=3, ckpt_path=str(folder / "epoch=1-step=4"))
+    assert (folder / "epoch=0-step=2" / "eval.txt").read_text() == "mine"
+    assert (folder / "last" / "NOTES.md").read_text() == "mine too"
+    assert _step(folder / "last-v1") == 6 and callback.last_model_path == str(folder / "last-v1")
+    assert sorted(callback.best_k_models) == [
+        str(folder / f) for f in ("epoch=1-step=4", "epoch=2-step=6")
+    ]
+
+    with pytest.raises(trainer.CheckpointError, match=r"last: it is a checkpoint holding files"):
+        _fit(
+            tmp_path / "again",
+            max_epochs=1,
+            dirpath=folder,
+            save_top_k=0,
+            enable_version_counter=False,
+        )
+    assert (folder / "last" / "NOTES.md").read_text() == "mine too"
 
 
 # ---- 3. resume bookkeeping: the same kept set as an uninterrupted run, and as Lightning -------

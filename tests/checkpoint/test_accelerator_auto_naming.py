@@ -86,3 +86,15 @@ def test_total_limit_prunes_only_checkpoints_trainer_wrote(tmp_path):
 
     assert _listing(tmp_path) == ["checkpoint_0", "checkpoint_2"]
     assert (mine / "notes.txt").read_text() == "mine"
+
+
+def test_total_limit_keeps_a_checkpoint_a_user_added_files_to(tmp_path):
+    accelerator, _ = _run(tmp_path, 1.0, total_limit=1)
+    first = accelerator.save_state()
+    (Path(first) / "eval.txt").write_text("mine")
+    with pytest.warns(UserWarning, match=r"total_limit.*checkpoint_0.*\(eval.txt\): kept"):
+        accelerator.save_state()
+    accelerator.save_state()  # checkpoint_1 holds nothing of the user's: pruned
+
+    assert _listing(tmp_path) == ["checkpoint_0", "checkpoint_2"]
+    assert (Path(first) / "eval.txt").read_text() == "mine"

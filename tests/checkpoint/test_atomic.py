@@ -19,6 +19,7 @@ from trainer.checkpoint.atomic import (
     is_temporary,
     process_tag,
     remove_stale_temporaries,
+    unlisted_files,
 )
 from trainer.errors import CheckpointError
 
@@ -63,11 +64,29 @@ def test_a_checkpoint_of_any_version_is_replaced(tmp_path: Path) -> None:
     older = tmp_path / "older"
     older.mkdir()
     (older / "stale.bin").write_bytes(b"old")
-    first = {"format": "trainer-checkpoint", "format_version": 1, "files": {}}
+    first = {"format": "trainer-checkpoint", "format_version": 1, "files": {"stale.bin": {}}}
     (older / "manifest.json").write_text(json.dumps(first))
     assert has_trainer_manifest(older)
     write_checkpoint(older, {**_CHECKPOINT, "global_step": 2})
     assert read_checkpoint(older)["global_step"] == 2 and not (older / "stale.bin").exists()
+
+
+def test_a_checkpoint_a_user_added_files_to_is_never_replaced(tmp_path: Path) -> None:
+    folder = write_checkpoint(tmp_path / "ckpt", _CHECKPOINT)
+    assert unlisted_files(folder) == []
+    (folder / "eval.txt").write_text("accuracy 0.93")
+    (folder / "plots").mkdir()
+    (folder / "plots" / "loss.png").write_bytes(b"png")
+    (folder / "empty").mkdir()  # holds nothing: not counted
+    os.symlink(tmp_path, folder / "elsewhere")  # a link to a folder counts, never followed
+    assert unlisted_files(folder) == ["elsewhere", "eval.txt", "plots/loss.png"]
+    with pytest.raises(
+        CheckpointError, match=r"files its manifest does not list \(elsewhere, eval"
+    ):
+        write_checkpoint(folder, {**_CHECKPOINT, "global_step": 2})
+    assert (folder / "eval.txt").read_text() == "accuracy 0.93"
+    (folder / "elsewhere").unlink()
+    assert read_checkpoint(folder, verify=False)["global_step"] == 1
 
 
 def test_has_trainer_manifest_refuses_what_is_not_one_without_reading_it_all(

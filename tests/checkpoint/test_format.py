@@ -257,6 +257,38 @@ def test_legacy_and_plain_safetensors_files_load(tmp_path):
         load_weights_file(_touch(tmp_path / "x.txt"))
 
 
+def _load_with(entry: str, path):
+    """``path`` given to ``fit(ckpt_path=)``, ``load_checkpoint_in_model`` or
+    ``TrainModule.load_from_checkpoint``."""
+    from tests.conftest import LinearModule, make_loader, quiet_trainer
+    from trainer import load_checkpoint_in_model
+
+    if entry == "fit":
+        quiet_trainer(path.parent, max_steps=1).fit(LinearModule(), make_loader(), ckpt_path=path)
+    elif entry == "load_checkpoint_in_model":
+        load_checkpoint_in_model(LinearModule(), path)
+    else:
+        LinearModule.load_from_checkpoint(path)
+
+
+@pytest.mark.parametrize("entry", ["fit", "load_checkpoint_in_model", "load_from_checkpoint"])
+@pytest.mark.parametrize("suffix", [".pt", ".ckpt"])
+def test_an_empty_legacy_file_is_refused(tmp_path, entry, suffix):
+    path = tmp_path / f"empty{suffix}"
+    path.touch()  # an IndexError from the empty error message of torch.load before
+    with pytest.raises(CheckpointError, match=rf"empty\{suffix} is empty \(0 bytes\)"):
+        _load_with(entry, path)
+
+
+@pytest.mark.parametrize("entry", ["fit", "load_from_checkpoint"])
+def test_a_bare_state_dict_with_int_keys_is_refused(tmp_path, entry):
+    torch.save({1: torch.zeros(1)}, tmp_path / "int_keys.ckpt")  # torch's AttributeError before
+    with pytest.raises(
+        CheckpointError, match=r"int_keys\.ckpt: field 'state_dict\.1' must be a str"
+    ):
+        _load_with(entry, tmp_path / "int_keys.ckpt")
+
+
 def _touch(path):
     path.write_text("x")
     return path

@@ -370,6 +370,20 @@ def test_clean_accelerate_folder_with_its_rng_file_loads(accelerate_folder: Path
     assert accelerator._schedulers[0].last_epoch == 16
 
 
+def test_an_empty_optimizer_file_in_an_accelerate_folder_is_refused(tmp_path: Path) -> None:
+    from safetensors.torch import save_file
+
+    from trainer import Accelerator
+
+    model = torch.nn.Linear(4, 1)
+    save_file(model.state_dict(), tmp_path / "model.safetensors")
+    (tmp_path / "optimizer.bin").touch()  # torch.load raises an EOFError with no message
+    accelerator = Accelerator(cpu=True)
+    accelerator.prepare(model, torch.optim.SGD(model.parameters(), lr=0.1))
+    with pytest.raises(CheckpointError, match=r"optimizer\.bin: .* \(EOFError\)"):
+        accelerator.load_state(tmp_path)
+
+
 # ---- (d) single files: a Lightning .ckpt and a legacy .pt ------------------------------------
 def _lightning_ckpt(folder: Path) -> Path:
     L = pytest.importorskip("lightning")

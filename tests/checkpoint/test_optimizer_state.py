@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from pathlib import Path
 from typing import Any
 
@@ -66,6 +67,50 @@ def test_a_buffer_of_another_shape_is_refused() -> None:
     state["state"][0]["momentum_buffer"] = torch.zeros(7)
     with pytest.raises(CheckpointError, match=r"state\[0\]\.momentum_buffer has shape \(7,\)"):
         check_optimizer_state(optimizer, state, "ck", 0)
+
+
+@pytest.mark.parametrize(
+    ("saved_with", "loaded_into", "missing"),
+    [
+        (torch.optim.SGD, torch.optim.Adam, "['betas', 'eps']"),  # KeyError: 'step' on load before
+        (torch.optim.Adam, torch.optim.SGD, "['momentum', 'dampening']"),  # 'momentum' at step
+    ],
+)
+def test_a_state_of_another_optimizer_class_is_refused(
+    saved_with: type, loaded_into: type, missing: str
+) -> None:
+    state = _stepped(saved_with, lr=0.1).state_dict()
+    optimizer = _stepped(loaded_into, lr=0.1)
+    with pytest.raises(
+        CheckpointError,
+        match=rf"param_groups\[0\] does not match {loaded_into.__name__}'s: it lacks "
+        rf"{loaded_into.__name__}'s hyperparameters {re.escape(missing)}",
+    ):
+        check_optimizer_state(optimizer, state, "ck", 0)
+
+
+def test_a_state_saved_before_a_flag_was_added_fits() -> None:
+    optimizer = _stepped(torch.optim.Adam, lr=0.1)
+    state = optimizer.state_dict()
+    for flag in ("decoupled_weight_decay", "fused", "capturable", "differentiable", "foreach"):
+        del state["param_groups"][0][flag]  # an older torch did not write them; load adds them
+    check_optimizer_state(optimizer, state, "ck", 0)
+    optimizer.load_state_dict(state)
+
+
+def test_fit_resuming_an_sgd_state_into_adam_names_the_mismatch(tmp_path: Path) -> None:
+    first = quiet_trainer(tmp_path, max_steps=2)
+    first.fit(LinearModule(), make_loader())
+    first.save_checkpoint(tmp_path / "sgd")
+
+    class WithAdam(LinearModule):
+        def configure_optimizers(self):
+            return torch.optim.Adam(self.parameters(), lr=0.1)
+
+    with pytest.raises(CheckpointError, match=r"saved with another optimizer class"):
+        quiet_trainer(tmp_path, max_steps=4).fit(
+            WithAdam(), make_loader(), ckpt_path=tmp_path / "sgd"
+        )
 
 
 def test_fit_refuses_a_crafted_optimizer_state_before_any_step(tmp_path: Path) -> None:

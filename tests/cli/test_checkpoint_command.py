@@ -1,5 +1,5 @@
-"""``trainer checkpoint consolidate``: a folder as OUT is one ``error:`` line and stays as it was
-(trainer/cli/checkpoint.py)."""
+"""``trainer checkpoint consolidate``: a folder, a file inside a checkpoint or (without --force) an
+existing file as OUT is one ``error:`` line and stays as it was (trainer/cli/checkpoint.py)."""
 
 from __future__ import annotations
 
@@ -49,9 +49,30 @@ def test_consolidate_where_the_output_cannot_be_written_is_an_error_line(
     assert (tmp_path / "a-file").read_text() == "mine"
 
 
-def test_consolidate_writes_and_replaces_a_file(checkpoint: Path, tmp_path: Path) -> None:
+def test_consolidate_replaces_an_existing_file_only_with_force(
+    checkpoint: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     out = tmp_path / "full.safetensors"
     out.write_bytes(b"an earlier export")
-    assert main(["checkpoint", "consolidate", str(checkpoint), str(out)]) == 0
+    assert main(["checkpoint", "consolidate", str(checkpoint), str(out)]) == 1
+    assert f"{str(out)!r} exists. Pass --force" in capsys.readouterr().err
+    assert out.read_bytes() == b"an earlier export"
+    assert main(["checkpoint", "consolidate", str(checkpoint), str(out), "--force"]) == 0
     assert torch.equal(read_safetensors(str(out))[0]["w"], torch.arange(4.0))
     assert sorted(os.listdir(tmp_path)) == ["ck", "full.safetensors"]
+
+
+@pytest.mark.parametrize("force", [False, True])
+def test_consolidate_never_writes_inside_a_checkpoint(
+    checkpoint: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], force: bool
+) -> None:
+    other = write_checkpoint(
+        tmp_path / "other", {"state_dict": {"w": torch.ones(2)}, "epoch": 0, "global_step": 2}
+    )
+    before = {p.name: p.read_bytes() for p in other.iterdir()}
+    for out in (other / "model.safetensors", other / "new.safetensors", checkpoint / "x.st"):
+        args = ["checkpoint", "consolidate", str(checkpoint), str(out)] + ["--force"] * force
+        assert main(args) == 1
+        assert "is inside the trainer checkpoint" in capsys.readouterr().err
+    assert {p.name: p.read_bytes() for p in other.iterdir()} == before
+    assert main(["checkpoint", "verify", str(other)]) == 0

@@ -51,11 +51,12 @@ def _console_script() -> str | None:
     return shutil.which("trainer", path=search_path)
 
 
-@pytest.fixture(params=["module", "console_script"])
+@pytest.fixture(params=["module", "package", "console_script"])
 def trainer_cmd(request: pytest.FixtureRequest) -> list[str]:
-    """How to start the command: ``python -m trainer.cli`` or the ``trainer`` executable."""
-    if request.param == "module":
-        return [sys.executable, "-m", "trainer.cli"]
+    """How to start the command: ``python -m trainer.cli``, ``python -m trainer`` or the
+    ``trainer`` executable."""
+    if request.param in ("module", "package"):
+        return [sys.executable, "-m", "trainer.cli" if request.param == "module" else "trainer"]
     script = _console_script()
     if script is None:
         pytest.skip("the `trainer` console script is not on PATH")

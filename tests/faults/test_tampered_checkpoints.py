@@ -98,6 +98,17 @@ def symlink_to_outside(folder: Path, marker: Path) -> None:
     rehash(folder)
 
 
+def manifest_removed(folder: Path, marker: Path) -> None:
+    (folder / MANIFEST).unlink()  # a copy that stopped halfway, a stripped archive
+    flip_byte(folder, marker)
+
+
+def manifest_a_folder(folder: Path, marker: Path) -> None:
+    (folder / MANIFEST).unlink()
+    (folder / MANIFEST).mkdir()
+    flip_byte(folder, marker)
+
+
 def edit_state(change: Callable[[dict], None]) -> Callable[[Path, Path], None]:
     def tamper(folder: Path, marker: Path) -> None:
         state = json.loads((folder / "state.json").read_text())
@@ -137,6 +148,8 @@ TAMPERINGS = {
     "truncated": truncate,
     "file missing": remove_file,
     "file added": add_file,
+    "manifest removed, byte flipped": manifest_removed,
+    "manifest a folder, byte flipped": manifest_a_folder,
     "pickle payload as weights (re-hashed)": pickle_in_place_of_weights,
     "pickle payload as extra file (re-hashed)": extra_pickle_file,
     "pickle payload in an extra folder (re-hashed)": extra_pickle_in_a_folder,
@@ -154,6 +167,8 @@ TAMPERINGS = {
 # The file a refusal must name, where the case is about one file the format does not define.
 NAMED = {
     "file added": "notes.txt",
+    "manifest removed, byte flipped": MANIFEST,
+    "manifest a folder, byte flipped": MANIFEST,
     "pickle payload as extra file (re-hashed)": "optimizer.bin",
     "pickle payload in an extra folder (re-hashed)": "extra/payload.pkl",
 }

@@ -138,6 +138,66 @@ def test_a_name_training_and_validation_both_log_reads_as_the_latest(
     assert received == expected
 
 
+# ---- what an evaluation's epoch-end hooks read -------------------------------------------------
+def test_evaluation_epoch_end_hooks_read_the_epoch_that_just_ran(tmp_path: Path) -> None:
+    """In ``on_validation_epoch_end`` / ``on_test_epoch_end`` (callback's and module's),
+    ``callback_metrics`` and ``progress_bar_metrics`` hold the epoch that just ran (Lightning
+    computes them live), for the sanity check, each fit epoch, ``validate`` and ``test``; a value
+    logged there from them is that epoch's (it read the previous validation's, or nothing)."""
+
+    def run(fw: Framework) -> dict[str, Any]:
+        seen: list[Any] = []
+
+        def read(where: str, trainer_: Any) -> None:
+            metrics, bar = trainer_.callback_metrics, trainer_.progress_bar_metrics
+            seen.append(
+                (
+                    where,
+                    trainer_.sanity_checking,
+                    trainer_.current_epoch,
+                    round(float(metrics.get("val_loss", -1)), 4),
+                    round(float(metrics.get("test_loss", -1)), 4),
+                    round(float(bar.get("val_acc", -1)), 4),
+                )
+            )
+
+        def eval_step(name: str) -> Any:
+            def step(self: Any, batch: Any, batch_idx: int) -> None:
+                value = self.loss(batch) + 100.0 * self.trainer.current_epoch
+                self.log(f"{name}_loss", value)
+                self.log("val_acc", float(batch_idx) + self.trainer.current_epoch, prog_bar=True)
+
+            return step
+
+        def module_epoch_end(self: Any) -> None:
+            read("module", self.trainer)
+            self.log("doubled", 2 * self.trainer.callback_metrics["val_loss"])
+
+        reader = type(
+            "Reader",
+            (fw.Callback,),
+            {
+                "on_validation_epoch_end": lambda self, t, m: read("callback", t),
+                "on_test_epoch_end": lambda self, t, m: read("callback-test", t),
+            },
+        )()
+        module = _module(
+            fw,
+            validation_step=eval_step("val"),
+            test_step=eval_step("test"),
+            on_validation_epoch_end=module_epoch_end,
+            on_test_epoch_end=lambda self: read("module-test", self.trainer),
+        )
+        fit = fw.trainer(**quiet(callbacks=[reader], max_epochs=2, num_sanity_val_steps=1))
+        fit.fit(module, _loader(), _loader(4))
+        validated = fit.validate(module, _loader(4), **fw.eval_options)
+        tested = fit.test(module, _loader(4), **fw.eval_options)
+        return {"seen": seen, "validate": snapshot(validated[0]), "test": snapshot(tested[0])}
+
+    expected, received = (run(fw) for fw in BOTH)
+    assert received == expected
+
+
 # ---- a name logged in two hooks --------------------------------------------------------------
 def test_a_name_logged_in_training_step_and_on_train_epoch_end_is_two_metrics(
     tmp_path: Path,

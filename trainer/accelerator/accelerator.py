@@ -151,7 +151,6 @@ class Accelerator(ProcessAPI, ParallelismAPI, CheckpointAPI, TrackerAPI):
         self.state = AcceleratorState(self, cpu=cpu)
         self.gradient_state = GradientState(
             num_steps=plugin.num_steps,
-            adjust_scheduler=plugin.adjust_scheduler,
             sync_with_dataloader=plugin.sync_with_dataloader,
             sync_each_batch=plugin.sync_each_batch,
         )

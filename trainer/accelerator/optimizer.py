@@ -219,9 +219,9 @@ class AcceleratedScheduler:
         if not self.step_with_optimizer:
             self.scheduler.step(*args, **kwargs)
             return
+        # Accelerate 1.15 never runs its `adjust_scheduler` count here (the plugin's default
+        # never reaches GradientState), and counting would cut OneCycleLR's schedule short.
         if not self._gradient_state.sync_gradients:
-            if self._gradient_state.adjust_scheduler:
-                self.scheduler._step_count += 1  # noqa: SLF001 - as Accelerate: no public counter
             return
         if any(opt.step_was_skipped for opt in self.optimizers):
             return

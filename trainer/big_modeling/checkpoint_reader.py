@@ -27,9 +27,13 @@ from typing import Any
 import torch
 
 from trainer.big_modeling.offload_folder import entry_fields
+from trainer.checkpoint.atomic import MANIFEST
 from trainer.checkpoint.format import (
     MODEL_FILE,
     MODEL_INDEX,
+    OPTIMIZER_FILE,
+    STATE_FILE,
+    STATE_TENSORS,
     is_checkpoint_dir,
     is_format_file,
     verify_checkpoint,
@@ -104,8 +108,8 @@ def weight_files(checkpoint: Path) -> tuple[list[Path], dict[str, str]]:
 
     Nothing is read from a tensor file here, so a refusal leaves the model untouched:
 
-    - a trainer checkpoint folder (one with a manifest), given as the folder or as one of its
-      files, is verified first (`trainer.checkpoint.format.verify_checkpoint`: no symbolic
+    - a trainer checkpoint folder (one with a manifest; one with its ``state.json`` but no
+      manifest is refused), given as the folder or as one of its files, is verified first (`trainer.checkpoint.format.verify_checkpoint`: no symbolic
       link, no missing or unlisted file, every file's size and sha256, every field);
     - every file a model index (ours or a Hugging Face ``*.index.json``) names in its
       ``weight_map`` must be a relative path inside the index's folder, reached through no
@@ -116,6 +120,8 @@ def weight_files(checkpoint: Path) -> tuple[list[Path], dict[str, str]]:
     """
     folder = checkpoint if checkpoint.is_dir() else checkpoint.parent
     ours = is_checkpoint_dir(folder) and (checkpoint.is_dir() or is_format_file(checkpoint.name))
+    if not ours:
+        _refuse_checkpoint_without_manifest(folder)
     manifest = verify_checkpoint(folder) if ours else None
     if checkpoint.is_dir():
         checkpoint = _weights_in_directory(checkpoint, manifest)
@@ -133,11 +139,26 @@ def weight_files(checkpoint: Path) -> tuple[list[Path], dict[str, str]]:
     )
 
 
+def _refuse_checkpoint_without_manifest(folder: Path) -> None:
+    """Refuse a folder holding a trainer checkpoint's own files (``state.json``, ...) but no
+    manifest trainer wrote: its bytes cannot be verified (a copy stopped halfway, a stripped
+    archive, a removed manifest). A ``save_model`` folder never holds these files."""
+    marks = [
+        name for name in (STATE_FILE, STATE_TENSORS, OPTIMIZER_FILE) if (folder / name).exists()
+    ]
+    if marks:
+        raise CheckpointError(
+            f"{folder} holds a trainer checkpoint's files ({', '.join(marks)}) but no valid "
+            f"{MANIFEST}: none of its bytes can be verified, so nothing is loaded from it. Copy "
+            "the checkpoint again from where it was saved, or load another one."
+        )
+
+
 def _indexed_files(index_path: Path) -> tuple[list[Path], dict[str, str]]:
     """The shard files an index names, each confined to its folder, and its aliases."""
     try:
         index = json.loads(index_path.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as err:
+    except (OSError, ValueError, RecursionError) as err:  # RecursionError: nested too deep
         raise CheckpointError(f"{index_path} is not a readable weight index: {err}.") from err
     weight_map = index.get("weight_map") if isinstance(index, dict) else None
     if not isinstance(weight_map, dict) or not weight_map:
@@ -157,14 +178,32 @@ def _indexed_files(index_path: Path) -> tuple[list[Path], dict[str, str]]:
         shards[shard] = path
     metadata = index.get("metadata")
     aliases = (metadata.get("aliases") if isinstance(metadata, dict) else None) or {}
+    return [shards[name] for name in sorted(shards)], _aliases(aliases, index_path, "metadata")
+
+
+def _aliases(aliases: Any, source: Path, field: str) -> dict[str, str]:
+    """``aliases`` (from ``source``'s ``field``), checked to map tensor names to tensor names."""
     if not isinstance(aliases, dict) or not all(
         isinstance(k, str) and isinstance(v, str) for k, v in aliases.items()
     ):
         raise CheckpointError(
-            f"{index_path}, field 'metadata.aliases': expected a mapping of tensor names to "
-            f"tensor names, received {describe(aliases)}. The index is corrupt."
+            f"{source}, field '{field}.aliases': expected a mapping of tensor names to tensor "
+            f"names, received {describe(aliases)}. The file is corrupt."
         )
-    return [shards[name] for name in sorted(shards)], dict(aliases)
+    return dict(aliases)
+
+
+def _file_aliases(file: Path, metadata: dict[str, str]) -> dict[str, str]:
+    """The aliases a safetensors file written by
+    `trainer.checkpoint.format.write_model_files` records (a JSON string in its metadata)."""
+    try:
+        aliases = json.loads(metadata.get("aliases", "{}"))
+    except (ValueError, RecursionError) as err:
+        raise CheckpointError(
+            f"{file}, field '__metadata__.aliases': expected a JSON object of tensor names to "
+            f"tensor names, received {describe(metadata['aliases'])} ({err}). The file is corrupt."
+        ) from err
+    return _aliases(aliases, file, "__metadata__")
 
 
 def _weights_in_directory(directory: Path, manifest: dict[str, Any] | None) -> Path:
@@ -188,7 +227,7 @@ def iter_stored(files: list[Path], aliases: dict[str, str]) -> Iterator[StoredTe
     for file in files:
         if file.suffix == ".safetensors":
             stored, metadata = read_safetensors_header(file)
-            for alias, kept in json.loads(metadata.get("aliases", "{}")).items():
+            for alias, kept in _file_aliases(file, metadata).items():
                 if alias not in by_kept.get(kept, []):
                     by_kept.setdefault(kept, []).append(alias)
         else:

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 from trainer.checkpoint.atomic import (
     MANIFEST,
     atomic_write_text,
-    discard_directory,
+    discard_checkpoint,
     has_trainer_manifest,
     process_tag,
     read_small_file,
@@ -103,7 +103,8 @@ def adopt_path(field: str, path: str, *, saved_dirpath: str, dirpath: str, sourc
     ``path`` must lie inside ``saved_dirpath`` (the folder it was saved in); it is looked up by
     its name relative to that folder in ``dirpath`` (so a copied or moved run keeps its ranking).
     A folder that is gone is dropped; one without a manifest trainer wrote
-    (`has_trainer_manifest`) is dropped with a warning.
+    (`has_trainer_manifest`) is dropped with a warning; a ``last_model_path`` that is an earlier
+    version's link (`is_link_left_behind`) is dropped, since the next save replaces it.
 
     Raises:
         CheckpointError: ``path`` leaves ``saved_dirpath``, or its counterpart in ``dirpath``
@@ -118,6 +119,8 @@ def adopt_path(field: str, path: str, *, saved_dirpath: str, dirpath: str, sourc
             "checkpoint may have been tampered with. Resume from another checkpoint."
         )
     relative = os.path.relpath(os.path.abspath(path), os.path.abspath(saved_dirpath))
+    if field == "last_model_path" and is_link_left_behind(Path(dirpath, relative)):
+        return ""  # how earlier versions kept `last`: replaced at the next save, never tracked
     target = resolve_inside(dirpath, relative, source=source, field=field)
     if not target.is_dir():
         return ""  # deleted since (rotated out, removed by hand)
@@ -135,7 +138,8 @@ def adopt_path(field: str, path: str, *, saved_dirpath: str, dirpath: str, sourc
 # ---- changing ------------------------------------------------------------------------------------
 def delete_checkpoint(path: str, dirpath: str) -> None:
     """Remove ``path`` only if it is a checkpoint folder (no link, `has_trainer_manifest`)
-    inside ``dirpath``."""
+    inside ``dirpath``, and keep it with a warning when a user added files to it
+    (`discard_checkpoint`)."""
     folder = Path(path)
     if (
         is_inside(dirpath, folder)
@@ -144,7 +148,7 @@ def delete_checkpoint(path: str, dirpath: str) -> None:
         and has_trainer_manifest(folder)
     ):
         # Renamed to a temporary name first: a crash mid-removal leaves no half checkpoint.
-        discard_directory(folder)
+        discard_checkpoint(folder, "ModelCheckpoint")
 
 
 def is_link_left_behind(path: Path) -> bool:

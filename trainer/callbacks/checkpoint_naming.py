@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from trainer.callbacks.checkpoint_folder import is_link_left_behind
+from trainer.checkpoint.atomic import unlisted_files
 from trainer.errors import ConfigurationError
 
 if TYPE_CHECKING:
@@ -83,13 +84,16 @@ def first_free_name(
     first_version: int = 1,
 ) -> str:
     """``name_for(None)``, else ``name_for(1)``, ``name_for(2)``, ...: the first not taken or
-    equal to ``reusable`` (the checkpoint this save replaces, Lightning's ``del_filepath``).
+    equal to ``reusable`` (the checkpoint this save replaces, Lightning's ``del_filepath``) —
+    unless a user added files to ``reusable`` (`unlisted_files`): it is then kept, and taken.
 
     Examples:
         >>> first_free_name(lambda v: "model" if v is None else f"model-v{v}",
         ...                 lambda name: name in {"model", "model-v1"})
         'model-v2'
     """
+    if reusable and unlisted_files(reusable):
+        reusable = ""
     name, version = name_for(None), first_version
     while name != reusable and is_taken(name):
         name, version = name_for(version), version + 1

@@ -24,7 +24,8 @@ import torch
 from trainer.checkpoint.accelerate_folder import is_accelerate_folder, read_accelerate_folder
 from trainer.checkpoint.atomic import (
     MANIFEST,
-    discard_directory,
+    discard_checkpoint,
+    enclosing_checkpoint,
     fsync_directory,
     has_trainer_manifest,
     process_tag,
@@ -232,12 +233,14 @@ def _check_is_newest(directory: Path, iteration: int) -> None:
 
 def _prune(directory: Path, total_limit: int, newest: Path) -> None:
     """Delete the oldest ``checkpoint_<N>`` beyond ``total_limit``; never ``newest``, the
-    checkpoint just written, nor an entry trainer did not write (a user's, Accelerate's)."""
+    checkpoint just written, nor an entry trainer did not write (a user's, Accelerate's), nor
+    one a user added files to (`discard_checkpoint`)."""
     older = [
         path for _, path in _numbered(directory) if path != newest and has_trainer_manifest(path)
     ]
     for old in older[: max(0, len(older) + 1 - total_limit)]:
-        discard_directory(old)  # renamed aside first: a kill never leaves half of one
+        # Renamed aside first (a kill never leaves half of one); kept if a user added files.
+        discard_checkpoint(old, "ProjectConfiguration(total_limit)")
 
 
 def load_accelerator_state(
@@ -326,15 +329,15 @@ def check_model_directory(save_directory: str | os.PathLike[str]) -> Path:
     directory = Path(save_directory).resolve()
     if directory.exists() and not directory.is_dir():
         raise CheckpointError(f"save_model: {directory} is a file; give a directory.")
-    for folder in (directory, *directory.parents):
-        if has_trainer_manifest(folder):
-            where = "is" if folder == directory else f"is inside {folder}, which is"
-            raise CheckpointError(
-                f"save_model: {directory} {where} a trainer checkpoint (its {MANIFEST} lists "
-                "every file of it, so new weights there would break it). Save the model into "
-                "another directory; load the checkpoint's weights with load_state or "
-                "load_checkpoint_in_model."
-            )
+    folder = enclosing_checkpoint(directory)
+    if folder is not None:
+        where = "is" if folder == directory else f"is inside {folder}, which is"
+        raise CheckpointError(
+            f"save_model: {directory} {where} a trainer checkpoint (its {MANIFEST} lists "
+            "every file of it, so new weights there would break it). Save the model into "
+            "another directory; load the checkpoint's weights with load_state or "
+            "load_checkpoint_in_model."
+        )
     return directory
 
 

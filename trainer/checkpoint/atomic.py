@@ -7,7 +7,8 @@ are removed, so a crash in the middle never leaves a half-deleted folder under t
 Temporary siblings are named ``.<name>.tmp-<pid>-<host>-<id>`` (``.old-`` once retired);
 `remove_stale_temporaries` removes those a killed process left behind, and no other entry. A
 folder is replaced or deleted as a checkpoint only when `has_trainer_manifest` says trainer wrote
-it. Deciding what to keep (top-k, ``last``) is not done here.
+it and it holds nothing its manifest does not list (`unlisted_files`: a user's notes or results).
+Deciding what to keep (top-k, ``last``) is not done here.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ import stat
 import sys
 import time
 import uuid
+import warnings
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, BinaryIO
@@ -36,7 +38,9 @@ __all__ = [
     "atomic_write",
     "atomic_write_text",
     "check_replaceable",
+    "discard_checkpoint",
     "discard_directory",
+    "enclosing_checkpoint",
     "exchange_paths",
     "fsync_directory",
     "has_trainer_manifest",
@@ -46,6 +50,8 @@ __all__ = [
     "refusal_to_replace",
     "remove_stale_temporaries",
     "replace_directory",
+    "shown_names",
+    "unlisted_files",
 ]
 
 _TMP_MARK = ".tmp-"
@@ -320,30 +326,103 @@ def has_trainer_manifest(folder: str | os.PathLike[str]) -> bool:
         >>> has_trainer_manifest("checkpoints/epoch=0-step=40"), has_trainer_manifest("my_pwa")
         (True, False)
     """
+    return _trainer_manifest(folder) is not None
+
+
+def _trainer_manifest(folder: str | os.PathLike[str]) -> dict[str, Any] | None:
+    """The manifest trainer wrote in ``folder`` (see `has_trainer_manifest`), unchecked, or None."""
     from trainer.checkpoint.manifest import FORMAT_NAME  # manifest.py imports this module
 
     try:
         manifest = json.loads(read_small_file(Path(folder) / MANIFEST, MANIFEST_MAX_BYTES))
     except (OSError, ValueError, RecursionError):  # missing, special, too large, not JSON
+        return None
+    if isinstance(manifest, dict) and manifest.get("format") == FORMAT_NAME:
+        return manifest
+    return None
+
+
+def unlisted_files(folder: str | os.PathLike[str]) -> list[str]:
+    """What a user added to the checkpoint ``folder``: entries its manifest does not list.
+
+    Names are relative and "/"-separated; a symbolic link counts as an entry (it is not
+    followed), an empty subfolder does not. A folder holding such files is not trainer's alone:
+    it is neither deleted (top-k rotation, ``total_limit``) nor replaced (``last``). A folder
+    without a trainer manifest yields [] (whether it may be touched is `has_trainer_manifest`'s
+    question).
+
+    Example:
+        >>> unlisted_files("checkpoints/epoch=0-step=40")  # after the user wrote eval.txt there
+        ['eval.txt']
+    """
+    manifest = _trainer_manifest(folder)
+    listed = manifest.get("files") if manifest is not None else None
+    if not isinstance(listed, dict):
+        return []
+    found = []
+    for root, folders, names in os.walk(folder):
+        links = [name for name in folders if os.path.islink(os.path.join(root, name))]
+        for name in names + links:
+            relative = os.path.relpath(os.path.join(root, name), folder).replace(os.sep, "/")
+            if relative != MANIFEST and relative not in listed:
+                found.append(relative)
+    return sorted(found)
+
+
+def shown_names(names: list[str], limit: int = 4) -> str:
+    """``names`` joined for a message, the first ``limit`` of them then "..."."""
+    return ", ".join(names[:limit]) + (", ..." if len(names) > limit else "")
+
+
+def discard_checkpoint(path: str | os.PathLike[str], owner: str) -> bool:
+    """`discard_directory` for a checkpoint trainer wrote, unless a user added files to it.
+
+    A folder with `unlisted_files` is kept, with a warning naming ``owner`` (who wanted it
+    gone) and the files; it is then no longer tracked by ``owner``. Returns whether it was
+    discarded.
+    """
+    added = unlisted_files(path)
+    if added:
+        warnings.warn(
+            f"{owner}: {os.fspath(path)!r} would be deleted as an old checkpoint, but it holds "
+            f"files its manifest does not list ({shown_names(added)}): kept, and no longer "
+            "tracked. Move those files out and delete the folder when you no longer need it.",
+            stacklevel=3,
+        )
         return False
-    return isinstance(manifest, dict) and manifest.get("format") == FORMAT_NAME
+    discard_directory(path)
+    return True
+
+
+def enclosing_checkpoint(path: str | os.PathLike[str]) -> Path | None:
+    """The trainer checkpoint folder ``path`` is or lies inside (links resolved), or None.
+
+    A file written there would break the checkpoint: its manifest lists every file of it.
+    """
+    resolved = Path(path).resolve()
+    return next((f for f in (resolved, *resolved.parents) if has_trainer_manifest(f)), None)
 
 
 def refusal_to_replace(final: Path) -> str | None:
     """Why a checkpoint may not be written at ``final``, or None when it may.
 
     It may when nothing is there, or a link, an empty folder or a checkpoint
-    (`has_trainer_manifest`).
+    (`has_trainer_manifest`) holding only the files its manifest lists (`unlisted_files`).
     """
     if final.is_symlink() or not final.exists():  # replacing a link deletes no data
         return None
-    if final.is_dir() and (has_trainer_manifest(final) or not any(final.iterdir())):
+    added = unlisted_files(final)
+    if final.is_dir() and not added and (has_trainer_manifest(final) or not any(final.iterdir())):
         return None
-    if final.is_dir():
+    if added:
+        what = (
+            f"a checkpoint holding files its manifest does not list ({shown_names(added)}; "
+            "added after it was saved)"
+        )
+    elif final.is_dir():
         names = sorted(entry.name for entry in final.iterdir())
-        shown = ", ".join(names[:4]) + (", ..." if len(names) > 4 else "")
         why = f"its {MANIFEST} is not trainer's" if MANIFEST in names else f"no {MANIFEST}"
-        what = f"a folder that is not a checkpoint (it holds {shown}; {why})"
+        what = f"a folder that is not a checkpoint (it holds {shown_names(names)}; {why})"
     else:
         what = "a file"
     return (

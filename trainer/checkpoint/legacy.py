@@ -16,7 +16,7 @@ import torch
 from trainer.checkpoint.lightning import from_lightning, is_lightning_checkpoint
 from trainer.checkpoint.schema import check_state
 from trainer.checkpoint.tensor_files import read_safetensors
-from trainer.errors import CheckpointError, CheckpointNotFoundError
+from trainer.errors import CheckpointError, CheckpointNotFoundError, summarize_error
 
 __all__ = ["LEGACY_SUFFIXES", "load_weights_file"]
 
@@ -43,6 +43,11 @@ def load_weights_file(path: str | os.PathLike[str], device: str = "cpu") -> dict
         raise CheckpointNotFoundError(f"checkpoint file {file} does not exist.")
     if not file.is_file():
         raise CheckpointError(f"checkpoint file {file} is not a file.")
+    if file.stat().st_size == 0:
+        raise CheckpointError(
+            f"checkpoint file {file} is empty (0 bytes): its save did not finish or a copy "
+            "failed. Use another checkpoint."
+        )
     if file.suffix == ".safetensors":
         try:
             return {"state_dict": read_safetensors(str(file), device)[0]}
@@ -56,12 +61,12 @@ def load_weights_file(path: str | os.PathLike[str], device: str = "cpu") -> dict
         loaded = torch.load(file, map_location=device, weights_only=True)
     except (pickle.UnpicklingError, RuntimeError, EOFError, ValueError, AttributeError) as err:
         raise CheckpointError(
-            f"refusing to load {file}: it is not a plain tensor checkpoint that can be read without running code ({type(err).__name__}: {str(err).splitlines()[0][:200]})."
+            f"refusing to load {file}: it is not a plain tensor checkpoint that can be read without running code ({summarize_error(err)})."
         ) from err
     if isinstance(loaded, dict) and is_lightning_checkpoint(loaded):
         loaded = from_lightning(loaded, source=file)
     elif isinstance(loaded, dict) and all(isinstance(v, torch.Tensor) for v in loaded.values()):
-        return {"state_dict": loaded}
+        loaded = {"state_dict": loaded}  # a bare state dict: its keys are checked below
     elif not isinstance(loaded, dict) or "state_dict" not in loaded:
         raise CheckpointError(f"{file} holds {type(loaded).__name__}, not a state dict.")
     check_state(loaded, source=file)

@@ -4,9 +4,10 @@
 momentum buffer of another shape, or ``lr: "fast"``, loads without a word and fails (or turns
 the weights to NaN) steps later, deep inside ``optimizer.step``. A checkpoint is data from
 wherever it came from, so `check_optimizer_state` compares it with the optimizer first: each
-hyperparameter the optimizer holds as a number, a flag or a tuple of numbers must be saved as
-the same kind (numbers finite; a flag may be None), and the per-parameter buffers torch's optimizers keep in the
-parameter's shape must have that shape.
+numeric hyperparameter of the optimizer's class must be saved (else the state is another
+optimizer class's), each hyperparameter the optimizer holds as a number, a flag or a tuple of
+numbers must be saved as the same kind (numbers finite; a flag may be None), and the
+per-parameter buffers torch's optimizers keep in the parameter's shape must have that shape.
 """
 
 from __future__ import annotations
@@ -52,8 +53,9 @@ def check_optimizer_state(optimizer: Any, state: Any, source: str | Path, index:
         index: its position among the saved optimizer states, for messages.
 
     Raises:
-        CheckpointError: a hyperparameter of another kind or not finite, or a buffer whose
-            shape differs from its parameter's, naming ``source`` and the field.
+        CheckpointError: a hyperparameter missing (a state of another optimizer class), of
+            another kind or not finite, or a buffer whose shape differs from its parameter's,
+            naming ``source`` and the field.
     """
     optimizer = getattr(optimizer, "optimizer", optimizer)
     if not isinstance(optimizer, torch.optim.Optimizer) or not isinstance(state, Mapping):
@@ -68,6 +70,7 @@ def check_optimizer_state(optimizer: Any, state: Any, source: str | Path, index:
     ):
         if not isinstance(saved, Mapping):
             continue
+        _check_same_kind(optimizer, saved, f"{where}.param_groups[{number}]")
         for key, current in group.items():
             if key != "params" and key in saved:
                 _check_value(current, saved[key], f"{where}.param_groups[{number}].{key}")
@@ -85,6 +88,33 @@ def check_optimizer_state(optimizer: Any, state: Any, source: str | Path, index:
                     _check_shapes(buffers, parameter, f"{where}.state[{saved_id!r}]")
 
 
+def _check_same_kind(
+    optimizer: torch.optim.Optimizer, saved: Mapping[str, Any], field: str
+) -> None:
+    """The saved group holds every numeric hyperparameter of the optimizer's class.
+
+    ``load_state_dict`` replaces the groups with the saved ones, so a state saved by another
+    class fails later with a bare KeyError: SGD's into Adam on load (``'step'``), Adam's into
+    SGD at the first step (``'momentum'``). A state dict does not record its class, so the
+    hyperparameter names tell. Flags (True, False, None) are left out: a state saved by an
+    older torch lacks the ones added since, and the optimizer adds them when it loads.
+    """
+    missing = [
+        key
+        for key, value in optimizer.defaults.items()
+        if key not in saved and (_is_finite_number(value) or _is_numbers(value))
+    ]
+    if missing:
+        name = type(optimizer).__name__
+        held = sorted(key for key in saved if key != "params")
+        raise CheckpointError(
+            f"{field} does not match {name}'s: it lacks {name}'s hyperparameters {missing} "
+            f"and holds {held}. The optimizer state was saved with another optimizer class "
+            "(the checkpoint does not record which). Resume with the optimizer it was saved "
+            "with, or load the model weights alone."
+        )
+
+
 def _check_value(current: Any, saved: Any, field: str) -> None:
     """``saved`` must be the kind of value ``current`` is (a flag, a number, numbers)."""
     if isinstance(current, bool):
@@ -93,7 +123,7 @@ def _check_value(current: Any, saved: Any, field: str) -> None:
     elif isinstance(current, int | float):
         if not _is_finite_number(saved):
             _refuse(field, saved, "a finite number")
-    elif isinstance(current, tuple | list) and all(_is_finite_number(v) for v in current):
+    elif _is_numbers(current):
         if (
             not isinstance(saved, tuple | list)
             or len(saved) != len(current)
@@ -113,6 +143,11 @@ def _check_shapes(buffers: Mapping[str, Any], parameter: torch.Tensor, field: st
                     f"{tuple(parameter.shape)}: the checkpoint was written for another model "
                     "or edited. Resume from a checkpoint of this model."
                 )
+
+
+def _is_numbers(value: Any) -> bool:
+    """A tuple or list of finite numbers (``betas``)."""
+    return isinstance(value, tuple | list) and all(_is_finite_number(v) for v in value)
 
 
 def _is_finite_number(value: Any) -> bool:

@@ -25,7 +25,7 @@ from typing import IO, Any
 
 import torch
 
-from trainer.errors import CheckpointError
+from trainer.errors import CheckpointError, summarize_error
 
 __all__ = ["RestrictedUnpickler", "load_weights_only", "restricted_loads"]
 
@@ -60,7 +60,7 @@ def load_weights_only(
     except (pickle.UnpicklingError, RuntimeError, EOFError, ValueError, AttributeError) as err:
         raise CheckpointError(
             f"refusing to load {source}: it cannot be read without running code "
-            f"({type(err).__name__}: {str(err).splitlines()[0][:200]}). {_FIX}"
+            f"({summarize_error(err)}). {_FIX}"
         ) from err
 
 
@@ -120,6 +120,5 @@ def restricted_loads(
         raise
     except _MALFORMED as err:  # an allowed class called with bad arguments, a cut-off file
         raise CheckpointError(
-            f"{source} is not a valid pickle of the expected kind ({type(err).__name__}: "
-            f"{str(err).splitlines()[0][:200] if str(err) else ''}). {_FIX}"
+            f"{source} is not a valid pickle of the expected kind ({summarize_error(err)}). {_FIX}"
         ) from err

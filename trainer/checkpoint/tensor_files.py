@@ -17,7 +17,8 @@ Reading, two ways, both here:
   `read_safetensors_tensors`) go through the ``safetensors`` library, which checks the header
   (refusing one over 100 MB) and the offsets;
 - `parse_safetensors_header` reads the header itself, refusing one over 100 MiB or longer than
-  the file, an unknown dtype, and offsets that do not match a tensor's shape or leave the file;
+  the file, an unknown dtype, and offsets that do not match a tensor's shape or do not tile the
+  rest of the file, as the library does;
   `read_tensor_into` then copies one tensor with ``readinto`` straight into its destination, so
   no file stays mapped (``trainer.big_modeling`` loads checkpoints tensor by tensor this way).
 
@@ -42,7 +43,7 @@ from typing import Any
 
 import torch
 
-from trainer.errors import CheckpointError, ConfigurationError, MissingDependencyError
+from trainer.errors import CheckpointError, ConfigurationError, MissingDependencyError, describe
 
 __all__ = [
     "DIGESTS",
@@ -323,9 +324,11 @@ def parse_safetensors_header(path: Path) -> tuple[list[SafetensorsEntry], dict[s
     """The tensors (key, dtype, shape, offset) and metadata of a safetensors file; no data read.
 
     Raises:
-        CheckpointError: the file is missing, truncated or not safetensors: its header is over
-            100 MiB or longer than the file, a dtype is unknown, or a tensor's offsets do not
-            match its shape or end past the end of the file.
+        CheckpointError: the file is missing, truncated or not safetensors, as the
+            ``safetensors`` library judges it: its header is over 100 MiB or longer than the
+            file, metadata is not strings, a dtype is unknown, a shape or offsets are not lists
+            of non-negative integers, or a tensor's offsets do not match its shape, or its data
+            overlap another's, leave a gap or do not end where the file ends.
     """
     try:
         size = path.stat().st_size
@@ -337,17 +340,44 @@ def parse_safetensors_header(path: Path) -> tuple[list[SafetensorsEntry], dict[s
         if not isinstance(header, dict):
             raise ValueError(f"its header is a JSON {type(header).__name__}, not an object")
         metadata = header.pop("__metadata__", None) or {}
-        start = 8 + length
-        entries = []
-        for key, info in header.items():
-            dtype, shape = _CODE_DTYPES[info["dtype"]], tuple(int(d) for d in info["shape"])
-            begin, end = (int(x) for x in info["data_offsets"])
-            if begin < 0 or end - begin != dtype.itemsize * math.prod(shape) or start + end > size:
-                raise ValueError(f"{key!r} has offsets {[begin, end]} that do not match its shape")
-            entries.append(SafetensorsEntry(key, path, dtype, shape, start + begin))
-    except (OSError, ValueError, KeyError, TypeError, AttributeError) as err:
+        if not isinstance(metadata, dict) or not all(isinstance(v, str) for v in metadata.values()):
+            raise ValueError(f"'__metadata__' must map names to strings, not {describe(metadata)}")
+        entries = [_entry(key, info, path, 8 + length) for key, info in header.items()]
+        _check_tiling(entries, 8 + length, size)
+    # RecursionError: JSON nested thousands deep
+    except (OSError, ValueError, KeyError, TypeError, AttributeError, RecursionError) as err:
         raise CheckpointError(f"{path} is not a readable safetensors file: {err}.") from err
     return entries, metadata
+
+
+def _entry(key: str, info: Any, path: Path, start: int) -> SafetensorsEntry:
+    """One header entry, checked; ``start`` is where the data section begins."""
+    shape, offsets = info["shape"], info["data_offsets"]
+    for field, value in (("shape", shape), ("data_offsets", offsets)):
+        if not isinstance(value, list) or not all(type(d) is int and d >= 0 for d in value):
+            raise ValueError(
+                f"tensor {key!r}: {field!r} must be a list of non-negative integers, "
+                f"not {describe(value)}"
+            )
+    dtype = _CODE_DTYPES[info["dtype"]]
+    if len(offsets) != 2 or offsets[1] - offsets[0] != dtype.itemsize * math.prod(shape):
+        raise ValueError(f"tensor {key!r} has offsets {offsets} that do not match its shape")
+    return SafetensorsEntry(key, path, dtype, tuple(shape), start + offsets[0])
+
+
+def _check_tiling(entries: list[SafetensorsEntry], start: int, size: int) -> None:
+    """The tensors' data follow one another from ``start`` to the end of the file, without gap
+    or overlap, as the ``safetensors`` library requires (empty tensors may share an offset)."""
+    covered = start
+    for entry in sorted(entries, key=lambda e: (e.offset, math.prod(e.shape))):
+        if entry.offset != covered:
+            raise ValueError(
+                f"tensor {entry.key!r} starts at data byte {entry.offset - start}, not "
+                f"{covered - start}: tensors overlap or leave a gap"
+            )
+        covered += entry.dtype.itemsize * math.prod(entry.shape)
+    if covered != size:
+        raise ValueError(f"its tensors' data end at byte {covered} of a {size}-byte file")
 
 
 def hash_read_tensors(

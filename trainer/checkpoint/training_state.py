@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from trainer.checkpoint.optimizer_state import check_optimizer_state
-from trainer.errors import CheckpointError
+from trainer.errors import CheckpointError, CheckpointMismatchError
 from trainer.runtime.seed import get_rng_states
 
 if TYPE_CHECKING:
@@ -137,7 +137,7 @@ def load_model_state(
     try:
         strategy.load_module_state_dict(module, state, strict=strict)
     except RuntimeError as err:
-        raise CheckpointError(
+        raise CheckpointMismatchError(
             f"{source}: the checkpoint's weights do not fit {type(module).__name__}: {err}"
         ) from err
 

@@ -31,13 +31,18 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         "consolidate", help="merge shards into one safetensors file of full weights"
     )
     merge.add_argument("directory", help="a checkpoint directory")
-    merge.add_argument("output", help="the .safetensors file to write")
+    merge.add_argument("output", help="the .safetensors file to write (a new file)")
+    merge.add_argument(
+        "--force", action="store_true", help="replace OUT when it is an existing file"
+    )
     check = actions.add_parser("verify", help="check every file against the manifest")
     check.add_argument("directory")
     return parser
 
 
-def consolidate(directory: str | os.PathLike[str], output: str | os.PathLike[str]) -> Path:
+def consolidate(
+    directory: str | os.PathLike[str], output: str | os.PathLike[str], *, overwrite: bool = False
+) -> Path:
     """Write the full model weights of the checkpoint at ``directory`` to ``output``.
 
     Returns the output path. The checkpoint is verified first. DCP shards are read with
@@ -49,14 +54,18 @@ def consolidate(directory: str | os.PathLike[str], output: str | os.PathLike[str
     Raises:
         CheckpointError: the checkpoint fails verification, its DCP metadata names a global
             outside the allow-list or a shard outside ``dcp/``, or it holds no model weights;
-            ``output`` is a folder (never replaced), or the file could not be written.
+            ``output`` is a folder (never replaced), lies inside a trainer checkpoint (never
+            written: it would break that checkpoint), is an existing file and ``overwrite``
+            (``--force``) is False, or the file could not be written. Each is checked before
+            the checkpoint is read.
     """
-    from trainer.checkpoint.atomic import fsync_directory, process_tag
+    from trainer.checkpoint.atomic import enclosing_checkpoint, fsync_directory, process_tag
     from trainer.checkpoint.format import load_model_weights, verify_checkpoint
     from trainer.checkpoint.tensor_files import deduplicate, write_safetensors
     from trainer.strategies.full_weights import is_sharded, read_full_weights
 
-    source = Path(directory)
+    source, target = Path(directory), Path(output)
+    _check_output(target, enclosing_checkpoint(target.parent), overwrite=overwrite)
     manifest = verify_checkpoint(source)
     weights = (
         read_full_weights(source)
@@ -65,13 +74,6 @@ def consolidate(directory: str | os.PathLike[str], output: str | os.PathLike[str
     )
     tensors, aliases = deduplicate({k: v.contiguous() for k, v in weights.items()})
     metadata = {"format": "pt", "aliases": json.dumps(aliases)}
-    target = Path(output)
-    if target.is_dir():  # a folder (or a link to one) is never replaced by the file
-        raise CheckpointError(
-            f"trainer checkpoint consolidate: the output {str(target)!r} is a folder; it writes "
-            "one .safetensors file. Name a file, e.g. "
-            f"{str(target / 'model.safetensors')!r}."
-        )
     # Written beside, then renamed over: an earlier file at `output` survives a failed write.
     staged = target.with_name(f".{target.name}.tmp-{process_tag()}")
     try:
@@ -90,6 +92,27 @@ def consolidate(directory: str | os.PathLike[str], output: str | os.PathLike[str
     return target
 
 
+def _check_output(target: Path, checkpoint: Path | None, *, overwrite: bool) -> None:
+    """Refuse an output that would replace a folder, a file inside a checkpoint
+    (``checkpoint``), or, unless ``overwrite``, any existing file."""
+    where = "trainer checkpoint consolidate: the output"
+    if target.is_dir():  # a folder (or a link to one) is never replaced by the file
+        raise CheckpointError(
+            f"{where} {str(target)!r} is a folder; it writes one .safetensors file. Name a "
+            f"file, e.g. {str(target / 'model.safetensors')!r}."
+        )
+    if checkpoint is not None:
+        raise CheckpointError(
+            f"{where} {str(target)!r} is inside the trainer checkpoint {str(checkpoint)!r}, "
+            "whose manifest lists every file of it: writing there would break it. Name a file "
+            "outside any checkpoint."
+        )
+    if os.path.lexists(target) and not overwrite:
+        raise CheckpointError(
+            f"{where} {str(target)!r} exists. Pass --force to replace it, or name a new file."
+        )
+
+
 def run(args: argparse.Namespace) -> int:
     if args.action == "verify":
         from trainer.checkpoint.format import verify_checkpoint
@@ -101,6 +124,6 @@ def run(args: argparse.Namespace) -> int:
             f"{args.directory}: valid ({len(manifest['files'])} files, global_step {manifest.get('global_step')})"
         )
         return 0
-    path = consolidate(args.directory, args.output)
+    path = consolidate(args.directory, args.output, overwrite=args.force)
     print(f"consolidated {args.directory} into {path}")
     return 0

@@ -94,7 +94,8 @@ class GradientAccumulationPlugin:
 
     Args:
         num_steps: batches per optimizer step.
-        adjust_scheduler: advance the scheduler's count on accumulation steps too.
+        adjust_scheduler: accepted, with no effect: in Accelerate 1.15 the value never reaches
+            the scheduler either, which steps once per optimizer step.
         sync_with_dataloader: force a sync (and a step) at the end of the dataloader.
         sync_each_batch: synchronise gradients on every batch (saves memory, costs speed).
     """

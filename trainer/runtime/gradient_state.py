@@ -18,7 +18,7 @@ class GradientState:
     """
 
     num_steps: int = 1
-    adjust_scheduler: bool = True
+    adjust_scheduler: bool = False  # Accelerate 1.15's reads False whatever the plugin says
     sync_with_dataloader: bool = True
     sync_each_batch: bool = False
     sync_gradients: bool = True

@@ -123,9 +123,10 @@ def _run_epoch(trainer: Trainer, run: Run, stage: str, loaders: list[Any]) -> li
         call(f"on_{stage}_epoch_end")
     else:
         store.dataloader_idx = None  # what the epoch-end hooks log belongs to no dataloader
+        store.finalize_epoch()  # the hook reads this epoch's values (callback_metrics), as Lightning
         store.touch_epochs()
         call(f"on_{stage}_epoch_end")
-        store.finalize_epoch()
+        store.finalize_epoch()  # and what the hook logged
     if is_logging:
         send_to_loggers(trainer, store.epoch_items(for_logger=True), logging_step(trainer))
     call(f"on_{stage}_end")

@@ -21,7 +21,12 @@ from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 import torch
 
-from trainer.errors import CheckpointError, ConfigurationError, describe
+from trainer.errors import (
+    CheckpointMismatchError,
+    CheckpointNotFoundError,
+    ConfigurationError,
+    describe,
+)
 from trainer.trainer.hyperparameters import AttributeDict
 
 if TYPE_CHECKING:
@@ -77,7 +82,7 @@ def read_checkpoint_anywhere(path: str | os.PathLike[str], device: str) -> dict[
 
     source = Path(path)
     if not source.exists():
-        raise CheckpointError(f"load_from_checkpoint: {os.fspath(path)!r} does not exist.")
+        raise CheckpointNotFoundError(f"load_from_checkpoint: {os.fspath(path)!r} does not exist.")
     if not source.is_dir():
         return load_weights_file(source, device)
     checkpoint = read_checkpoint(source, device=device)
@@ -203,7 +208,7 @@ def load_module(
     try:
         result = module.load_state_dict(weights, strict=strict)
     except RuntimeError as err:
-        raise CheckpointError(
+        raise CheckpointMismatchError(
             f"{cls.__name__}.load_from_checkpoint({os.fspath(checkpoint_path)!r}): the "
             f"checkpoint's weights do not fit {cls.__name__}: {err}"
         ) from err
