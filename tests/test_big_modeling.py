@@ -680,3 +680,12 @@ def test_disk_offload_under_a_cpu_budget_keeps_peak_rss_bounded(tmp_path):
     # Beyond the imports (~0.3 GB with a CPU torch, ~0.5 GB with CUDA's libraries), the model
     # itself stayed within its budget (mapped pages included).
     assert peak - result["imported"]["VmRSS"] < _BUDGET + 25 * 10**6
+
+
+@pytest.mark.parametrize("text", ["[" * 100_000, "{not json", "[1, 2]"])
+def test_an_unreadable_offload_index_is_refused(tmp_path, text):
+    from trainer.big_modeling.offload_folder import OFFLOAD_INDEX, load_offload_index
+
+    (tmp_path / OFFLOAD_INDEX).write_text(text)
+    with pytest.raises(CheckpointError, match="offload index .* is unreadable"):
+        load_offload_index(tmp_path)

@@ -83,7 +83,7 @@ def load_offload_index(folder: Path) -> dict[str, dict[str, Any]]:
         return {}
     try:
         return dict(json.loads(path.read_text(encoding="utf-8")))
-    except (OSError, ValueError, TypeError) as err:
+    except (OSError, ValueError, TypeError, RecursionError) as err:  # Recursion: nested deep
         raise CheckpointError(
             f"offload index {path} is unreadable: {err}. Delete the folder."
         ) from err
