@@ -165,9 +165,10 @@ for _name, _plugin in ACCUMULATION_CASES.items():
 
 @scenario("accumulation/one_cycle_schedule")
 def _one_cycle_schedule(side: Side) -> dict[str, Any]:
-    """OneCycleLR sized to the optimizer steps (10 batches, 2 per step, on each process): it
-    anneals to its end, one step per optimizer step, with the default plugin and with
-    ``adjust_scheduler=False``."""
+    """OneCycleLR sized to one process's optimizer steps (10 batches, 2 per step): it anneals to
+    its end (on 2 processes it steps once per process per optimizer step, as Accelerate's), with
+    the default plugin and with ``adjust_scheduler=False``; counting the accumulation batches cut
+    it short."""
     runs = {}
     for adjust in (True, False):
         accelerator = side.accelerator(
