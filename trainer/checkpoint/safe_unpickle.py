@@ -57,7 +57,12 @@ def load_weights_only(
     try:
         with torch.serialization.safe_globals(list(safe_globals)):
             return torch.load(file, map_location="cpu", weights_only=True, mmap=mmap)
-    except (pickle.UnpicklingError, RuntimeError, EOFError, ValueError, AttributeError) as err:
+    except EOFError as err:  # no pickle at all: an empty or cut file, not a refused global
+        raise CheckpointError(
+            f"cannot load {source}: it ends before its content does ({summarize_error(err)}; "
+            "an empty or truncated file). Use another checkpoint."
+        ) from err
+    except (pickle.UnpicklingError, RuntimeError, ValueError, AttributeError) as err:
         raise CheckpointError(
             f"refusing to load {source}: it cannot be read without running code "
             f"({summarize_error(err)}). {_FIX}"
