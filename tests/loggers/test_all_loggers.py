@@ -330,3 +330,70 @@ def test_missing_package_names_the_pip_extra() -> None:
     assert "MLFlowLogger needs the package 'mlflow'" in lines["mlflow"]
     assert "pip install 'trainer[mlflow]'" in lines["mlflow"]
     assert "pip install 'trainer[wandb]'" in lines["log_with"]
+
+
+# ---- Accelerate-style log with values that are not numbers ---------------------------------------
+_MIXED = {"loss": torch.tensor(0.5), "note": "hello", "group": {"a": 1.0, "b": 2.0}}
+
+
+def _tensorboard_contents(log_dir: Path) -> dict[str, Any]:
+    """Scalar and text tags, with steps and values, of every run under ``log_dir``."""
+    found: dict[str, Any] = {}
+    for folder in sorted({p.parent for p in log_dir.rglob("events.out.tfevents.*")}):
+        accumulator = EventAccumulator(str(folder), size_guidance={"scalars": 0, "tensors": 0})
+        accumulator.Reload()
+        run = folder.relative_to(log_dir).as_posix()
+        for tag in accumulator.Tags()["scalars"]:
+            found[f"{run}:{tag}"] = [(e.step, e.value) for e in accumulator.Scalars(tag)]
+        for tag in accumulator.Tags()["tensors"]:
+            found[f"{run}:{tag}"] = [
+                (e.step, e.tensor_proto.string_val[0].decode()) for e in accumulator.Tensors(tag)
+            ]
+    return found
+
+
+def test_accelerate_style_log_writes_text_and_scalar_groups_as_accelerate(tmp_path: Path) -> None:
+    """A str goes to TensorBoard as text and a dict as sub-runs, as Accelerate's TensorBoard
+    tracker writes them (read back from both); W&B stores every value; MLflow and CSV keep the
+    numbers and warn naming what they drop. It raised ConfigurationError on the main process."""
+    accelerate = pytest.importorskip("accelerate")
+
+    theirs = accelerate.Accelerator(
+        cpu=True, log_with="tensorboard", project_dir=str(tmp_path / "accelerate")
+    )
+    theirs.init_trackers("proj")
+    theirs.log(dict(_MIXED), step=3)
+    theirs.end_training()
+    accelerator = Accelerator(
+        cpu=True, log_with=["tensorboard", "wandb", "mlflow", "csv"], project_dir=str(tmp_path)
+    )
+    accelerator.init_trackers("proj", init_kwargs={"wandb": {"offline": True}})
+    with pytest.warns(UserWarning, match=r"'note' is 'hello'.*dropped") as caught:
+        accelerator.log(_MIXED, step=3)
+    tensorboard, _, mlflow, csv_logger = accelerator.trackers
+    accelerator.end_training()
+
+    expected = _tensorboard_contents(tmp_path / "accelerate" / "proj")
+    received = _tensorboard_contents(Path(tensorboard.log_dir))
+    assert {k.split(":", 1)[1] for k in received} == {"loss", "note/text_summary", "group"}
+    normalised = {  # Accelerate's run folder is a timestamp; ours is version_0
+        (k.split(":")[0].split("/")[-1] if "group" in k else "") + ":" + k.split(":")[1]: v
+        for k, v in received.items()
+    }
+    assert normalised == {
+        (k.split(":")[0].split("/")[-1] if "group" in k else "") + ":" + k.split(":")[1]: v
+        for k, v in expected.items()
+    }
+    (run,) = find_runs(tmp_path)
+    (row,) = run.history  # the reader shows a nested dict's keys as "group/a"
+    assert (row["loss"], row["note"], row["group/a"], row["group/b"], row[STEP_METRIC]) == (
+        0.5,
+        "hello",
+        1,
+        2,
+        3,
+    )
+    assert mlflow_points(mlflow) == [("loss", 3, 0.5)]
+    assert csv_points(csv_logger) == [("loss", 3, 0.5)]
+    dropped = sorted(str(w.message).split(".log:")[0] for w in caught if ".log:" in str(w.message))
+    assert dropped == ["CSVLogger"] * 2 + ["MLFlowLogger"] * 2

@@ -7,13 +7,23 @@ once, when the write happens). This module owns the interface; each backend is o
 from __future__ import annotations
 
 import contextlib
+import numbers
 import operator
+import warnings
 from abc import ABC, abstractmethod
+from collections.abc import Mapping
 from typing import Any
 
 from trainer.errors import ConfigurationError, describe
 
-__all__ = ["BlankTracker", "Logger", "metric_as_float", "resolve_step"]
+__all__ = [
+    "BlankTracker",
+    "Logger",
+    "metric_as_float",
+    "resolve_step",
+    "split_tracker_values",
+    "warn_dropped",
+]
 
 
 class Logger(ABC):
@@ -80,10 +90,14 @@ class Logger(ABC):
         return self.experiment
 
     def log(self, values: dict[str, Any], step: int | None = None, **kwargs: Any) -> None:
-        """Accelerate's ``tracker.log``: `log_metrics` with one-element tensors read as numbers
-        (``step`` None: one past this tracker's last step). ``kwargs`` are not used."""
-        metrics = {k: (v.item() if hasattr(v, "item") else v) for k, v in values.items()}
-        self.log_metrics(metrics, step)  # type: ignore[arg-type]
+        """Accelerate's ``tracker.log``: numbers (and one-element tensors, read) go to
+        `log_metrics` (``step`` None: one past this tracker's last step); any other value is
+        dropped with a warning naming its key, as Accelerate's MLflow tracker drops it (the
+        TensorBoard and W&B loggers take more, as Accelerate's do). ``kwargs`` are not used."""
+        metrics, others = split_tracker_values(values)
+        for key, value in others.items():
+            warn_dropped(type(self).__name__, key, value)
+        self.log_metrics(metrics, step)
 
     def store_init_configuration(self, values: dict[str, Any]) -> None:
         """Accelerate's name for `log_hyperparams`."""
@@ -109,6 +123,34 @@ class BlankTracker:
 
     def finish(self) -> None:
         """Nothing to finish."""
+
+
+def split_tracker_values(values: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """``values`` of an Accelerate-style ``log`` as (numbers, everything else); one-element
+    tensors and numpy scalars are read as numbers."""
+    metrics, others = {}, {}
+    for key, value in values.items():
+        if isinstance(value, numbers.Real):
+            metrics[key] = value
+        elif hasattr(value, "item") and _size(value) == 1:
+            metrics[key] = value.item()
+        else:
+            others[key] = value
+    return metrics, others
+
+
+def _size(value: Any) -> int | None:
+    numel = getattr(value, "numel", None)
+    return numel() if callable(numel) else getattr(value, "size", None)
+
+
+def warn_dropped(owner: str, key: str, value: Any) -> None:
+    """Warn that ``owner``'s Accelerate-style ``log`` does not store ``value`` under ``key``."""
+    warnings.warn(
+        f"{owner}.log: {key!r} is {describe(value)}, which this tracker does not store (it "
+        "keeps numbers); dropped, as Accelerate drops it.",
+        stacklevel=3,
+    )
 
 
 def metric_as_float(owner: str, key: str, value: Any) -> float:

@@ -37,7 +37,12 @@ from trainer.loggers._versioned import (
     check_folder_arguments,
 )
 from trainer.loggers.hparams_file import HparamsFile
-from trainer.loggers.logger import metric_as_float, resolve_step
+from trainer.loggers.logger import (
+    metric_as_float,
+    resolve_step,
+    split_tracker_values,
+    warn_dropped,
+)
 from trainer.loggers.params import as_dict, flatten_params
 
 __all__ = ["TensorBoardLogger"]
@@ -170,6 +175,27 @@ class TensorBoardLogger(VersionedFolderLogger):
             self._start_session(step if checkpoint_step is None else checkpoint_step + 1)
         self._write_scalars(values, step)
         self._last_step = step
+
+    def log(self, values: dict[str, Any], step: int | None = None, **kwargs: Any) -> None:
+        """Accelerate's ``tracker.log``, as its TensorBoard tracker writes: numbers (and
+        one-element tensors) as scalars, a str with ``add_text``, a dict of numbers with
+        ``add_scalars`` (one sub-run folder ``<key>_<name>`` each); any other value is dropped
+        with a warning. All at ``step`` (None: one past the last step). ``kwargs`` are not used.
+        """
+        metrics, others = split_tracker_values(values)
+        step = resolve_step("TensorBoardLogger", step, self._last_step)
+        self.log_metrics(metrics, step)
+        for key, value in others.items():
+            if isinstance(value, str):
+                self.experiment.add_text(self._tag(key), value, global_step=step)
+            elif isinstance(value, Mapping):
+                scalars = {
+                    str(name): metric_as_float("TensorBoardLogger", f"{key}/{name}", number)
+                    for name, number in value.items()
+                }
+                self.experiment.add_scalars(self._tag(key), scalars, global_step=step)
+            else:
+                warn_dropped("TensorBoardLogger", key, value)
 
     def log_hyperparams(
         self,

@@ -226,6 +226,12 @@ class WandbLogger(Logger):
         self.experiment.log(row)
         self._last_step = step
 
+    def log(self, values: dict[str, Any], step: int | None = None, **kwargs: Any) -> None:
+        """Accelerate's ``tracker.log``: every value goes to wandb as it is (one-element tensors
+        read), as Accelerate's W&B tracker passes them to ``run.log``: a str, a dict (nested
+        keys), a ``wandb.Image``. ``step`` None: one past the last step. ``kwargs`` not used."""
+        self.log_metrics(values, step)
+
     def log_hyperparams(self, params: Mapping[str, Any] | argparse.Namespace) -> None:
         """Merge ``params`` into ``run.config`` (later values replace earlier ones).
 
