@@ -47,6 +47,7 @@ def main(framework: str, out: str, optimization: str) -> None:
         import lightning.pytorch as pl
 
         Base, Trainer, seed_everything = pl.LightningModule, pl.Trainer, pl.seed_everything
+        callbacks = pl.callbacks
     else:
         import trainer
 
@@ -55,7 +56,8 @@ def main(framework: str, out: str, optimization: str) -> None:
             trainer.Trainer,
             trainer.seed_everything,
         )
-    seen: dict[str, list] = {"train": [], "val": [], "test": []}
+        callbacks = trainer.callbacks
+    seen: dict[str, list] = {"train": [], "val": [], "test": [], "val_epoch_end": []}
 
     class Module(Base):  # type: ignore[misc, valid-type]
         def __init__(self) -> None:
@@ -91,6 +93,9 @@ def main(framework: str, out: str, optimization: str) -> None:
             self.log("val_loss", loss, sync_dist=True)
             self.log("val_local", loss)
 
+        def on_validation_epoch_end(self):  # this validation's synced value, on each rank
+            seen["val_epoch_end"].append(round(float(self.trainer.callback_metrics["val_loss"]), 5))
+
         def test_step(self, batch, batch_idx):
             self.log("test_loss", self.loss(batch, "test"), sync_dist=True)
 
@@ -102,14 +107,23 @@ def main(framework: str, out: str, optimization: str) -> None:
             return [optimizer], [torch.optim.lr_scheduler.StepLR(optimizer, 1, gamma=0.7)]
 
     seed_everything(7)
+    checkpoint = callbacks.ModelCheckpoint(monitor="val_loss", save_top_k=2)
+    stopping = callbacks.EarlyStopping(monitor="val_loss", patience=1, min_delta=0.2)
     run = Trainer(
-        max_epochs=2, accelerator="cpu", devices=2, strategy="ddp", use_distributed_sampler=False,
+        max_epochs=4, accelerator="cpu", devices=2, strategy="ddp", use_distributed_sampler=False,
         default_root_dir=os.path.join(out, framework), enable_progress_bar=False,
         enable_model_summary=False, log_every_n_steps=1, num_sanity_val_steps=1,
+        callbacks=[checkpoint, stopping],
     )  # fmt: skip
     module = Module()
     run.fit(module, loader(22, 0, 3, shuffle=True), loader(11, 1, 2))
     result = {
+        "best": [
+            os.path.basename(checkpoint.best_model_path).removesuffix(".ckpt"),
+            round(float(checkpoint.best_model_score), 5),
+        ],
+        "kept": sorted(name.removesuffix(".ckpt") for name in os.listdir(checkpoint.dirpath)),
+        "stopped_epoch": stopping.stopped_epoch,
         "callback_metrics": {
             k: round(float(v), 5) for k, v in sorted(run.callback_metrics.items())
         },

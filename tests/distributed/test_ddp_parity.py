@@ -25,8 +25,10 @@ def test_a_ddp_script_logs_syncs_and_trains_as_on_lightning(tmp_path, optimizati
     """Found by this comparison: sync_dist step values were each rank's own here (Lightning
     reduces them when logged); manual optimization failed at its second step ("initialize_buckets
     must NOT be called during autograd execution"), its first manual_backward's gradients left
-    unsynced. (A plain loader's sharding differs by design; predict's padding is checked in
-    test_ddp.py.)"""
+    unsynced; on_validation_epoch_end read the previous validation's synced value (a KeyError in
+    the sanity check). Also compared: ModelCheckpoint's top 2 on the synced value and
+    EarlyStopping's stop on both ranks. (A plain loader's sharding differs by design; predict's
+    padding is checked in test_ddp.py.)"""
     expected = _run("lightning", tmp_path, optimization)
     ours = _run("trainer", tmp_path, optimization)
     for rank in range(2):
