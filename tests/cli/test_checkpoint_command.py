@@ -76,3 +76,21 @@ def test_consolidate_never_writes_inside_a_checkpoint(
         assert "is inside the trainer checkpoint" in capsys.readouterr().err
     assert {p.name: p.read_bytes() for p in other.iterdir()} == before
     assert main(["checkpoint", "verify", str(other)]) == 0
+
+
+def test_verify_says_when_a_checkpoint_is_an_accelerators_with_save_hook_files(
+    checkpoint: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from trainer import Accelerator
+
+    def save_hook(models, weights, output_dir):
+        Path(output_dir, "tokenizer.json").write_text("{}")
+
+    accelerator = Accelerator(cpu=True)
+    accelerator.prepare(torch.nn.Linear(2, 1))
+    accelerator.register_save_state_pre_hook(save_hook)
+    saved = accelerator.save_state(tmp_path / "state")
+    assert main(["checkpoint", "verify", str(saved)]) == 0
+    assert "save-hook files under extra/: an Accelerator checkpoint" in capsys.readouterr().out
+    assert main(["checkpoint", "verify", str(checkpoint)]) == 0
+    assert "Accelerator" not in capsys.readouterr().out

@@ -116,13 +116,18 @@ def _check_output(target: Path, checkpoint: Path | None, *, overwrite: bool) -> 
 def run(args: argparse.Namespace) -> int:
     if args.action == "verify":
         from trainer.checkpoint.format import verify_checkpoint
-        from trainer.checkpoint.manifest import allowing_extra_files
+        from trainer.checkpoint.manifest import EXTRA_DIR, allowing_extra_files
 
         with allowing_extra_files():  # an Accelerator checkpoint's save-hook files are valid
             manifest = verify_checkpoint(args.directory)
         print(
             f"{args.directory}: valid ({len(manifest['files'])} files, global_step {manifest.get('global_step')})"
         )
+        if any(name.startswith(f"{EXTRA_DIR}/") for name in manifest["files"]):
+            print(
+                f"  it holds save-hook files under {EXTRA_DIR}/: an Accelerator checkpoint, "
+                "loaded by Accelerator.load_state (Trainer.fit refuses it)"
+            )
         return 0
     path = consolidate(args.directory, args.output, overwrite=args.force)
     print(f"consolidated {args.directory} into {path}")
