@@ -24,6 +24,8 @@ def test_hierarchy():
     for cls in (
         AnomalyError,
         CheckpointError,
+        trainer.CheckpointMismatchError,
+        trainer.CheckpointNotFoundError,
         ConfigurationError,
         HookResultError,
         MissingDependencyError,
