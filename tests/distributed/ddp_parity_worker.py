@@ -109,11 +109,22 @@ def main(framework: str, out: str, optimization: str) -> None:
     seed_everything(7)
     checkpoint = callbacks.ModelCheckpoint(monitor="val_loss", save_top_k=2)
     stopping = callbacks.EarlyStopping(monitor="val_loss", patience=1, min_delta=0.2)
+
+    class Kept(callbacks.Callback):
+        """The checkpoints on disk at the end of fit, once every process is there (process 0
+        rotates them)."""
+
+        def on_fit_end(self, trainer, module):
+            trainer.strategy.barrier()
+            names = os.listdir(checkpoint.dirpath)
+            self.names = sorted(name.removesuffix(".ckpt") for name in names)
+
+    kept = Kept()
     run = Trainer(
         max_epochs=4, accelerator="cpu", devices=2, strategy="ddp", use_distributed_sampler=False,
         default_root_dir=os.path.join(out, framework), enable_progress_bar=False,
         enable_model_summary=False, log_every_n_steps=1, num_sanity_val_steps=1,
-        callbacks=[checkpoint, stopping],
+        callbacks=[checkpoint, stopping, kept],
     )  # fmt: skip
     module = Module()
     run.fit(module, loader(22, 0, 3, shuffle=True), loader(11, 1, 2))
@@ -122,7 +133,7 @@ def main(framework: str, out: str, optimization: str) -> None:
             os.path.basename(checkpoint.best_model_path).removesuffix(".ckpt"),
             round(float(checkpoint.best_model_score), 5),
         ],
-        "kept": sorted(name.removesuffix(".ckpt") for name in os.listdir(checkpoint.dirpath)),
+        "kept": kept.names,
         "stopped_epoch": stopping.stopped_epoch,
         "callback_metrics": {
             k: round(float(v), 5) for k, v in sorted(run.callback_metrics.items())
