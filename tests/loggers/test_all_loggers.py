@@ -16,6 +16,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 import torch
 
@@ -75,6 +76,12 @@ def csv_points(logger: CSVLogger) -> list[Point]:
         for key, value in row.items()
         if key != "step" and value != ""
     ]
+
+
+def csv_rows(logger: CSVLogger) -> list[dict[str, str]]:
+    """metrics.csv's rows, without their empty cells."""
+    with open(os.path.join(logger.log_dir, "metrics.csv"), newline="", encoding="utf-8") as file:
+        return [{k: v for k, v in row.items() if v != ""} for row in csv.DictReader(file)]
 
 
 def tensorboard_points(logger: TensorBoardLogger) -> list[Point]:
@@ -354,8 +361,9 @@ def _tensorboard_contents(log_dir: Path) -> dict[str, Any]:
 
 def test_accelerate_style_log_writes_text_and_scalar_groups_as_accelerate(tmp_path: Path) -> None:
     """A str goes to TensorBoard as text and a dict as sub-runs, as Accelerate's TensorBoard
-    tracker writes them (read back from both); W&B stores every value; MLflow and CSV keep the
-    numbers and warn naming what they drop. It raised ConfigurationError on the main process."""
+    tracker writes them (read back from both); W&B stores every value; CSV writes text cells and
+    ``group/a`` columns; MLflow keeps the numbers and warns naming what it drops. It raised
+    ConfigurationError on the main process."""
     accelerate = pytest.importorskip("accelerate")
 
     theirs = accelerate.Accelerator(
@@ -394,6 +402,65 @@ def test_accelerate_style_log_writes_text_and_scalar_groups_as_accelerate(tmp_pa
         3,
     )
     assert mlflow_points(mlflow) == [("loss", 3, 0.5)]
-    assert csv_points(csv_logger) == [("loss", 3, 0.5)]
+    assert csv_rows(csv_logger) == [
+        {"step": "3", "loss": "0.5", "note": "hello", "group/a": "1.0", "group/b": "2.0"}
+    ]
     dropped = sorted(str(w.message).split(".log:")[0] for w in caught if ".log:" in str(w.message))
-    assert dropped == ["CSVLogger"] * 2 + ["MLFlowLogger"] * 2
+    assert dropped == ["MLFlowLogger"] * 2
+
+
+def test_accelerate_style_log_stores_or_warns_for_every_value_type(tmp_path: Path) -> None:
+    """None, a list, a larger tensor, a bool, a numpy float32 and a dict with a str member:
+    no tracker raises (on the main process only, a hang in a multi-process run). Each keeps
+    what its Accelerate tracker keeps and warns naming the rest; TensorBoard used to raise
+    ConfigurationError on the str member, and CSV dropped the whole dict."""
+    accelerator = Accelerator(
+        cpu=True, log_with=["tensorboard", "wandb", "mlflow", "csv"], project_dir=str(tmp_path)
+    )
+    accelerator.init_trackers("proj", init_kwargs={"wandb": {"offline": True}})
+    values = {
+        "none": None,
+        "items": [1, 2],
+        "vector": torch.tensor([1.0, 2.0]),
+        "flag": True,
+        "half": np.float32(0.5),
+        "group": {"a": 1.0, "s": "x"},
+    }
+    with pytest.warns(UserWarning) as caught:
+        accelerator.log(values, step=2)
+    tensorboard, _, mlflow, csv_logger = accelerator.trackers
+    accelerator.end_training()
+
+    dropped = sorted(
+        (message.split(".log:")[0], message.split("'")[1])
+        for message in (str(w.message) for w in caught)
+        if ".log:" in message
+    )
+    by_tracker = {"MLFlowLogger": [], "TensorBoardLogger": [], "CSVLogger": []}
+    for owner, key in dropped:
+        by_tracker[owner].append(key)
+    assert by_tracker == {
+        "MLFlowLogger": ["group", "items", "none", "vector"],
+        "TensorBoardLogger": ["group/s", "items", "none", "vector"],
+        "CSVLogger": ["items", "none", "vector"],
+    }
+    received = _tensorboard_contents(Path(tensorboard.log_dir))
+    assert {k.split("/")[-1]: v for k, v in received.items()} == {
+        "version_0:flag": [(2, 1.0)],
+        "version_0:half": [(2, 0.5)],
+        "group_a:group": [(2, 1.0)],
+    }
+    assert sorted(mlflow_points(mlflow)) == [("flag", 2, 1.0), ("half", 2, 0.5)]
+    assert csv_rows(csv_logger) == [
+        {"step": "2", "flag": "1.0", "half": "0.5", "group/a": "1.0", "group/s": "x"}
+    ]
+    (run,) = find_runs(tmp_path)
+    (row,) = run.history
+    assert (row["flag"], row["half"], row["group/a"], row["group/s"], row["items"]) == (
+        True,
+        0.5,
+        1.0,
+        "x",
+        [1, 2],
+    )
+    assert row["vector"]["_type"] == "histogram"  # wandb's own reading of a tensor

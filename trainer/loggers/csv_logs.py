@@ -31,7 +31,13 @@ from trainer.loggers._versioned import (
     check_folder_arguments,
 )
 from trainer.loggers.hparams_file import HparamsFile, atomic_open
-from trainer.loggers.logger import metric_as_float, resolve_step
+from trainer.loggers.logger import (
+    metric_as_float,
+    resolve_step,
+    split_tracker_values,
+    warn_dropped,
+)
+from trainer.loggers.params import flatten_params
 
 __all__ = ["CSVLogger"]
 
@@ -97,7 +103,7 @@ class CSVLogger(VersionedFolderLogger):
         self._is_version_given = version is not None
         self._prefix = prefix
         self._flush_every = flush_logs_every_n_steps
-        self._pending: list[dict[str, float | int]] = []
+        self._pending: list[dict[str, float | int | str]] = []
         self._columns: list[str] = [_STEP_KEY]
         # Header of the metrics.csv this logger last wrote; None until its first write.
         self._disk_columns: list[str] | None = None
@@ -136,7 +142,7 @@ class CSVLogger(VersionedFolderLogger):
             >>> logger.save()  # doctest: +SKIP   # metrics.csv now has the row "3,0.5"
         """
         step = resolve_step("CSVLogger", step, self._last_step)
-        row: dict[str, float | int] = {_STEP_KEY: step}
+        row: dict[str, float | int | str] = {_STEP_KEY: step}
         for key, value in metrics.items():
             column = f"{self._prefix}{self.LOGGER_JOIN_CHAR}{key}" if self._prefix else key
             if column == _STEP_KEY:
@@ -146,6 +152,43 @@ class CSVLogger(VersionedFolderLogger):
                     f"e.g. 'train_step', or pass it as the step argument."
                 )
             row[column] = metric_as_float("CSVLogger.log_metrics", key, value)
+        self._append_row(row, step)
+
+    def log(self, values: dict[str, Any], step: int | None = None, **kwargs: Any) -> None:
+        """Accelerate's ``tracker.log`` (Accelerate has no CSV tracker): one row at ``step``
+        (None: one past the last step) with what a CSV cell holds. Numbers and one-element
+        tensors are written as `log_metrics` writes them; a str as a text cell; a dict is
+        flattened to one column per member, ``{"group": {"a": 1.0}}`` -> ``group/a`` (the keys
+        W&B shows); any other value (None, a list, a larger tensor) is dropped with a warning
+        naming its key. ``kwargs`` are not used.
+
+        Raises:
+            ConfigurationError: a column would be named ``"step"``, or ``step`` is not an int.
+        """
+        step = resolve_step("CSVLogger", step, self._last_step)
+        numbers, others = split_tracker_values(flatten_params(values))
+        cells: dict[str, Any] = {
+            key: metric_as_float("CSVLogger.log", key, value) for key, value in numbers.items()
+        }
+        for key, value in others.items():
+            if isinstance(value, str):
+                cells[key] = value
+            else:
+                warn_dropped("CSVLogger", key, value, keeps="numbers and text")
+        row: dict[str, float | int | str] = {_STEP_KEY: step}
+        for key, cell in cells.items():
+            column = f"{self._prefix}{self.LOGGER_JOIN_CHAR}{key}" if self._prefix else key
+            if column == _STEP_KEY:
+                raise ConfigurationError(
+                    f"CSVLogger.log received a value named {_STEP_KEY!r}, which is the name of "
+                    f"metrics.csv's step column (step {step}). Rename it, e.g. 'train_step', "
+                    "or pass it as the step argument."
+                )
+            row[column] = cell
+        self._append_row(row, step)
+
+    def _append_row(self, row: dict[str, float | int | str], step: int) -> None:
+        """Buffer a checked ``row`` logged at ``step``; write the file when it is due."""
         # Columns grow only once the whole row is valid, so a rejected row leaves no trace.
         if row.keys() - set(self._columns):
             self._columns = sorted({*self._columns, *row})

@@ -93,7 +93,7 @@ class Logger(ABC):
         """Accelerate's ``tracker.log``: numbers (and one-element tensors, read) go to
         `log_metrics` (``step`` None: one past this tracker's last step); any other value is
         dropped with a warning naming its key, as Accelerate's MLflow tracker drops it (the
-        TensorBoard and W&B loggers take more, as Accelerate's do). ``kwargs`` are not used."""
+        CSV, TensorBoard and W&B loggers take more). ``kwargs`` are not used."""
         metrics, others = split_tracker_values(values)
         for key, value in others.items():
             warn_dropped(type(self).__name__, key, value)
@@ -144,11 +144,12 @@ def _size(value: Any) -> int | None:
     return numel() if callable(numel) else getattr(value, "size", None)
 
 
-def warn_dropped(owner: str, key: str, value: Any) -> None:
-    """Warn that ``owner``'s Accelerate-style ``log`` does not store ``value`` under ``key``."""
+def warn_dropped(owner: str, key: str, value: Any, keeps: str = "numbers") -> None:
+    """Warn that ``owner``'s Accelerate-style ``log`` does not store ``value`` under ``key``
+    (it stores ``keeps``)."""
     warnings.warn(
         f"{owner}.log: {key!r} is {describe(value)}, which this tracker does not store (it "
-        "keeps numbers); dropped, as Accelerate drops it.",
+        f"keeps {keeps}); dropped.",
         stacklevel=3,
     )
 

@@ -178,9 +178,12 @@ class TensorBoardLogger(VersionedFolderLogger):
 
     def log(self, values: dict[str, Any], step: int | None = None, **kwargs: Any) -> None:
         """Accelerate's ``tracker.log``, as its TensorBoard tracker writes: numbers (and
-        one-element tensors) as scalars, a str with ``add_text``, a dict of numbers with
-        ``add_scalars`` (one sub-run folder ``<key>_<name>`` each); any other value is dropped
-        with a warning. All at ``step`` (None: one past the last step). ``kwargs`` are not used.
+        one-element tensors) as scalars, a str with ``add_text`` (tag ``<key>/text_summary``), a
+        dict of numbers with ``add_scalars`` (one sub-run folder ``<key>_<name>`` each); any
+        other value (None, a list, a larger tensor), and a dict member that is not a number, is
+        dropped with a warning naming it (Accelerate skips the first silently and raises on
+        the second, on the main process only). All at ``step`` (None: one past the last step).
+        ``kwargs`` are not used.
         """
         metrics, others = split_tracker_values(values)
         step = resolve_step("TensorBoardLogger", step, self._last_step)
@@ -189,11 +192,12 @@ class TensorBoardLogger(VersionedFolderLogger):
             if isinstance(value, str):
                 self.experiment.add_text(self._tag(key), value, global_step=step)
             elif isinstance(value, Mapping):
-                scalars = {
-                    str(name): metric_as_float("TensorBoardLogger", f"{key}/{name}", number)
-                    for name, number in value.items()
-                }
-                self.experiment.add_scalars(self._tag(key), scalars, global_step=step)
+                numbers, dropped = split_tracker_values({str(k): v for k, v in value.items()})
+                for name, member in dropped.items():
+                    warn_dropped("TensorBoardLogger", f"{key}/{name}", member)
+                if numbers:
+                    scalars = {name: float(number) for name, number in numbers.items()}
+                    self.experiment.add_scalars(self._tag(key), scalars, global_step=step)
             else:
                 warn_dropped("TensorBoardLogger", key, value)
 
