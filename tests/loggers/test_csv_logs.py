@@ -345,3 +345,31 @@ def test_same_header_flushes_append_rows(tmp_path: Path) -> None:
     assert os.stat(metrics_path(logger)).st_ino == inode  # the same file, appended to
     logger.finalize("success")
     assert [row["step"] for row in read_csv(metrics_path(logger))[1]] == ["0", "1", "2", "3"]
+
+
+def test_accelerate_style_log_writes_text_cells_and_flattened_dict_columns(
+    tmp_path: Path,
+) -> None:
+    """``tracker.log`` (what ``accelerator.log`` calls): a str is a cell (quoted as CSV needs), a
+    dict becomes ``<key>/<member>`` columns (nested too); None and a list are dropped with a
+    warning naming the key. It dropped every str and dict before."""
+    logger = CSVLogger(tmp_path, name="exp", prefix="train", flush_logs_every_n_steps=1)
+    logger.log({"loss": torch.tensor(0.5), "note": 'a, "quoted"\nline'}, step=0)
+    with pytest.warns(UserWarning, match="CSVLogger.log: ") as caught:
+        logger.log({"group": {"a": 1, "inner": {"b": 2.5}, "s": "x", "none": None}, "l": [1]})
+    logger.finalize("success")
+
+    assert sorted(str(w.message).split("'")[1] for w in caught) == ["group/none", "l"]
+    header, rows = read_csv(metrics_path(logger))  # widened at step 1: the file was rewritten
+    assert header == [
+        "step",
+        "train-group/a",
+        "train-group/inner/b",
+        "train-group/s",
+        "train-loss",
+        "train-note",
+    ]
+    assert [{k: v for k, v in row.items() if v} for row in rows] == [
+        {"step": "0", "train-loss": "0.5", "train-note": 'a, "quoted"\nline'},
+        {"step": "1", "train-group/a": "1.0", "train-group/inner/b": "2.5", "train-group/s": "x"},
+    ]

@@ -291,3 +291,44 @@ def test_fit_writes_the_graph_of_a_module_with_an_example_input(tmp_path: Path) 
     accumulator = EventAccumulator(logger.log_dir)
     accumulator.Reload()
     assert accumulator.Tags()["graph"] is True
+
+
+def _runs_scalars(root: Path) -> dict[tuple[str, str], list[tuple[int, float]]]:
+    """(sub-run folder, tag) -> points of every event folder under ``root`` ("" for ``root``)."""
+    found = {}
+    for folder in sorted({p.parent for p in root.rglob("events.out.tfevents.*")}):
+        sub_run = "" if folder == root else folder.name
+        for tag, points in read_scalars(str(folder)).items():
+            found[(sub_run, tag)] = points
+    return found
+
+
+def test_accelerate_style_log_drops_dict_members_that_are_not_numbers(tmp_path: Path) -> None:
+    """A dict member that is not a number is dropped with a warning naming ``<key>/<member>``;
+    the numbers are the sub-runs Accelerate's TensorBoardTracker writes for them (read back from
+    both). It raised ConfigurationError on the main process (Accelerate raises ValueError)."""
+    accelerate = pytest.importorskip("accelerate")
+    from trainer import Accelerator
+
+    numbers = {"loss": torch.tensor(0.25), "group": {"a": torch.tensor(1.0), "b": 2}}
+    theirs = accelerate.Accelerator(
+        cpu=True, log_with="tensorboard", project_dir=str(tmp_path / "accelerate")
+    )
+    theirs.init_trackers("proj")
+    theirs.log(numbers, step=4)
+    theirs.end_training()
+    ours = Accelerator(cpu=True, log_with="tensorboard", project_dir=str(tmp_path / "ours"))
+    ours.init_trackers("proj")
+    with pytest.warns(UserWarning, match="TensorBoardLogger.log: ") as caught:
+        ours.log({**numbers, "group": {**numbers["group"], "s": "x", "n": None}}, step=4)
+    (logger,) = ours.trackers
+    ours.end_training()
+
+    assert sorted(str(w.message).split("'")[1] for w in caught) == ["group/n", "group/s"]
+    received = _runs_scalars(Path(logger.log_dir))
+    assert received == {
+        ("", "loss"): [(4, 0.25)],
+        ("group_a", "group"): [(4, 1.0)],
+        ("group_b", "group"): [(4, 2.0)],
+    }
+    assert received == _runs_scalars(tmp_path / "accelerate" / "proj")
