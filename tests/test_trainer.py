@@ -734,6 +734,31 @@ def test_received_sigterm_and_device_ids(tmp_path):
         fit.fit(Terminated(), make_loader(n=64))
     assert stopped.value.code == 0
     assert seen == [False, False, True]
+    assert fit.state.status == "interrupted" and fit.interrupted  # as Lightning's SIGTERM exit
+
+
+def test_a_signal_after_the_last_step_still_saves_and_exits(tmp_path):
+    """SIGTERM during the last epoch's end (after the last batch's check) was dropped: fit
+    returned as if nothing had come, and the job ran on past its scheduler's notice."""
+    import signal
+
+    ended: list[str] = []
+
+    class TerminatedAtTheEnd(LinearModule):
+        def on_train_epoch_end(self):
+            if self.current_epoch == 1:
+                os.kill(os.getpid(), signal.SIGTERM)
+
+        def on_train_end(self):
+            ended.append("on_train_end")
+
+    fit = quiet_trainer(tmp_path, max_epochs=2)
+    with pytest.raises(SystemExit) as stopped:
+        fit.fit(TerminatedAtTheEnd(), make_loader())
+    assert stopped.value.code == 0
+    saved = sorted(p.name for p in (tmp_path / "checkpoints").iterdir())
+    assert "preempted-epoch=2-step=16" in saved, saved  # the 2 epochs are complete
+    assert ended == [] and fit.state.status == "interrupted"
 
 
 def test_logged_hparams_are_the_initial_ones_and_a_clash_with_the_datamodule_is_refused(tmp_path):

@@ -5,9 +5,13 @@
 - "full": 3 epochs, checkpoints every 3 steps; final weights to ROOT/final-full.safetensors.
 - "SIGTERM" / "SIGUSR1": rank 0 sends itself that signal at step 7 (as a scheduler would); the
   Trainer finishes the step, every rank saves, and the job exits with status 0.
+- "SIGTERM-late": rank 0 sends itself SIGTERM in the last epoch's ``on_train_epoch_end``, after
+  the ranks last compared flags: the job still saves and exits with status 0.
 - "resume": ``fit(ckpt_path="last")`` to the end; weights to ROOT/final-resume.safetensors.
 - "raise" / "exit" / "sigkill": rank 1 raises, calls ``os._exit(1)`` or SIGKILLs itself at
   step 3 of a long fit, while rank 0 waits in a collective: the job must end promptly.
+- "interrupt": rank 1 raises KeyboardInterrupt at step 3, its torchrun error file in a folder
+  that does not exist: the KeyboardInterrupt must still be what rank 1 reports.
 """
 
 from __future__ import annotations
@@ -62,6 +66,12 @@ class SignalRankZero(Callback):
             os.kill(os.getpid(), self.signum)
 
 
+class SignalRankZeroAtTheEnd(Callback):
+    def on_train_epoch_end(self, trainer, module):
+        if trainer.current_epoch == trainer.max_epochs - 1 and trainer.global_rank == 0:
+            os.kill(os.getpid(), signal.SIGTERM)
+
+
 class FailRankOne(Callback):
     def __init__(self, how: str) -> None:
         self.how = how
@@ -71,18 +81,23 @@ class FailRankOne(Callback):
             return
         if self.how == "raise":
             raise RuntimeError(f"injected failure on rank 1 at step {FAILURE_STEP}")
+        if self.how == "interrupt":
+            os.environ["TORCHELASTIC_ERROR_FILE"] = "/nonexistent-folder/error.json"
+            raise KeyboardInterrupt
         if self.how == "exit":
             os._exit(1)
         os.kill(os.getpid(), signal.SIGKILL)
 
 
 def main(root: str, mode: str) -> None:
-    is_failure = mode in ("raise", "exit", "sigkill")
+    is_failure = mode in ("raise", "exit", "sigkill", "interrupt")
     callbacks: list[Callback] = [
         ModelCheckpoint(dirpath=os.path.join(root, "checkpoints"), every_n_train_steps=3)
     ]
     if mode in ("SIGTERM", "SIGUSR1"):
         callbacks.append(SignalRankZero(getattr(signal, mode)))
+    if mode == "SIGTERM-late":
+        callbacks.append(SignalRankZeroAtTheEnd())
     if is_failure:
         callbacks.append(FailRankOne(mode))
     is_distributed = int(os.environ.get("WORLD_SIZE", "1")) > 1

@@ -74,6 +74,17 @@ def test_signal_mid_epoch_saves_exits_zero_and_resumes_exactly(
         assert torch.equal(final[name], tensor), name
 
 
+def test_a_signal_after_the_ranks_last_compared_flags_still_saves_and_exits_zero(tmp_path):
+    """On 2 processes the ranks compare flags every 10 steps; a SIGTERM after the last
+    comparison (here in the last epoch's end, step 18) was dropped and the job ran on."""
+    stopped = run_job(tmp_path, "SIGTERM-late", processes=2)
+    assert stopped.returncode == 0, stopped.stderr[-3000:]
+    assert "received SIGTERM" in stopped.stderr
+    assert not (tmp_path / "final-SIGTERM-late.safetensors").exists()  # the process exited
+    saved = [p.name for p in (tmp_path / "checkpoints").iterdir() if p.name.startswith("preempted")]
+    assert saved == ["preempted-epoch=3-step=18"], saved
+
+
 @pytest.mark.parametrize("how", ["raise", "exit", "sigkill"])
 def test_a_failing_rank_ends_the_job_promptly_and_is_named(tmp_path, how):
     start = time.monotonic()
@@ -85,3 +96,15 @@ def test_a_failing_rank_ends_the_job_promptly_and_is_named(tmp_path, how):
     assert "rank      : 1" in output or "rank: 1" in output, output[-3000:]
     if how == "raise":
         assert "injected failure on rank 1 at step 3" in output
+
+
+def test_an_interrupted_rank_reports_its_keyboard_interrupt(tmp_path):
+    """Rank 1's KeyboardInterrupt was replaced by the error of writing torchrun's error file
+    (here in a folder that does not exist), and its message read "KeyboardInterrupt: ."."""
+    result = run_job(tmp_path, "interrupt", processes=2, timeout=120)
+    output = result.stdout + result.stderr
+    assert result.returncode != 0
+    assert "trainer: rank 1 of 2 was interrupted during fit: KeyboardInterrupt. " in output, output[
+        -3000:
+    ]
+    assert "FileNotFoundError" not in output, output[-3000:]

@@ -155,6 +155,8 @@ class FitLoop(BatchStep, FitLimits):
             self._run.hooks.call("on_train_start")
             while not self._is_done():
                 self._train_epoch()
+            if is_preempted(trainer, self.received_signal, is_end=True):
+                save_and_exit(trainer, self.received_signal)  # the signal came after the last check
             return True
         finally:
             if unbind is not None:

@@ -66,6 +66,9 @@ def catch_preemption_signals() -> Iterator[PreemptionSignal]:
     """
     received = PreemptionSignal()
     previous = {}
+    if _is_multi_process():  # imported now: an import after a Ctrl-C is a window for a
+        # DataLoader's SIGCHLD handler to replace the KeyboardInterrupt with its RuntimeError
+        from torch.distributed.elastic.multiprocessing.errors import error_handler  # noqa: F401
     if threading.current_thread() is threading.main_thread():
 
         def record(signum: int, frame: object) -> None:
@@ -76,11 +79,20 @@ def catch_preemption_signals() -> Iterator[PreemptionSignal]:
         yield received
     except BaseException as err:
         if not (isinstance(err, SystemExit) and not err.code):
-            _bound_after_failure(err)
+            try:
+                _bound_after_failure(err)
+            except Exception:  # never replace the error that ended the fit
+                pass
         raise
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
+
+
+def _is_multi_process() -> bool:
+    import torch.distributed as dist
+
+    return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
 
 
 def _bound_after_failure(err: BaseException) -> None:
@@ -94,39 +106,45 @@ def _bound_after_failure(err: BaseException) -> None:
 
     from trainer.strategies.ddp import FAILURE_TIMEOUT, bound_collective_timeout
 
-    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() < 2:
+    if not _is_multi_process():
         return
     bound_collective_timeout(FAILURE_TIMEOUT)
-    error_file = os.environ.get("TORCHELASTIC_ERROR_FILE")
-    if error_file and not os.path.exists(error_file):  # the first failure of this process only
-        from torch.distributed.elastic.multiprocessing.errors.error_handler import ErrorHandler
-
-        ErrorHandler().record_exception(err)
     summary = (str(err).strip().splitlines() or [""])[0][:300]
+    what = f"{type(err).__name__}: {summary}" if summary else type(err).__name__
+    ended = "was interrupted" if isinstance(err, KeyboardInterrupt) else "failed"
     print(
-        f"trainer: rank {dist.get_rank()} of {dist.get_world_size()} failed during fit: "
-        f"{type(err).__name__}: {summary}. Its collectives now time out after "
+        f"trainer: rank {dist.get_rank()} of {dist.get_world_size()} {ended} during fit: "
+        f"{what}. Its collectives now time out after "
         f"{FAILURE_TIMEOUT.total_seconds():.0f} s, so on_exception hooks cannot keep the job "
         "waiting for ranks that never join.",
         file=sys.stderr,
         flush=True,
     )
+    error_file = os.environ.get("TORCHELASTIC_ERROR_FILE")
+    if error_file and not os.path.exists(error_file):  # the first failure of this process only
+        from torch.distributed.elastic.multiprocessing.errors.error_handler import ErrorHandler
+
+        try:
+            ErrorHandler().record_exception(err)
+        except OSError as problem:  # the error that ended the fit is what is raised
+            print(f"trainer: could not write {error_file}: {problem}", file=sys.stderr)
 
 
-def is_preempted(trainer: Trainer, received: PreemptionSignal) -> bool:
+def is_preempted(trainer: Trainer, received: PreemptionSignal, *, is_end: bool = False) -> bool:
     """Whether any process got SIGTERM/SIGUSR1 (all must agree to save together).
 
     Answered only where an optimizer step just completed, so an accumulation window is never
     split; with several processes, every `CHECK_EVERY` steps (a collective every step would
     cost), at the same steps on every process. Once they agree, every process records the same
-    signal: SIGTERM if any process saw it, else SIGUSR1.
+    signal: SIGTERM if any process saw it, else SIGUSR1. ``is_end``: asked once more after the
+    last epoch, so a signal that came after the last agreement is not dropped.
     """
-    if not trainer.accelerator.sync_gradients:
-        return False
     seen = received.signum is not None
     if trainer.world_size == 1:
-        return seen
-    if trainer.global_step % CHECK_EVERY != 0:
+        return seen and (is_end or trainer.accelerator.sync_gradients)
+    if not is_end and (
+        not trainer.accelerator.sync_gradients or trainer.global_step % CHECK_EVERY != 0
+    ):
         return False
     agreed = trainer.strategy.reduce_boolean_decision(seen, all=False)
     if agreed:

@@ -188,7 +188,8 @@ class TrainerProperties:
 
     @property
     def interrupted(self) -> bool:
-        """Whether the last call ended by an interruption (Ctrl-C)."""
+        """Whether the last call ended by an interruption: Ctrl-C, or a preemption signal's
+        exit with status 0 (after its checkpoint)."""
         return self.state.status == "interrupted"
 
     @property

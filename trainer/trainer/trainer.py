@@ -473,16 +473,16 @@ class Trainer(TrainerProperties):
         self.state.running = None  # trainer.training & co. are False between calls
 
     def _handle_exception(self, err: BaseException, stage: str) -> None:
-        status = "interrupted" if isinstance(err, KeyboardInterrupt) else "failed"
+        # Ctrl-C, or an exit with status 0 (a preemption's, after its checkpoint): interrupted
+        is_clean_exit = isinstance(err, SystemExit) and not err.code
+        status = "interrupted" if isinstance(err, KeyboardInterrupt) or is_clean_exit else "failed"
         self.state.status = status
         try:
             self._call_hook("on_exception", err)
             if self.datamodule is not None:  # after the callbacks', as Lightning
                 self.datamodule.on_exception(err)
         finally:
-            self._teardown(
-                stage, status, is_clean_exit=isinstance(err, SystemExit) and not err.code
-            )
+            self._teardown(stage, status, is_clean_exit=is_clean_exit)
 
     # ---- hooks; TrainModule.manual_backward ---------------------------------------------------
     def _call_hook(self, name: str, *args: Any) -> Any:
