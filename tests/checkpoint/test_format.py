@@ -280,7 +280,7 @@ def test_an_empty_legacy_file_is_refused(tmp_path, entry, suffix):
         _load_with(entry, path)
 
 
-@pytest.mark.parametrize("entry", ["fit", "load_from_checkpoint"])
+@pytest.mark.parametrize("entry", ["fit", "load_from_checkpoint", "load_checkpoint_in_model"])
 def test_a_bare_state_dict_with_int_keys_is_refused(tmp_path, entry):
     torch.save({1: torch.zeros(1)}, tmp_path / "int_keys.ckpt")  # torch's AttributeError before
     with pytest.raises(

@@ -250,6 +250,12 @@ def _legacy_tensors(file: Path) -> list[StoredTensor]:
         isinstance(v, torch.Tensor) for v in loaded.values()
     ):
         raise CheckpointError(f"{file} holds {type(loaded).__name__}, not a state dict of tensors.")
+    for name in loaded:
+        if not isinstance(name, str):
+            raise CheckpointError(
+                f"{file}: field 'state_dict.{name}' must be a str (a parameter's name), "
+                f"got {type(name).__name__}; this is not a module's state dict."
+            )
     return [
         StoredTensor(name, name, file, value.dtype, tuple(value.shape), value=value)
         for name, value in loaded.items()
