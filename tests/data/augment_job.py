@@ -38,10 +38,16 @@ def _noise() -> torch.Tensor:
 
 
 class Counter:
-    """Counts samples produced in every process (workers included): shared memory and a lock."""
+    """Counts samples produced in every process (workers included): shared memory and a lock.
+
+    The lock is made in the forkserver context, not the default (fork) one: a fork-context lock
+    cannot be sent to a worker started by a forkserver ("A SemLock created in a fork context is
+    being shared with a process in a spawn context"), while this one also works in forked workers
+    (they inherit it), so the same datasets serve loaders with either start method.
+    """
 
     def __init__(self) -> None:
-        self._value = multiprocessing.Value("q", 0)
+        self._value = multiprocessing.get_context("forkserver").Value("q", 0)
 
     def add(self) -> None:
         with self._value.get_lock():
@@ -158,8 +164,13 @@ def make_loader(
     persistent_workers: bool = False,
     batch_size: int = 4,
     stateful: bool = False,
+    multiprocessing_context: str | None = None,
 ) -> DataLoader:
-    """A loader over "map" (shuffled), "stream" or "resumable" data; torchdata's with ``stateful``."""
+    """A loader over "map" (shuffled), "stream" or "resumable" data; torchdata's with ``stateful``.
+
+    ``multiprocessing_context`` starts the workers ("forkserver" in a multi-process job: see
+    tests/distributed/resume_data_worker.py); default: the platform's (fork on Linux).
+    """
     dataset = {"map": NoisyMap, "stream": NoisyStream, "resumable": ResumableStream}[kind]()
     loader_class = DataLoader
     if stateful:
@@ -170,6 +181,7 @@ def make_loader(
         shuffle=kind == "map",
         num_workers=num_workers,
         persistent_workers=persistent_workers and num_workers > 0,
+        multiprocessing_context=multiprocessing_context if num_workers > 0 else None,
     )
 
 

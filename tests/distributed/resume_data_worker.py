@@ -6,12 +6,14 @@ every rank trains uninterrupted, then stopped at step 13 and resumed from ``last
 run's, whether the final weights are equal, the samples this rank's resumed run consumed and the
 samples produced, and the first batch it saw (the ranks must see different data); for an
 Accelerator loop with ``use_stateful_dataloader``, whether ``load_state`` continues each rank's
-loader where it stood; and the same facts for two train loaders read together.
+loader where it stood; the same facts for two train loaders read together; and how many times
+the rank forked itself (none: its loaders' workers come from a forkserver, see ``START``).
 """
 
 from __future__ import annotations
 
 import json
+import multiprocessing
 import os
 import sys
 import traceback
@@ -30,6 +32,17 @@ SCENARIOS = {
     "stream_main": ("stream", 0, False, False),
     "map_stateful": ("map", 2, False, True),
 }
+# Workers start from a forkserver, not by forking this process: it runs gloo's threads (and
+# autograd's), which enter Python, and on CPython 3.11.7 (python/cpython#112275) a fork while
+# another thread holds the runtime's lock can deadlock the child before it runs, leaving the
+# loader waiting for that worker for ever (seen about once in 9 runs of this job). The forkserver
+# (one per rank, started by exec, single-threaded) imports torch, trainer and the datasets once;
+# each worker forked from it starts in milliseconds. Python 3.11's forkserver never preloads
+# ``__main__`` although that is its default (it looks for a "main_path" key that the preparation
+# data names "init_main_from_path"), so the modules are named here: without them every worker
+# imported torch and trainer itself, and this job took 7 minutes instead of about 1.
+START = "forkserver"
+PRELOAD = ["tests.data.augment_job", "torchdata.stateful_dataloader"]
 # 40 samples, batch 4 per process: 5 steps an epoch; step 13 is inside the third epoch.
 OPTIONS = dict(strategy="ddp", max_epochs=4)
 
@@ -37,8 +50,9 @@ OPTIONS = dict(strategy="ddp", max_epochs=4)
 def scenario(out: Path, kind: str, workers: int, persistent: bool, stateful: bool) -> dict:
     def loader():
         return make_loader(
-            kind, num_workers=workers, persistent_workers=persistent, stateful=stateful
-        )
+            kind, num_workers=workers, persistent_workers=persistent, stateful=stateful,
+            multiprocessing_context=START,
+        )  # fmt: skip
 
     full, full_weights = run(out / "full", loader(), **OPTIONS)
     run(out / "resumed", loader(), stop_at=13, **OPTIONS)
@@ -61,7 +75,7 @@ def combined_scenario(out: Path) -> dict:
 
     def loaders():
         return {
-            "long": make_loader("map", num_workers=2),
+            "long": make_loader("map", num_workers=2, multiprocessing_context=START),
             "short": make_loader("map", batch_size=12),
         }
 
@@ -85,7 +99,9 @@ def accelerator_scenario(out: Path) -> dict:
     def prepared():
         accelerator = Accelerator(cpu=True, dataloader_config=config)
         torch.manual_seed(0)
-        return accelerator, accelerator.prepare(make_loader("map", num_workers=2))
+        return accelerator, accelerator.prepare(
+            make_loader("map", num_workers=2, multiprocessing_context=START)
+        )
 
     accelerator, loader = prepared()
     batches = iter(loader)
@@ -106,9 +122,13 @@ def accelerator_scenario(out: Path) -> dict:
 def main(out: Path) -> None:
     warnings.filterwarnings("ignore")
     rank = int(os.environ["RANK"])
+    multiprocessing.set_forkserver_preload(PRELOAD)
+    forks: list[int] = []
+    os.register_at_fork(before=lambda: forks.append(1))  # os.fork in this process, not exec'd
     facts = {name: scenario(out / name, *spec) for name, spec in SCENARIOS.items()}
     facts["accelerator"] = accelerator_scenario(out)
     facts["combined"] = combined_scenario(out / "combined")
+    facts["forks"] = len(forks)
     (out / f"rank{rank}.json").write_text(json.dumps(facts))
 
 

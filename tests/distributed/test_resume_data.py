@@ -5,6 +5,7 @@ and ends with equal weights: map-style data with 2 workers (persistent or not), 
 stream read in the main process, and torchdata's StatefulDataLoader sharded across the ranks;
 an Accelerator's save_state / load_state carrying each rank's StatefulDataLoader position; and
 two train loaders read together (a dict), resumed while the shorter one is in its second pass.
+No rank forks itself: the loaders' workers start from a forkserver (see resume_data_worker.py).
 """
 
 from __future__ import annotations
@@ -26,6 +27,12 @@ def facts(tmp_path_factory) -> list[dict]:
     result = torchrun(str(ROOT / "tests/distributed/resume_data_worker.py"), str(out), timeout=600)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     return [json.loads((out / f"rank{rank}.json").read_text()) for rank in range(2)]
+
+
+def test_no_rank_forks_its_training_process(facts):
+    """Loader workers come from a forkserver: a fork of a process running gloo's threads can hang
+    the child on CPython 3.11.7 (python/cpython#112275), and the loader waits for it for ever."""
+    assert [rank_facts["forks"] for rank_facts in facts] == [0, 0]
 
 
 @pytest.mark.parametrize("name", list(SCENARIOS))
