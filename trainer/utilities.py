@@ -5,7 +5,9 @@ messages (run or shown on global rank 0 only), ``grad_norm`` (the gradient norms
 ``on_before_optimizer_step``) and ``measure_flops`` (FLOPs of a forward, or forward and
 backward, with torch's ``FlopCounterMode``). Nothing here starts or needs a process group: the
 rank is torch.distributed's when a group is up, else the launcher's environment (``RANK``,
-``LOCAL_RANK``, ``SLURM_PROCID``, ``JSM_NAMESPACE_RANK``), else 0.
+``LOCAL_RANK``, ``SLURM_PROCID``, ``JSM_NAMESPACE_RANK``), else 0. ``rank_zero_only.rank`` is
+that rank as an int, Lightning's attribute: set here at import, and again by the strategies when
+they start or join the process group (`trainer.strategies.DDPStrategy.setup_environment`).
 """
 
 from __future__ import annotations
@@ -54,8 +56,12 @@ def _global_rank() -> int:
 def rank_zero_only(function: Callable[..., _T], default: Any = None) -> Callable[..., _T | Any]:
     """Run ``function`` on global rank 0 only; other ranks get ``default`` (None).
 
-    ``rank_zero_only.rank = r`` fixes the rank (Lightning's attribute); left None, it is read at
-    each call.
+    ``rank_zero_only.rank`` is this process's global rank, an int, as Lightning's attribute
+    (``if rank_zero_only.rank == 0:``): at import the launcher's (``launcher_rank() or 0``);
+    the strategies set it to the process group's rank when they start or join the group.
+    While it holds its import-time value, the decorated functions read the rank afresh at each
+    call (the process group's when one is up, else the launcher's environment), the same number
+    in a launched job; any other value assigned to it is used as it is.
 
     Examples:
         >>> @rank_zero_only
@@ -68,14 +74,18 @@ def rank_zero_only(function: Callable[..., _T], default: Any = None) -> Callable
     @functools.wraps(function)
     def wrapped(*args: Any, **kwargs: Any) -> Any:
         rank = rank_zero_only.rank  # type: ignore[attr-defined]
-        if (_global_rank() if rank is None else rank) == 0:
+        if rank is None or rank == _IMPORT_RANK:  # not set since import: the process as it is now
+            rank = _global_rank()
+        if rank == 0:
             return function(*args, **kwargs)
         return default
 
     return wrapped
 
 
-rank_zero_only.rank = None  # type: ignore[attr-defined]
+# Lightning's attribute, read at import as Lightning reads it (the strategies update it).
+_IMPORT_RANK = launcher_rank() or 0
+rank_zero_only.rank = _IMPORT_RANK  # type: ignore[attr-defined]
 
 
 @rank_zero_only

@@ -48,7 +48,8 @@ from trainer.strategies.group_lifetime import (
     release_group_holders,
     track_wrapper,
 )
-from trainer.strategies.strategy import ReduceOp, Strategy
+from trainer.strategies.strategy import ReduceOp, Strategy, reduce_op_name
+from trainer.utilities import rank_zero_only
 
 __all__ = [
     "FAILURE_TIMEOUT",
@@ -166,8 +167,14 @@ class DDPStrategy(Strategy):
 
     # ---- setup -------------------------------------------------------------------------
     def setup_environment(self) -> None:
-        """Join the process group the launcher prepared (or reuse an existing one)."""
+        """Join the process group the launcher prepared (or reuse an existing one).
+
+        Sets ``trainer.utilities.rank_zero_only.rank`` to this process's global rank, as
+        Lightning's strategies do: every engine built on this one (and the Trainer through its
+        Accelerator) comes here.
+        """
         self._join_process_group()
+        rank_zero_only.rank = self.global_rank  # type: ignore[attr-defined]
         self.precision.setup(self.root_device)
 
     def _join_process_group(self) -> None:
@@ -281,20 +288,36 @@ class DDPStrategy(Strategy):
         return on_backend_device(tensor, self.root_device)
 
     def all_reduce(self, tensor: torch.Tensor, op: ReduceOp = "mean") -> torch.Tensor:
+        return self._all_reduce(tensor, op, None)
+
+    def reduce(self, tensor: Any, group: Any | None = None, reduce_op: Any = "mean") -> Any:
+        if group is None or not isinstance(tensor, torch.Tensor):
+            return super().reduce(tensor, reduce_op=reduce_op)  # engines' own `all_reduce`
+        return self._all_reduce(tensor, reduce_op_name(reduce_op), group)
+
+    def _all_reduce(self, tensor: torch.Tensor, op: ReduceOp, group: Any | None) -> torch.Tensor:
+        """``tensor`` reduced over ``group`` (None: all processes), a new tensor."""
         if op not in REDUCE_OPS:
             raise StrategyError(f"all_reduce(op={op!r}): expected one of {sorted(REDUCE_OPS)}.")
         self._join_process_group()
         result = tensor.clone() if tensor.is_floating_point() or op != "mean" else tensor.float()
         sent = self._on_group_device(result)
-        dist.all_reduce(sent, op=REDUCE_OPS[op])
+        dist.all_reduce(sent, op=REDUCE_OPS[op], group=group)
         result = sent.to(tensor.device)
-        return result / self.world_size if op == "mean" else result
+        return result / dist.get_world_size(group) if op == "mean" else result
 
-    def all_gather(self, tensor: torch.Tensor) -> torch.Tensor:
+    def all_gather(
+        self, tensor: torch.Tensor, group: Any | None = None, sync_grads: bool = False
+    ) -> torch.Tensor:
         self._join_process_group()
         sent = self._on_group_device(tensor.contiguous())
-        pieces = [torch.empty_like(sent) for _ in range(self.world_size)]
-        dist.all_gather(pieces, sent)
+        if sync_grads:  # torch's differentiable gather: each piece's gradient goes back to its rank
+            from torch.distributed.nn.functional import all_gather
+
+            pieces = list(all_gather(sent, group=group or dist.group.WORLD))
+        else:
+            pieces = [torch.empty_like(sent) for _ in range(dist.get_world_size(group))]
+            dist.all_gather(pieces, sent, group=group)
         return torch.stack(pieces).to(tensor.device)
 
     def broadcast(self, obj: Any, src: int = 0) -> Any:
@@ -313,7 +336,7 @@ class DDPStrategy(Strategy):
         dist.all_gather_object(gathered, obj)
         return gathered
 
-    def barrier(self) -> None:
+    def barrier(self, name: str | None = None) -> None:
         self._join_process_group()
         dist.barrier()
 

@@ -14,12 +14,37 @@ from typing import Any
 
 import torch
 
+from trainer.errors import StrategyError
 from trainer.precision import Precision
 from trainer.runtime.state import DistributedType
 
 __all__ = ["Strategy"]
 
 ReduceOp = str  # "mean" | "sum" | "max" | "min"
+
+# `Strategy.reduce`'s op names (Lightning's, any case): what each means for `Strategy.all_reduce`
+_REDUCE_NAMES = {"mean": "mean", "avg": "mean", "sum": "sum", "max": "max", "min": "min"}
+
+
+def reduce_op_name(reduce_op: Any) -> ReduceOp:
+    """`Strategy.all_reduce`'s op for a ``reduce_op`` of Lightning's ``Strategy.reduce``: a
+    name ("mean" or "avg", "sum", "max", "min", in any case) or a ``torch.distributed.ReduceOp``
+    member of those (``ReduceOp.SUM``).
+
+    Raises:
+        StrategyError: another op (Lightning would pass it to torch).
+    """
+    if isinstance(reduce_op, str) and reduce_op.lower() in _REDUCE_NAMES:
+        return _REDUCE_NAMES[reduce_op.lower()]
+    members = getattr(torch.distributed, "ReduceOp", None)
+    for name in ("SUM", "AVG", "MAX", "MIN"):
+        if members is not None and reduce_op == getattr(members, name):
+            return _REDUCE_NAMES[name.lower()]
+    raise StrategyError(
+        f"Strategy.reduce(reduce_op={reduce_op!r}): expected one of 'mean' (or 'avg'), 'sum', "
+        "'max', 'min', or torch.distributed.ReduceOp.SUM / AVG / MAX / MIN; received "
+        f"{type(reduce_op).__name__}. Reduce with one of those."
+    )
 
 
 class Strategy:
@@ -120,6 +145,31 @@ class Strategy:
         """Reduce ``tensor`` over all processes with ``op``."""
         return tensor
 
+    def reduce(self, tensor: Any, group: Any | None = None, reduce_op: Any = "mean") -> Any:
+        """Lightning's ``Strategy.reduce``: ``tensor`` reduced over the processes (`all_reduce`).
+
+        Args:
+            tensor: the tensor to reduce; anything else is returned as it is (as Lightning).
+            group: a ``torch.distributed`` process group; None means all processes.
+            reduce_op: "mean" (or "avg"), "sum", "max" or "min", in any case, or the
+                ``torch.distributed.ReduceOp`` member.
+
+        Returns:
+            The reduced tensor, a new one: the input is left as it is (Lightning's reduces it
+            in place too). On one process, ``tensor`` itself. Over several processes an integer
+            tensor's mean is a float tensor (Lightning's truncates it to the integer dtype).
+
+        Raises:
+            StrategyError: an op not listed above.
+
+        Examples:
+            >>> # 2 processes holding tensor(1.) and tensor(3.)
+            >>> trainer.strategy.reduce(loss, reduce_op="mean")  # tensor(2.) on both
+        """
+        if not isinstance(tensor, torch.Tensor):
+            return tensor
+        return self.all_reduce(tensor, reduce_op_name(reduce_op))
+
     def reduce_boolean_decision(self, decision: bool, all: bool = True) -> bool:
         """Agree on a yes/no across processes: every one says yes (``all``) or any one does.
 
@@ -131,8 +181,16 @@ class Strategy:
         flag = torch.tensor([float(bool(decision))], device=self.root_device)
         return bool(self.all_reduce(flag, op="min" if all else "max").item())
 
-    def all_gather(self, tensor: torch.Tensor) -> torch.Tensor:
-        """Stack ``tensor`` from every process: shape ``(world_size, *tensor.shape)``."""
+    def all_gather(
+        self, tensor: torch.Tensor, group: Any | None = None, sync_grads: bool = False
+    ) -> torch.Tensor:
+        """Stack ``tensor`` from every process: shape ``(world_size, *tensor.shape)``.
+
+        Lightning's signature: ``group`` (a ``torch.distributed`` process group, None for all
+        processes) and ``sync_grads`` (gradients flow back through the gather) matter with
+        several processes. On one process the shape is ``(1, *tensor.shape)`` (Lightning's
+        strategy returns ``tensor`` itself; ``TrainModule.all_gather`` does too, as Lightning's).
+        """
         return tensor.unsqueeze(0)
 
     def broadcast(self, obj: Any, src: int = 0) -> Any:
@@ -143,8 +201,8 @@ class Strategy:
         """``obj`` (picklable) from every process, in rank order."""
         return [obj]
 
-    def barrier(self) -> None:
-        """Wait for every process."""
+    def barrier(self, name: str | None = None) -> None:
+        """Wait for every process; ``name`` only labels the barrier (Lightning's signature)."""
 
     # ---- state -------------------------------------------------------------------------
     def module_init_context(self) -> contextlib.AbstractContextManager[Any]:

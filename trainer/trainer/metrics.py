@@ -267,8 +267,8 @@ class MetricStore:
         synced = sorted(  # by name (and dataloader suffix): the same on every rank
             key for (_, key), entry in self.entries.items() if entry.sync_dist and entry.on_epoch
         )
-        if self.key_check is not None and synced:
-            self.key_check(synced)  # ranks that logged different names would hang in the sync
+        if self.key_check is not None:  # on every rank, also one with no synced names:
+            self.key_check(synced)  # one that skipped it would leave the others waiting
         for name, entry in self.entries.items():
             if not entry.on_epoch:
                 continue
@@ -428,7 +428,9 @@ def stage_stores(strategy: Strategy) -> dict[str, MetricStore]:
     """The ``self.log`` stores of the "train", "validation" and "test" stages.
 
     ``sync_dist=True`` values are reduced over ``strategy``'s processes, after a check that every
-    process logged the same names (a clear error instead of a hang in the collective).
+    process logged the same names (a clear error instead of a hang in the collective). With
+    several processes every epoch end checks, whether or not this process logged synced names:
+    one gather of the names per `MetricStore.finalize_epoch`, all ranks taking part.
     """
 
     def reduce(tensor: torch.Tensor, op: str) -> torch.Tensor:
