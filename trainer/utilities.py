@@ -88,22 +88,29 @@ _IMPORT_RANK = launcher_rank() or 0
 rank_zero_only.rank = _IMPORT_RANK  # type: ignore[attr-defined]
 
 
+# Lightning's rank_zero_* call one more function (its `_info` / `_warn`) before logging or
+# warnings: its ``stacklevel`` counts that frame, which this module does not have.
+_FRAMES_LIGHTNING_HAS_MORE = 1
+
+
 @rank_zero_only
 def rank_zero_info(*args: Any, stacklevel: int = 4, **kwargs: Any) -> None:
-    """``logging.info`` on global rank 0 (the ``trainer.utilities`` logger)."""
-    _log.info(*args, stacklevel=stacklevel, **kwargs)
+    """``logging.info`` on global rank 0 (the ``trainer.utilities`` logger); ``stacklevel``
+    counts frames as Lightning's does (its default names the caller's line)."""
+    _log.info(*args, stacklevel=stacklevel - _FRAMES_LIGHTNING_HAS_MORE, **kwargs)
 
 
 @rank_zero_only
 def rank_zero_debug(*args: Any, stacklevel: int = 4, **kwargs: Any) -> None:
     """``logging.debug`` on global rank 0 (the ``trainer.utilities`` logger)."""
-    _log.debug(*args, stacklevel=stacklevel, **kwargs)
+    _log.debug(*args, stacklevel=stacklevel - _FRAMES_LIGHTNING_HAS_MORE, **kwargs)
 
 
 @rank_zero_only
 def rank_zero_warn(message: str | Warning, stacklevel: int = 4, **kwargs: Any) -> None:
-    """``warnings.warn`` on global rank 0 (a ``UserWarning`` unless ``category=`` says)."""
-    warnings.warn(message, stacklevel=stacklevel, **kwargs)
+    """``warnings.warn`` on global rank 0 (a ``UserWarning`` unless ``category=`` says); the
+    warning names the caller's line, as Lightning's (``stacklevel`` counted as Lightning's)."""
+    warnings.warn(message, stacklevel=stacklevel - _FRAMES_LIGHTNING_HAS_MORE, **kwargs)
 
 
 def grad_norm(

@@ -63,10 +63,12 @@ class _Records(logging.Handler):
     def __init__(self, *names: str) -> None:
         super().__init__(logging.DEBUG)
         self.messages: list[str] = []
+        self.records: list[logging.LogRecord] = []
         self.loggers = [logging.getLogger(name) for name in names]
 
     def emit(self, record: logging.LogRecord) -> None:
         self.messages.append(record.getMessage())
+        self.records.append(record)
 
     def __enter__(self) -> _Records:
         self.levels = [logger.level for logger in self.loggers]
@@ -109,3 +111,22 @@ def test_rank_zero_debug_logs_on_rank_zero_only(monkeypatch) -> None:
         with _Records("trainer.utilities") as records:
             ours.rank_zero_debug("details")
         assert records.messages == expected
+
+
+def test_rank_zero_warn_and_info_name_the_callers_line_as_lightning(monkeypatch) -> None:
+    """Our frames were one fewer than Lightning's for the same stacklevel: the warning pointed
+    past the caller (to "sys:1" from a script's top level)."""
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.setattr(theirs.rank_zero_only, "rank", 0)
+    places = {}
+    for name, module, logger in (
+        ("lightning", theirs, "lightning.pytorch.utilities.rank_zero"),
+        ("trainer", ours, "trainer.utilities"),
+    ):
+        with _Records(logger) as records, warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            module.rank_zero_warn("here"), module.rank_zero_info("here")  # one line, both calls
+        (record,) = records.records
+        places[name] = (caught[0].filename, caught[0].lineno, record.pathname, record.lineno)
+    assert places["trainer"] == places["lightning"]
+    assert places["trainer"][0] == __file__
