@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from trainer.errors import summarize_error
 from trainer.strategies.environment import SLURMEnvironment, slurm_job_id
 from trainer.trainer.checkpoint_state import checkpoint_dir
 
@@ -109,8 +110,7 @@ def _bound_after_failure(err: BaseException) -> None:
     if not _is_multi_process():
         return
     bound_collective_timeout(FAILURE_TIMEOUT)
-    summary = (str(err).strip().splitlines() or [""])[0][:300]
-    what = f"{type(err).__name__}: {summary}" if summary else type(err).__name__
+    what = summarize_error(err, limit=300)
     ended = "was interrupted" if isinstance(err, KeyboardInterrupt) else "failed"
     print(
         f"trainer: rank {dist.get_rank()} of {dist.get_world_size()} {ended} during fit: "
@@ -139,12 +139,12 @@ def is_preempted(trainer: Trainer, received: PreemptionSignal, *, is_end: bool =
     signal: SIGTERM if any process saw it, else SIGUSR1. ``is_end``: asked once more after the
     last epoch, so a signal that came after the last agreement is not dropped.
     """
+    if not is_end and not trainer.accelerator.sync_gradients:
+        return False
     seen = received.signum is not None
     if trainer.world_size == 1:
-        return seen and (is_end or trainer.accelerator.sync_gradients)
-    if not is_end and (
-        not trainer.accelerator.sync_gradients or trainer.global_step % CHECK_EVERY != 0
-    ):
+        return seen
+    if not is_end and trainer.global_step % CHECK_EVERY != 0:
         return False
     agreed = trainer.strategy.reduce_boolean_decision(seen, all=False)
     if agreed:
