@@ -761,6 +761,55 @@ def test_a_signal_after_the_last_step_still_saves_and_exits(tmp_path):
     assert ended == [] and fit.state.status == "interrupted"
 
 
+@pytest.mark.parametrize("hook", ["on_train_end", "on_fit_end"])
+def test_a_signal_in_the_fits_end_hooks_saves_and_exits(tmp_path, hook):
+    """SIGTERM in on_train_end / on_fit_end (after the fit loop's last check) killed the process
+    with status 143 (the handlers were gone) and nothing of the finished fit was saved."""
+    import signal
+
+    class TerminatedInTheEnd(LinearModule):
+        pass
+
+    setattr(TerminatedInTheEnd, hook, lambda self: os.kill(os.getpid(), signal.SIGTERM))
+    fit = quiet_trainer(tmp_path, max_epochs=2)
+    with pytest.raises(SystemExit) as stopped:
+        fit.fit(TerminatedInTheEnd(), make_loader())
+    assert stopped.value.code == 0
+    saved = sorted(p.name for p in (tmp_path / "checkpoints").iterdir())
+    assert saved == ["preempted-epoch=2-step=16"], saved
+    assert fit.state.status == "interrupted"
+
+
+@pytest.mark.parametrize("stage", ["validate", "test", "predict"])
+def test_a_signal_during_an_evaluation_finishes_it_then_exits(tmp_path, stage, capsys):
+    """SIGTERM during test() (e.g. right after fit) killed the process with status 143 before
+    the epoch's results were printed or logged; now the call finishes, then exits 0."""
+    import signal
+
+    batches: list[int] = []
+
+    def signal_at_the_first_batch(outputs, batch, batch_idx, dataloader_idx=0):
+        batches.append(batch_idx)
+        if batch_idx == 0:
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    name = {"validate": "validation", "test": "test", "predict": "predict"}[stage]
+    module = LinearModule()
+    setattr(module, f"on_{name}_batch_end", signal_at_the_first_batch)
+    csv = trainer.loggers.CSVLogger(tmp_path)
+    evaluate = quiet_trainer(tmp_path, logger=csv, enable_progress_bar=False)
+    with pytest.raises(SystemExit) as stopped:
+        getattr(evaluate, stage)(module, make_loader(n=12))
+    assert stopped.value.code == 0
+    assert evaluate.state.status == "interrupted"
+    err = capsys.readouterr().err
+    assert f"received SIGTERM during {stage}; the {stage} epoch is complete" in err, err
+    assert batches == [0, 1, 2]  # the epoch went on to its end
+    if stage != "predict":  # and its value reached the logger
+        logged = (Path(csv.log_dir) / "metrics.csv").read_text()
+        assert f"{name if name == 'test' else 'val'}/loss" in logged, logged
+
+
 def test_logged_hparams_are_the_initial_ones_and_a_clash_with_the_datamodule_is_refused(tmp_path):
     class Data(trainer.DataModule):
         def __init__(self, lr: float = 0.5):

@@ -216,3 +216,27 @@ def test_debug_and_notebook_launchers_run_a_function_on_two_processes():
     assert trainer.notebook_launcher(
         _rank_and_sum, args=(0.0,), num_processes=2, use_port=port
     ) == {0: (0, 1.0), 1: (1, 1.0)}
+
+
+def test_a_signal_after_the_processes_ended_leaves_their_status_to_torchrun():
+    """`trainer launch` exited 0 on a second SIGTERM that came after its processes had ended but
+    before torchrun's agent collected their status (an ended process's environment cannot be
+    read, so none was found): a job whose rank died was reported as a clean preemption."""
+    import signal
+    import time
+
+    from trainer.accelerator.launchers import _pass_on_preemption_signals
+
+    ended = subprocess.Popen([sys.executable, "-c", "raise SystemExit(1)"])
+    deadline = time.monotonic() + 60
+    stat = Path(f"/proc/{ended.pid}/stat")
+    while stat.read_text().rsplit(")", 1)[1].split()[0] != "Z" and time.monotonic() < deadline:
+        time.sleep(0.01)
+    previous = _pass_on_preemption_signals()
+    try:
+        os.kill(os.getpid(), signal.SIGTERM)  # the handler runs here; it raised SystemExit(0)
+        time.sleep(0.05)
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    assert ended.wait() == 1  # still there for the agent to report

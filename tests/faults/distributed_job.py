@@ -7,6 +7,8 @@
   Trainer finishes the step, every rank saves, and the job exits with status 0.
 - "SIGTERM-late": rank 0 sends itself SIGTERM in the last epoch's ``on_train_epoch_end``, after
   the ranks last compared flags: the job still saves and exits with status 0.
+- "SIGTERM-test": after a 1-epoch fit, rank 1 sends itself SIGTERM during ``test()``: the test
+  epoch finishes on both ranks, then both exit with status 0.
 - "resume": ``fit(ckpt_path="last")`` to the end; weights to ROOT/final-resume.safetensors.
 - "raise" / "exit" / "sigkill": rank 1 raises, calls ``os._exit(1)`` or SIGKILLs itself at
   step 3 of a long fit, while rank 0 waits in a collective: the job must end promptly.
@@ -44,6 +46,10 @@ class Net(trainer.TrainModule):
         self.log("loss", loss, sync_dist=True)
         return loss
 
+    def test_step(self, batch, batch_idx):
+        x, y = batch
+        self.log("test_loss", torch.nn.functional.mse_loss(self.net(x), y), sync_dist=True)
+
     def configure_optimizers(self):
         # lr=0.05 diverges to NaN with batches of 4 (and NaN != NaN defeats the exact comparison).
         optimizer = torch.optim.SGD(self.parameters(), lr=0.01, momentum=0.9)
@@ -69,6 +75,12 @@ class SignalRankZero(Callback):
 class SignalRankZeroAtTheEnd(Callback):
     def on_train_epoch_end(self, trainer, module):
         if trainer.current_epoch == trainer.max_epochs - 1 and trainer.global_rank == 0:
+            os.kill(os.getpid(), signal.SIGTERM)
+
+
+class SignalRankOneInTest(Callback):
+    def on_test_batch_end(self, trainer, module, outputs, batch, batch_idx, dataloader_idx=0):
+        if batch_idx == 1 and trainer.global_rank == 1:
             os.kill(os.getpid(), signal.SIGTERM)
 
 
@@ -98,17 +110,21 @@ def main(root: str, mode: str) -> None:
         callbacks.append(SignalRankZero(getattr(signal, mode)))
     if mode == "SIGTERM-late":
         callbacks.append(SignalRankZeroAtTheEnd())
+    if mode == "SIGTERM-test":
+        callbacks.append(SignalRankOneInTest())
     if is_failure:
         callbacks.append(FailRankOne(mode))
     is_distributed = int(os.environ.get("WORLD_SIZE", "1")) > 1
     torch.manual_seed(0)
     module = Net()
     fit = trainer.Trainer(
-        max_epochs=300 if is_failure else 3, seed=0, accelerator="cpu",
+        max_epochs=300 if is_failure else 1 if mode == "SIGTERM-test" else 3, seed=0, accelerator="cpu",
         strategy="ddp" if is_distributed else "auto", callbacks=callbacks, logger=False,
         enable_progress_bar=False, enable_model_summary=False, default_root_dir=root,
     )  # fmt: skip
     fit.fit(module, data(), ckpt_path="last" if mode == "resume" else None)
+    if mode == "SIGTERM-test":
+        fit.test(module, data())
     if fit.is_global_zero:
         weights = {k: v.detach().clone().contiguous() for k, v in module.state_dict().items()}
         save_file(weights, os.path.join(root, f"final-{mode}.safetensors"))

@@ -85,6 +85,16 @@ def test_a_signal_after_the_ranks_last_compared_flags_still_saves_and_exits_zero
     assert saved == ["preempted-epoch=3-step=18"], saved
 
 
+def test_a_signal_to_one_rank_during_test_finishes_the_epoch_and_every_rank_exits_zero(tmp_path):
+    """SIGTERM during test() killed the rank (status 143: no handler outside fit), failing the
+    job; now the ranks agree when the epoch ends, and every one exits 0 after its results."""
+    stopped = run_job(tmp_path, "SIGTERM-test", processes=2)
+    assert stopped.returncode == 0, stopped.stderr[-3000:]
+    assert "received SIGTERM during test; the test epoch is complete" in stopped.stderr
+    assert "test_loss" in stopped.stdout, stopped.stdout[-3000:]  # rank 0's results table
+    assert not (tmp_path / "final-SIGTERM-test.safetensors").exists()  # the script went no further
+
+
 @pytest.mark.parametrize("how", ["raise", "exit", "sigkill"])
 def test_a_failing_rank_ends_the_job_promptly_and_is_named(tmp_path, how):
     start = time.monotonic()

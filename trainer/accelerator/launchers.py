@@ -26,7 +26,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from trainer.accelerator.launch_config import LaunchConfig
-from trainer.accelerator.machine_watch import MachineWatch, training_processes
+from trainer.accelerator.machine_watch import MachineWatch, child_processes, training_processes
 from trainer.errors import ConfigurationError, StrategyError
 
 __all__ = [
@@ -154,9 +154,9 @@ def run_torchrun(
     try:
         try:
             torchrun.run(args)
-        finally:  # a signal while reporting must not turn a failure into status 0
-            for sig, handler in previous.items():
-                signal.signal(sig, handler)
+        finally:  # the processes have ended: a signal now must neither turn a failure into
+            for sig in previous:  # status 0 nor kill the launcher before it reports
+                signal.signal(sig, signal.SIG_IGN)
     except ChildFailedError as err:
         explanation = watch.explain_failure(err) if watch is not None else ""
         print(f"{err}{explanation}", file=sys.stderr, flush=True)
@@ -165,6 +165,8 @@ def run_torchrun(
         print(f"trainer launch: stopped by {err.sigval.name}.", file=sys.stderr, flush=True)
         return 128 + int(err.sigval)
     finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
         if watch is not None:
             watch.stop()
     return 0
@@ -193,7 +195,9 @@ def _pass_on_preemption_signals() -> dict[int, Any]:
             file=sys.stderr,
             flush=True,
         )
-        if not workers:  # between rendezvous and start, or all done: nothing left to save
+        # None alive and none ended unreported (between rendezvous and start): nothing to
+        # save, stop. Ended ones (zombies) are left to the agent, which reports their status.
+        if not workers and not any(state == "Z" for _, state in child_processes()):
             raise SystemExit(0)
 
     return {sig: signal.signal(sig, pass_on) for sig in _FORWARDED}

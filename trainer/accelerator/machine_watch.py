@@ -34,7 +34,7 @@ if TYPE_CHECKING:
 
     from trainer.accelerator.launch_config import LaunchConfig
 
-__all__ = ["HEARTBEAT_EVERY", "LOST_AFTER", "MachineWatch", "training_processes"]
+__all__ = ["HEARTBEAT_EVERY", "LOST_AFTER", "MachineWatch", "child_processes", "training_processes"]
 
 HEARTBEAT_EVERY = 1.0  # seconds between heartbeats
 LOST_AFTER = 10.0  # seconds without a heartbeat after which a machine counts as lost
@@ -42,14 +42,9 @@ _PREFIX = "trainer_launch"
 _NOT_COMPARED = ("machine_rank", "gpu_ids")  # may differ from machine to machine
 
 
-def training_processes(parent: int | None = None) -> list[int]:
-    """The training processes torchrun's agent in ``parent`` (default: this process) started.
-
-    The agent starts each in its own session, so a signal to the launcher's process group does
-    not reach them: they are the children whose environment has ``TORCHELASTIC_RUN_ID``, read
-    from ``/proc`` (other children, such as a notebook's, are left alone). Empty where there is
-    no ``/proc`` (not Linux).
-    """
+def child_processes(parent: int | None = None) -> list[tuple[int, str]]:
+    """``(pid, state)`` of each child of ``parent`` (default: this process), read from
+    ``/proc`` (state "Z": ended, its status not yet collected). Empty where there is no ``/proc``."""
     parent = os.getpid() if parent is None else parent
     try:
         entries = [entry for entry in os.listdir("/proc") if entry.isdigit()]
@@ -59,12 +54,29 @@ def training_processes(parent: int | None = None) -> list[int]:
     for entry in entries:
         try:
             with open(f"/proc/{entry}/stat", encoding="utf-8") as stat:
-                if int(stat.read().rsplit(")", 1)[1].split()[1]) != parent:
-                    continue
-            with open(f"/proc/{entry}/environ", "rb") as environ:
+                state, its_parent = stat.read().rsplit(")", 1)[1].split()[:2]
+        except (OSError, ValueError):  # gone meanwhile
+            continue
+        if int(its_parent) == parent:
+            found.append((int(entry), state))
+    return found
+
+
+def training_processes(parent: int | None = None) -> list[int]:
+    """The training processes torchrun's agent in ``parent`` (default: this process) started.
+
+    The agent starts each in its own session, so a signal to the launcher's process group does
+    not reach them: they are the children whose environment has ``TORCHELASTIC_RUN_ID``, read
+    from ``/proc`` (other children, such as a notebook's, are left alone; an ended one's
+    environment cannot be read). Empty where there is no ``/proc`` (not Linux).
+    """
+    found = []
+    for pid, _ in child_processes(parent):
+        try:
+            with open(f"/proc/{pid}/environ", "rb") as environ:
                 if b"TORCHELASTIC_RUN_ID=" in environ.read():
-                    found.append(int(entry))
-        except (OSError, IndexError, ValueError):  # gone meanwhile, or not ours to read
+                    found.append(pid)
+        except OSError:  # gone meanwhile, or not ours to read
             continue
     return found
 

@@ -7,7 +7,10 @@ first, then this one, before the exit. Under a SLURM batch job, SIGUSR1 (``#SBAT
 as Lightning does; ``SLURMEnvironment(auto_requeue=False)`` turns that off.
 
 The handler only records the signal; the fit loop acts on it at the next optimizer-step boundary,
-so the saved state is consistent. ``trainer launch`` forwards the signals it receives to the
+so the saved state is consistent. The handlers stay for the whole call: a signal after training's
+last step (in ``on_train_end`` / ``on_fit_end``) still saves and exits 0, and one during
+validate / test / predict lets the call finish (results printed and logged), then exits 0
+(`act_on_late_signal`). ``trainer launch`` forwards the signals it receives to the
 processes it started (`trainer.accelerator.launchers`).
 
 A process whose fit raises while others run bounds how long its collectives wait
@@ -38,6 +41,7 @@ if TYPE_CHECKING:
 __all__ = [
     "PREEMPTION_SIGNALS",
     "PreemptionSignal",
+    "act_on_late_signal",
     "catch_preemption_signals",
     "is_preempted",
     "requeue_slurm_job",
@@ -155,6 +159,27 @@ def is_preempted(trainer: Trainer, received: PreemptionSignal, *, is_end: bool =
         flags = trainer.strategy.all_reduce(flags, "max")
         received.signum = int(next(s for s, f in zip(PREEMPTION_SIGNALS, flags.tolist()) if f))
     return agreed
+
+
+def act_on_late_signal(trainer: Trainer, received: PreemptionSignal, stage: str) -> None:
+    """At the end of a call's work, act on a SIGTERM / SIGUSR1 no earlier check acted on.
+
+    fit (after ``on_fit_end``): save where it stands and exit 0, as `save_and_exit`. validate /
+    test / predict (after the epoch and its results): nothing to save; exit 0. With several
+    processes every one takes part (one collective per call), so all exit together.
+    """
+    if not is_preempted(trainer, received, is_end=True):
+        return
+    if stage == "fit":
+        save_and_exit(trainer, received)
+    if trainer.is_global_zero:
+        print(
+            f"trainer: received {signal.Signals(received.signum).name} during {stage}; the "
+            f"{stage} epoch is complete and its results are logged; exiting with status 0.",
+            file=sys.stderr,
+            flush=True,
+        )
+    raise SystemExit(0)
 
 
 def requeue_slurm_job(trainer: Trainer, signum: int) -> str | None:

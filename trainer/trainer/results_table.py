@@ -22,7 +22,7 @@ __all__ = ["eval_results", "print_results"]
 
 
 def eval_results(
-    results: Sequence[Mapping[str, Any]], stage: str, *, verbose: bool
+    results: Sequence[Mapping[str, Any]], stage: str, verbose: bool
 ) -> list[dict[str, float]]:
     """``validate()`` / ``test()``'s return value from one epoch's logged values (floats), which
     `print_results` prints when ``verbose``."""

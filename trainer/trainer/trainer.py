@@ -60,7 +60,7 @@ from trainer.trainer.options import (
     resolve_plugins,
     resolve_root_dir,
 )
-from trainer.trainer.preemption import catch_preemption_signals
+from trainer.trainer.preemption import act_on_late_signal, catch_preemption_signals
 from trainer.trainer.prepare import (
     StepRouter,
     build_accelerator,
@@ -195,16 +195,13 @@ class Trainer(TrainerProperties):
         self.callbacks = build_callbacks(callbacks, *switches, enable_checkpointing, self.max_time)
         self.progress = Progress()
         self.state = TrainerState()
-        self.should_stop = False
-        self.sanity_checking = False
+        self.should_stop = self.sanity_checking = False
         self.module: TrainModule | None = None
         self.datamodule: DataModule | None = None
         self.optimizers: list[Any] = []
         self.lr_scheduler_configs: list[SchedulerConfig] = []
         self.num_training_batches: float = 0
-        self.num_val_batches = 0
-        self.num_test_batches = 0
-        self.num_predict_batches = 0
+        self.num_val_batches = self.num_test_batches = self.num_predict_batches = 0
         self._stores = stage_stores(self.strategy)  # kept across calls: callback_metrics read them
         self._hooks: HookTable | None = None
         self._loaders: dict[str, Any] = {}
@@ -256,9 +253,10 @@ class Trainer(TrainerProperties):
                 self._pending_rng_state = None
                 profiling.profile_fit_loop(self.profiler, self._fit_loop)
                 trained = self._fit_loop.run()  # False: nothing to train (Lightning's skip)
-            if trained:
-                self._call_hook("on_train_end")
-            self._call_hook("on_fit_end")
+                if trained:
+                    self._call_hook("on_train_end")
+                self._call_hook("on_fit_end")
+                act_on_late_signal(self, received_signal, "fit")  # one in on_*_end: save, exit
         except TunerExit:  # a Tuner's search ended the fit at on_fit_start, as Lightning's does
             pass
         except BaseException as err:
@@ -336,11 +334,13 @@ class Trainer(TrainerProperties):
             )
         self._attach(module, datamodule, run_stage)
         try:
-            self._setup(run_stage, {stage: dataloaders}, ckpt_path)
-            self._run.keep_predictions = keep
-            result = run_eval_epoch(self, self._run, stage)
-            if stage != "predict":  # floats; Lightning's table printed on rank zero
-                result = eval_results(result, run_stage, verbose=verbose and self.is_global_zero)
+            with catch_preemption_signals() as received_signal:
+                self._setup(run_stage, {stage: dataloaders}, ckpt_path)
+                self._run.keep_predictions = keep
+                result = run_eval_epoch(self, self._run, stage)
+                if stage != "predict":  # floats; Lightning's table printed on rank zero
+                    result = eval_results(result, run_stage, verbose and self.is_global_zero)
+                act_on_late_signal(self, received_signal, run_stage)  # the results first
         except BaseException as err:
             self._handle_exception(err, run_stage)
             raise
