@@ -9,6 +9,8 @@
   the ranks last compared flags: the job still saves and exits with status 0.
 - "SIGTERM-test": after a 1-epoch fit, rank 1 sends itself SIGTERM during ``test()``: the test
   epoch finishes on both ranks, then both exit with status 0.
+- "orphan": a long fit whose launcher the test kills with SIGKILL: each rank notices, saves
+  a preemption checkpoint and exits.
 - "resume": ``fit(ckpt_path="last")`` to the end; weights to ROOT/final-resume.safetensors.
 - "raise" / "exit" / "sigkill": rank 1 raises, calls ``os._exit(1)`` or SIGKILLs itself at
   step 3 of a long fit, while rank 0 waits in a collective: the job must end promptly.
@@ -117,8 +119,9 @@ def main(root: str, mode: str) -> None:
     is_distributed = int(os.environ.get("WORLD_SIZE", "1")) > 1
     torch.manual_seed(0)
     module = Net()
+    epochs = 300 if is_failure or mode == "orphan" else 1 if mode == "SIGTERM-test" else 3
     fit = trainer.Trainer(
-        max_epochs=300 if is_failure else 1 if mode == "SIGTERM-test" else 3, seed=0, accelerator="cpu",
+        max_epochs=epochs, seed=0, accelerator="cpu",
         strategy="ddp" if is_distributed else "auto", callbacks=callbacks, logger=False,
         enable_progress_bar=False, enable_model_summary=False, default_root_dir=root,
     )  # fmt: skip

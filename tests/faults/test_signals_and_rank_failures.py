@@ -4,11 +4,13 @@
   with status 0, and ``fit(ckpt_path="last")`` ends with the uninterrupted run's weights.
 - On 2 processes, rank 1 raises, calls ``os._exit(1)``, or is SIGKILLed while rank 0 waits in a
   collective: the job ends within 60 s with a message naming the rank.
+- The launcher killed with SIGKILL: the ranks save a preemption checkpoint and exit.
 """
 
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -93,6 +95,47 @@ def test_a_signal_to_one_rank_during_test_finishes_the_epoch_and_every_rank_exit
     assert "received SIGTERM during test; the test epoch is complete" in stopped.stderr
     assert "test_loss" in stopped.stdout, stopped.stdout[-3000:]  # rank 0's results table
     assert not (tmp_path / "final-SIGTERM-test.safetensors").exists()  # the script went no further
+
+
+def _is_running(pid: int) -> bool:
+    """Whether ``pid`` runs (an orphan that ended may stay a zombie until init reaps it)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return False
+
+
+def test_ranks_whose_launcher_is_killed_save_and_stop(tmp_path):
+    """kill -9 of torchrun's agent (`trainer launch`, torchrun) left both ranks training on,
+    unwatched, writing checkpoints a resubmitted job would read; now each notices within a
+    second, saves a preemption checkpoint and exits."""
+    from trainer.accelerator.machine_watch import training_processes
+
+    env = dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1")
+    launcher = subprocess.Popen(
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+         str(JOB), str(tmp_path), "orphan"],
+        env=env, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+        start_new_session=True,
+    )  # fmt: skip
+    checkpoints = tmp_path / "checkpoints"
+    deadline = time.monotonic() + 180
+    while not (checkpoints.is_dir() and any(checkpoints.iterdir())):  # training is under way
+        assert launcher.poll() is None and time.monotonic() < deadline, launcher.stderr.read()
+        time.sleep(0.1)
+    ranks = training_processes(launcher.pid)
+    assert len(ranks) == 2, ranks
+    launcher.kill()
+    launcher.wait()
+    deadline = time.monotonic() + 60
+    while any(map(_is_running, ranks)) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    alive = [pid for pid in ranks if _is_running(pid)]
+    for pid in alive:
+        os.kill(pid, signal.SIGKILL)
+    assert not alive, "the ranks trained on after their launcher was killed"
+    saved = [p.name for p in checkpoints.iterdir() if p.name.startswith("preempted")]
+    assert len(saved) == 1, sorted(p.name for p in checkpoints.iterdir())
 
 
 @pytest.mark.parametrize("how", ["raise", "exit", "sigkill"])

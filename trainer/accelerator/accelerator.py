@@ -46,6 +46,7 @@ from trainer.runtime.configs import (
 )
 from trainer.runtime.gradient_state import GradientState
 from trainer.runtime.kwargs_handlers import AutocastKwargs, ProfileKwargs
+from trainer.runtime.launcher_watch import watch_launcher
 from trainer.runtime.state import AcceleratorState
 from trainer.strategies import Strategy
 
@@ -148,6 +149,7 @@ class Accelerator(ProcessAPI, ParallelismAPI, CheckpointAPI, TrackerAPI):
         self.strategy = engine.strategy
         self.strategy.precision = engine.precision
         self.strategy.setup_environment()
+        watch_launcher()  # a rank whose launcher was killed must not train on, unwatched
         self.state = AcceleratorState(self, cpu=cpu)
         self.gradient_state = GradientState(
             num_steps=plugin.num_steps,
