@@ -335,3 +335,37 @@ def test_save_model_is_atomic_and_keeps_the_other_files_of_the_folder(tmp_path):
     ]
     assert (folder / "tokenizer" / "vocab.txt").read_text() == "a b c"
     assert [p.name for p in tmp_path.iterdir()] == ["exported"]  # no temporary folder left
+
+
+def test_save_state_and_save_model_remove_what_a_killed_save_left(tmp_path):
+    """A save_state / save_model killed mid-write leaves a hidden ``.<name>.tmp-<pid>-<host>-…``
+    folder; only ModelCheckpoint removed such folders, so an Accelerator loop's project folder
+    kept every one (a full model's weights each)."""
+    import subprocess
+    import sys
+
+    from trainer.checkpoint.atomic import process_tag
+
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    child.wait()
+    host = process_tag().split("-", 1)[1].rsplit("-", 1)[0]
+    config = ProjectConfiguration(project_dir=str(tmp_path), automatic_checkpoint_naming=True)
+    accelerator = Accelerator(cpu=True, project_config=config)
+    model = _setup(accelerator)[0]
+    folders = {
+        "state": tmp_path / "checkpoints",
+        "model": tmp_path / "exported",
+    }
+    for folder in folders.values():
+        folder.mkdir()
+        for name in (
+            f".checkpoint_0.tmp-{child.pid}-{host}-0123abcd",
+            f".x.tmp-{os.getpid()}-{host}-0123abcd",
+        ):
+            (folder / name).mkdir()
+            (folder / name / "model.safetensors").write_text("partial")
+    accelerator.save_state()
+    accelerator.save_model(model, folders["model"] / "weights")
+    for folder in folders.values():
+        hidden = sorted(p.name for p in folder.iterdir() if p.name.startswith("."))
+        assert hidden == [f".x.tmp-{os.getpid()}-{host}-0123abcd"], hidden  # a live writer's stays

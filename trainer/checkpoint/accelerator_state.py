@@ -29,6 +29,7 @@ from trainer.checkpoint.atomic import (
     fsync_directory,
     has_trainer_manifest,
     process_tag,
+    remove_stale_temporaries,
     replace_directory,
 )
 from trainer.checkpoint.format import (
@@ -155,6 +156,8 @@ def save_accelerator_state(
         checkpoint_io.wait()
     if config.automatic_checkpoint_naming:  # before anything runs or is written
         _check_is_newest(output.parent, config.iteration)
+    if accelerator.is_main_process:  # what a killed save left beside it (dead writers' only)
+        remove_stale_temporaries(output.parent)
     models = [accelerator.unwrap_model(model) for model in objects.models]
     # The first model and the optimizers keep the strategy's layout (DCP shards under FSDP's
     # SHARDED state dicts, written by every rank); further models are gathered in full.
@@ -363,6 +366,7 @@ def save_model_weights(
     """
     directory = check_model_directory(save_directory)
     directory.parent.mkdir(parents=True, exist_ok=True)
+    remove_stale_temporaries(directory.parent)  # what a killed save left (dead writers' only)
     staged = directory.parent / f".{directory.name}.tmp-{process_tag()}"
     staged.mkdir()
     try:
