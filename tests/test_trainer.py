@@ -780,6 +780,32 @@ def test_a_signal_in_the_fits_end_hooks_saves_and_exits(tmp_path, hook):
     assert fit.state.status == "interrupted"
 
 
+def test_a_preemption_checkpoint_replaces_the_earlier_ones(tmp_path):
+    """Each preemption of a long job left a full `preempted-…` checkpoint behind, for ever."""
+    import signal
+
+    class TerminatedAt(LinearModule):
+        def __init__(self, step):
+            super().__init__()
+            self.signal_step = step
+
+        def on_train_batch_end(self, outputs, batch, batch_idx):
+            if self.trainer.global_step == self.signal_step:
+                os.kill(os.getpid(), signal.SIGTERM)
+
+    folder = tmp_path / "checkpoints"
+    folder.mkdir()
+    (folder / "preempted-notes").mkdir()  # not a preemption checkpoint's name: kept
+    for step in (3, 10, 13):
+        fit = quiet_trainer(tmp_path, max_epochs=3)
+        with pytest.raises(SystemExit):
+            fit.fit(TerminatedAt(step), make_loader(), ckpt_path="last" if step > 3 else None)
+    assert sorted(p.name for p in folder.iterdir()) == [
+        "preempted-epoch=1-step=13",
+        "preempted-notes",
+    ]
+
+
 @pytest.mark.parametrize("stage", ["validate", "test", "predict"])
 def test_a_signal_during_an_evaluation_finishes_it_then_exits(tmp_path, stage, capsys):
     """SIGTERM during test() (e.g. right after fit) killed the process with status 143 before

@@ -1,7 +1,7 @@
 """How a fit ends when the scheduler stops it, or when this process fails among several.
 
 SIGTERM / SIGUSR1 during fit: every process finishes the optimizer step, they save one checkpoint
-together, and each exits with status 0. With ``AsyncCheckpointIO`` the save in flight completes
+together (replacing earlier preemption checkpoints), and each exits with status 0. With ``AsyncCheckpointIO`` the save in flight completes
 first, then this one, before the exit. Under a SLURM batch job, SIGUSR1 (``#SBATCH
 --signal=USR1@90``) also requeues the job (``scontrol requeue``) once the checkpoint is written,
 as Lightning does; ``SLURMEnvironment(auto_requeue=False)`` turns that off.
@@ -22,15 +22,18 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import signal
 import subprocess
 import sys
 import threading
 from collections.abc import Iterator
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 import torch
 
+from trainer.checkpoint.atomic import discard_checkpoint, has_trainer_manifest
 from trainer.errors import summarize_error
 from trainer.strategies.environment import SLURMEnvironment, slurm_job_id
 from trainer.trainer.checkpoint_state import checkpoint_dir
@@ -44,6 +47,7 @@ __all__ = [
     "act_on_late_signal",
     "catch_preemption_signals",
     "is_preempted",
+    "remove_superseded_preemption_checkpoints",
     "requeue_slurm_job",
     "save_and_exit",
 ]
@@ -219,6 +223,24 @@ def requeue_slurm_job(trainer: Trainer, signum: int) -> str | None:
     return None
 
 
+def remove_superseded_preemption_checkpoints(path: Path, step: int) -> list[str]:
+    """Delete the ``preempted-epoch=E-step=S`` checkpoints beside ``path`` with a lower step:
+    the one just written supersedes them (without this, each preemption of a long job left a
+    full checkpoint behind). Other folders, and one a user added files to, are kept; a failure
+    to delete is reported on stderr, never raised (the exit must not fail). Returns the names."""
+    removed = []
+    for entry in sorted(path.parent.glob("preempted-epoch=*-step=*")):
+        found = re.fullmatch(r"preempted-epoch=\d+-step=(\d+)", entry.name)
+        if found is None or int(found.group(1)) >= step or not has_trainer_manifest(entry):
+            continue
+        try:
+            if discard_checkpoint(entry, "preemption"):
+                removed.append(entry.name)
+        except OSError as err:
+            print(f"trainer: could not delete {entry}: {err}", file=sys.stderr, flush=True)
+    return removed
+
+
 def save_and_exit(trainer: Trainer, received: PreemptionSignal) -> None:
     """Save where training stands, requeue under SLURM, say so on stderr, exit with status 0."""
     name = signal.Signals(received.signum).name
@@ -229,6 +251,8 @@ def save_and_exit(trainer: Trainer, received: PreemptionSignal) -> None:
     pending = trainer.save_checkpoint(path)
     if pending is not None:  # a background save (AsyncCheckpointIO): exit only once it is complete
         pending.wait()
+    if trainer.is_global_zero:
+        remove_superseded_preemption_checkpoints(path, trainer.global_step)
     job = requeue_slurm_job(trainer, received.signum)
     if trainer.is_global_zero:
         requeued = f"; requeued SLURM job {job}" if job else ""
