@@ -17,7 +17,7 @@ Each training process writes, on the launcher's clock (``time.time()``), when it
 run the script, when its imports were done, when the process group was ready, when the first
 optimizer step was done and when the fit (process group ended) was done; the launcher's exit
 closes the job. Each also counts its OS threads after the fit (``threads_left``: 1 when the
-process group and its gloo threads are gone). The report gives, per phase, the median over ``--rounds`` interleaved rounds
+process group and its gloo threads are gone; trainer's launcher-watch thread not counted). The report gives, per phase, the median over ``--rounds`` interleaved rounds
 (of the slower process), so each cost can be put where it belongs: interpreter and launcher
 start, imports, rendezvous and group, first step (DDP's constructor imports ``torch._dynamo``:
 torch's cost, in both), the rest of the steps, teardown.
@@ -83,7 +83,7 @@ with open(os.path.join(sys.argv[1], f"rank{os.environ['RANK']}.json"), "w") as f
 """
 
 _TRAINER = """
-import json, os, sys, time
+import json, os, sys, threading, time
 marks = {"script": time.time()}
 import torch
 from torch.utils.data import DataLoader, TensorDataset
@@ -120,7 +120,10 @@ fit = trainer.Trainer(
 )
 fit.fit(Net(), DataLoader(TensorDataset(x, x[:, :1]), batch_size=4))
 marks["fit_end"] = time.time()
-marks["threads_left"] = len(os.listdir("/proc/self/task"))  # OS threads: 1 = the main one
+# OS threads: 1 = the main one; trainer's launcher watch (a Python daemon thread that sleeps,
+# trainer.runtime.launcher_watch) is not one of the group's
+watch = sum(t.name == "trainer-launcher-watch" for t in threading.enumerate())
+marks["threads_left"] = len(os.listdir("/proc/self/task")) - watch
 with open(os.path.join(sys.argv[1], f"rank{os.environ['RANK']}.json"), "w") as file:
     json.dump(marks, file)
 """

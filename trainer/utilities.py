@@ -32,6 +32,12 @@ __all__ = [
 ]
 
 _log = logging.getLogger("trainer.utilities")
+# rank_zero_info prints with no logging set up, as Lightning's (it sets its package logger so at
+# import); a program that configured logging (a root handler) gets the records instead.
+_log.setLevel(logging.INFO)
+if not logging.getLogger().hasHandlers():
+    _log.addHandler(logging.StreamHandler())
+    _log.propagate = False
 _RANK_VARIABLES = ("RANK", "LOCAL_RANK", "SLURM_PROCID", "JSM_NAMESPACE_RANK")
 _T = TypeVar("_T")
 

@@ -8,6 +8,8 @@ Usage: ``torchrun --standalone --nproc_per_node 2 strategy_api_worker.py FRAMEWO
   ``rank_zero_only.rank`` (at import, and after a stale value was assigned before ``fit``);
   trainer's also builds an ``Accelerator`` after such an assignment. Each process writes what it
   saw to ``OUT/<framework><rank>.json``; test_strategy_lightning_api.py compares the two.
+  ``LightningModule.all_gather`` of Python numbers, and the strategy's ``num_nodes`` /
+  ``num_processes`` / ``parallel_devices`` / ``process_group_backend`` are compared too.
 - ``training_step`` / ``on_validation_epoch_end`` (trainer): rank 1 logs a ``sync_dist=True``
   epoch value in that hook, rank 0 logs none. Each process writes the error its ``fit`` raised
   to ``OUT/trainer<rank>.json`` (the test's timeout catches a hang).
@@ -108,6 +110,16 @@ def api(framework: str, out: str) -> None:
             facts["rank_in_fit"] = rank_zero_only.rank
             facts["rank_zero_only_ran"] = rank_zero_only(lambda: "ran")()
             facts.update(_strategy_calls(self.trainer.strategy, self.global_rank))
+            strategy = self.trainer.strategy
+            facts["strategy_facts"] = [
+                strategy.num_nodes, strategy.num_processes,
+                [str(device) for device in strategy.parallel_devices],
+                strategy.process_group_backend,
+            ]  # fmt: skip
+            gathered = self.all_gather({"n": float(self.global_rank) + 0.5, "k": [3, True]})
+            facts["module_all_gather_numbers"] = [
+                [value.tolist(), str(value.dtype)] for value in (gathered["n"], *gathered["k"])
+            ]
 
         def configure_optimizers(self):
             return torch.optim.SGD(self.parameters(), lr=0.1)

@@ -35,7 +35,9 @@ def test_strategy_verbs_and_rank_zero_only_as_on_lightning(tmp_path):
     """Found by this comparison: ``rank_zero_only.rank`` was None on every rank (Lightning's is
     the global rank: read at import, set again by the strategy); ``strategy.reduce`` did not
     exist; ``strategy.barrier("name")`` and ``all_gather(t, group=None, sync_grads=False)`` were
-    refused (TypeError)."""
+    refused (TypeError). Later: ``self.all_gather(3.5)`` returned the number (Lightning: a
+    tensor of shape [2]); ``strategy.num_nodes`` / ``num_processes`` / ``parallel_devices`` were
+    missing and ``process_group_backend`` was None (Lightning: "gloo")."""
     pytest.importorskip("lightning.pytorch")
     expected = _run("lightning", tmp_path, "api")
     ours = _run("trainer", tmp_path, "api")
@@ -55,6 +57,10 @@ def test_strategy_verbs_and_rank_zero_only_as_on_lightning(tmp_path):
         assert ours[rank]["reduce_not_a_tensor"] == [3.5, "text", {"a": rank}]
         assert ours[rank]["broadcast"] == [{"from": 1}, "rank0", [2.0]]
         assert ours[rank]["all_gather_sync_grads"] == [[[1.0], [2.0]], [3.0]]
+        assert ours[rank]["strategy_facts"] == [1, 2, ["cpu", "cpu"], "gloo"]
+        assert ours[rank]["module_all_gather_numbers"] == [
+            [[0.5, 1.5], "torch.float32"], [[3, 3], "torch.int32"], [[1, 1], "torch.uint8"]
+        ]  # fmt: skip
 
 
 @pytest.mark.distributed

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import logging
+import os
 import warnings
 
 import pytest
@@ -130,3 +131,31 @@ def test_rank_zero_warn_and_info_name_the_callers_line_as_lightning(monkeypatch)
         places[name] = (caught[0].filename, caught[0].lineno, record.pathname, record.lineno)
     assert places["trainer"] == places["lightning"]
     assert places["trainer"][0] == __file__
+
+
+@pytest.mark.parametrize("configured", [False, True])
+def test_rank_zero_info_prints_unless_logging_is_configured_as_lightning(configured) -> None:
+    """With no logging set up, Lightning's rank_zero_info prints on stderr (its package logger
+    has a handler) and ours printed nothing; with a root handler, that handler prints it."""
+    import subprocess
+    import sys
+
+    setup = (
+        "import logging; logging.basicConfig(format='root: %(message)s'); " if configured else ""
+    )
+    printed = {}
+    for name, module in (
+        ("lightning", "lightning.pytorch.utilities"),
+        ("trainer", "trainer.utilities"),
+    ):
+        code = f"{setup}from {module} import rank_zero_info; rank_zero_info('shown')"
+        run = subprocess.run(
+            [sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
+            env={**os.environ, "RANK": "0"},
+        )  # fmt: skip
+        assert run.returncode == 0, run.stderr[-2000:]
+        printed[name] = [line for line in run.stderr.splitlines() if "shown" in line]
+    if configured:  # the program's handler prints it (Lightning's also prints "INFO: shown")
+        assert printed["trainer"] == ["root: shown"] and "root: shown" in printed["lightning"]
+    else:
+        assert printed["trainer"] == printed["lightning"] == ["shown"]

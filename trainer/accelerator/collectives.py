@@ -32,6 +32,7 @@ __all__ = [
     "gather_for_metrics",
     "gather_object",
     "map_tensors",
+    "number_as_tensor",
     "pad_across_processes",
     "reduce",
 ]
@@ -70,16 +71,41 @@ def _require_tensors(call: str, data: Any) -> None:
     _leaves(data, "")
 
 
-def map_tensors(function: Callable[[torch.Tensor], Any], data: Any) -> Any:
-    """Apply ``function`` to every tensor in a nest of dicts, lists, tuples and namedtuples."""
+def number_as_tensor(value: Any, device: torch.device | str) -> Any:
+    """A Python bool / int / float or a NumPy array as a tensor on ``device`` (Lightning's
+    conversion before ``all_gather``: bool as uint8, int as int32, float as float32); any other
+    value as it is."""
+    if isinstance(value, bool):  # before int: a bool is an int
+        return torch.tensor(value, dtype=torch.uint8, device=device)
+    if isinstance(value, int):
+        return torch.tensor(value, dtype=torch.int, device=device)
+    if isinstance(value, float):
+        return torch.tensor(value, dtype=torch.float, device=device)
+    if type(value).__name__ == "ndarray" and type(value).__module__ == "numpy":
+        return torch.from_numpy(value).to(device)
+    return value
+
+
+def map_tensors(
+    function: Callable[[torch.Tensor], Any],
+    data: Any,
+    *,
+    numbers: Callable[[Any], Any] | None = None,
+) -> Any:
+    """Apply ``function`` to every tensor in a nest of dicts, lists, tuples and namedtuples.
+
+    ``numbers``, when given, first turns each other leaf into a tensor (or returns it as is).
+    """
+    if numbers is not None and not isinstance(data, torch.Tensor | dict | list | tuple):
+        data = numbers(data)
     if isinstance(data, torch.Tensor):
         return function(data)
     if isinstance(data, dict):
-        return type(data)({k: map_tensors(function, v) for k, v in data.items()})
+        return type(data)({k: map_tensors(function, v, numbers=numbers) for k, v in data.items()})
     if isinstance(data, tuple) and hasattr(data, "_fields"):
-        return type(data)(*(map_tensors(function, v) for v in data))
+        return type(data)(*(map_tensors(function, v, numbers=numbers) for v in data))
     if isinstance(data, list | tuple):
-        return type(data)(map_tensors(function, v) for v in data)
+        return type(data)(map_tensors(function, v, numbers=numbers) for v in data)
     return data
 
 

@@ -165,6 +165,27 @@ class DDPStrategy(Strategy):
     def node_rank(self) -> int:
         return self.environment.node_rank
 
+    @property
+    def num_processes(self) -> int:
+        """Processes on this machine (Lightning's ``len(parallel_devices)``): torchrun's
+        ``LOCAL_WORLD_SIZE``, else the world size over SLURM's node count."""
+        local = os.environ.get("LOCAL_WORLD_SIZE")
+        if local:
+            return int(local)
+        return max(1, self.world_size // max(1, int(os.environ.get("SLURM_NNODES", 1))))
+
+    @property
+    def num_nodes(self) -> int:
+        """Machines in the job (Lightning's): the world size over the processes per machine."""
+        return max(1, self.world_size // self.num_processes)
+
+    @property
+    def parallel_devices(self) -> list[torch.device]:
+        """This machine's devices, one per process (Lightning's): ``cuda:0``… or ``cpu``…."""
+        if self.accelerator_type == "cuda":
+            return [torch.device("cuda", index) for index in range(self.num_processes)]
+        return [torch.device(self.accelerator_type)] * self.num_processes
+
     # ---- setup -------------------------------------------------------------------------
     def setup_environment(self) -> None:
         """Join the process group the launcher prepared (or reuse an existing one).
@@ -174,6 +195,7 @@ class DDPStrategy(Strategy):
         Accelerator) comes here.
         """
         self._join_process_group()
+        self.process_group_backend = dist.get_backend()  # the one in use, as Lightning reports
         rank_zero_only.rank = self.global_rank  # type: ignore[attr-defined]
         self.precision.setup(self.root_device)
 

@@ -361,8 +361,13 @@ class MegatronStrategy(DDPStrategy):
         group = self._parallel_state.get_data_parallel_group()
         return all_reduce_data_parallel(tensor, op, group, self.root_device)
 
-    def all_gather(self, tensor: torch.Tensor) -> torch.Tensor:
-        """One row per data-parallel rank: each sample once, not once per model-parallel peer."""
+    def all_gather(
+        self, tensor: torch.Tensor, group: Any | None = None, sync_grads: bool = False
+    ) -> torch.Tensor:
+        """One row per data-parallel rank: each sample once, not once per model-parallel peer.
+        A ``group`` or ``sync_grads`` (Lightning's arguments) gathers as DDPStrategy does."""
+        if group is not None or sync_grads:
+            return super().all_gather(tensor, group, sync_grads)
         group = self._parallel_state.get_data_parallel_group()
         return all_gather_data_parallel(tensor, group, self.root_device)
 

@@ -266,7 +266,13 @@ class ModelParallelStrategy(FSDPStrategy):
         group = self.meshes.data_parallel.get_group()
         return all_reduce_data_parallel(tensor, op, group, self.root_device)
 
-    def all_gather(self, tensor: torch.Tensor) -> torch.Tensor:
+    def all_gather(
+        self, tensor: torch.Tensor, group: Any | None = None, sync_grads: bool = False
+    ) -> torch.Tensor:
+        """One row per data-parallel rank. A ``group`` or ``sync_grads`` (Lightning's
+        arguments) gathers as the base strategy does over that group."""
+        if group is not None or sync_grads:
+            return super().all_gather(tensor, group, sync_grads)
         group = self.meshes.data_parallel.get_group()
         return all_gather_data_parallel(tensor, group, self.root_device)
 

@@ -155,6 +155,9 @@ class XLAStrategy(Strategy):
         self._device = _xla_device()
         if self.spmd:
             self.mesh = self._build_mesh()
+        from trainer.utilities import rank_zero_only
+
+        rank_zero_only.rank = self.global_rank  # type: ignore[attr-defined]  # as DDPStrategy
         self.precision.setup(self._device)
 
     def _build_mesh(self) -> Any:
@@ -244,10 +247,23 @@ class XLAStrategy(Strategy):
             result = result / self.world_size
         return result.to(tensor.device)
 
-    def all_gather(self, tensor: torch.Tensor) -> torch.Tensor:
+    def all_gather(
+        self, tensor: torch.Tensor, group: Any | None = None, sync_grads: bool = False
+    ) -> torch.Tensor:
+        """Lightning's signature; ``group`` must be None (XLA gathers over every process) and
+        ``sync_grads`` uses torch_xla's differentiable gather."""
+        if group is not None:
+            raise StrategyError(
+                "XLAStrategy.all_gather(group=...): XLA gathers over every process; pass "
+                "group=None."
+            )
         if self.world_size == 1:
             return tensor.unsqueeze(0)
-        gathered = _xm().all_gather(tensor.to(self.root_device).unsqueeze(0), dim=0)
+        sent = tensor.to(self.root_device).unsqueeze(0)
+        if sync_grads:
+            gathered = _import("torch_xla.core.functions").all_gather(sent, dim=0)
+        else:
+            gathered = _xm().all_gather(sent, dim=0)
         return gathered.to(tensor.device)
 
     def broadcast(self, obj: Any, src: int = 0) -> Any:
@@ -265,9 +281,9 @@ class XLAStrategy(Strategy):
         payloads = _xm().rendezvous("trainer.all_gather_object", pickle.dumps(_to_cpu(obj)))
         return [pickle.loads(payload) for payload in payloads]
 
-    def barrier(self) -> None:
+    def barrier(self, name: str | None = None) -> None:
         if self.world_size > 1:
-            _xm().rendezvous("trainer.barrier")
+            _xm().rendezvous(name or "trainer.barrier")
 
     # ---- state -------------------------------------------------------------------------
     # The global master writes the whole state with the base writer (no shards), so

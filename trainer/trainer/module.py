@@ -8,13 +8,14 @@ calls it lives in ``trainer/trainer/trainer.py``.
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 from collections.abc import Callable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any, Self
 
 import torch
 
-from trainer.accelerator.collectives import map_tensors
+from trainer.accelerator.collectives import map_tensors, number_as_tensor
 from trainer.errors import ConfigurationError
 from trainer.trainer.data_hooks import DataHooks
 from trainer.trainer.datamodule import DataModule  # its own file; this path stays
@@ -422,9 +423,12 @@ class TrainModule(
     def all_gather(self, data: Any, group: Any = None, sync_grads: bool = False) -> Any:
         """Every process's tensors in ``data`` (a tensor, or dicts / lists / tuples of them),
         stacked on a new first dimension of size ``world_size``; on one process, ``data`` as it
-        is (as Lightning). ``sync_grads=True`` lets gradients flow back through the gather."""
+        is (as Lightning). ``sync_grads=True`` lets gradients flow back through the gather.
+        Python numbers and NumPy arrays are made tensors first, as Lightning does (bool: uint8,
+        int: int32, float: float32), on the module's device."""
+        as_tensor = functools.partial(number_as_tensor, device=self.device)
         if self.world_size == 1 and group is None:
-            return data
+            return map_tensors(lambda tensor: tensor, data, numbers=as_tensor)
         import torch.distributed as dist
 
         def gather(tensor: torch.Tensor) -> torch.Tensor:
@@ -438,7 +442,7 @@ class TrainModule(
             dist.all_gather(pieces, tensor.contiguous(), group=group)
             return torch.stack(pieces)
 
-        return map_tensors(gather, data)
+        return map_tensors(gather, data, numbers=as_tensor)
 
     def freeze(self) -> None:
         """Every parameter stops requiring gradients, and the module goes to eval mode."""

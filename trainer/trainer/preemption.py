@@ -118,7 +118,7 @@ def _bound_after_failure(err: BaseException) -> None:
     if not _is_multi_process():
         return
     bound_collective_timeout(FAILURE_TIMEOUT)
-    what = summarize_error(err, limit=300)
+    what = summarize_error(err, limit=300).rstrip(".")  # the sentence adds its own period
     ended = "was interrupted" if isinstance(err, KeyboardInterrupt) else "failed"
     print(
         f"trainer: rank {dist.get_rank()} of {dist.get_world_size()} {ended} during fit: "
