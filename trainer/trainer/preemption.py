@@ -66,12 +66,13 @@ class PreemptionSignal:
 
 
 @contextlib.contextmanager
-def catch_preemption_signals() -> Iterator[PreemptionSignal]:
+def catch_preemption_signals(stage: str = "fit") -> Iterator[PreemptionSignal]:
     """Record SIGTERM/SIGUSR1 in the yielded `PreemptionSignal` inside the block.
 
     Signal handlers can only be set in the main thread; elsewhere nothing is recorded. An
     exception leaving the block on one of several processes bounds its collectives (see the
-    module docstring); the exit of a preemption (status 0) does not.
+    module docstring; ``stage``, the call, is named in its message); the exit of a preemption
+    (status 0) does not.
     """
     received = PreemptionSignal()
     previous = {}
@@ -89,7 +90,7 @@ def catch_preemption_signals() -> Iterator[PreemptionSignal]:
     except BaseException as err:
         if not (isinstance(err, SystemExit) and not err.code):
             try:
-                _bound_after_failure(err)
+                _bound_after_failure(err, stage)
             except Exception:  # never replace the error that ended the fit
                 pass
         raise
@@ -104,7 +105,7 @@ def _is_multi_process() -> bool:
     return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
 
 
-def _bound_after_failure(err: BaseException) -> None:
+def _bound_after_failure(err: BaseException, stage: str) -> None:
     """Bound this process's collectives and say which rank failed (several processes only).
 
     Under torchrun the failure is also written to the worker's error file, stamped now: the
@@ -121,7 +122,7 @@ def _bound_after_failure(err: BaseException) -> None:
     what = summarize_error(err, limit=300).rstrip(".")  # the sentence adds its own period
     ended = "was interrupted" if isinstance(err, KeyboardInterrupt) else "failed"
     print(
-        f"trainer: rank {dist.get_rank()} of {dist.get_world_size()} {ended} during fit: "
+        f"trainer: rank {dist.get_rank()} of {dist.get_world_size()} {ended} during {stage}: "
         f"{what}. Its collectives now time out after "
         f"{FAILURE_TIMEOUT.total_seconds():.0f} s, so on_exception hooks cannot keep the job "
         "waiting for ranks that never join.",

@@ -334,7 +334,7 @@ class Trainer(TrainerProperties):
             )
         self._attach(module, datamodule, run_stage)
         try:
-            with catch_preemption_signals() as received_signal:
+            with catch_preemption_signals(run_stage) as received_signal:
                 self._setup(run_stage, {stage: dataloaders}, ckpt_path)
                 self._run.keep_predictions = keep
                 result = run_eval_epoch(self, self._run, stage)
