@@ -462,3 +462,47 @@ def test_accelerate_style_log_stores_or_warns_for_every_value_type(tmp_path: Pat
         "group/s": "x",
         STEP_METRIC: 2,
     }
+
+
+def test_log_kwargs_reach_each_named_tracker_as_in_accelerate(tmp_path: Path) -> None:
+    """``accelerator.log(..., log_kwargs={tracker: {...}})`` was ignored: TensorBoard's events got
+    the current wall time instead of the ``walltime`` given, and W&B's ``commit=False`` (the next
+    call adds to the same row) made two rows. Compared with Accelerate's TensorBoard tracker."""
+    accelerate = pytest.importorskip("accelerate")
+    kwargs = {"tensorboard": {"walltime": 1_000_000.0}, "wandb": {"commit": False}}
+
+    def walltimes(log_dir: Path) -> dict[str, list[tuple[int, float]]]:
+        (folder,) = sorted({p.parent for p in log_dir.rglob("events.out.tfevents.*")})
+        accumulator = EventAccumulator(str(folder), size_guidance={"scalars": 0})
+        accumulator.Reload()
+        return {
+            tag: [(e.step, e.wall_time) for e in accumulator.Scalars(tag)]
+            for tag in accumulator.Tags()["scalars"]
+        }
+
+    theirs = accelerate.Accelerator(
+        cpu=True, log_with="tensorboard", project_dir=str(tmp_path / "accelerate")
+    )
+    theirs.init_trackers("proj")
+    theirs.log({"loss": 0.5}, step=3, log_kwargs={"tensorboard": kwargs["tensorboard"]})
+    theirs.end_training()
+    accelerator = Accelerator(
+        cpu=True, log_with=["tensorboard", "wandb", "mlflow", "csv"], project_dir=str(tmp_path)
+    )
+    accelerator.init_trackers("proj", init_kwargs={"wandb": {"offline": True}})
+    accelerator.log({"loss": 0.5}, step=3, log_kwargs=kwargs)  # mlflow, csv: none given
+    accelerator.log({"acc": 0.9}, step=3)
+    tensorboard, _, mlflow, csv_logger = accelerator.trackers
+    accelerator.end_training()
+
+    ours = walltimes(Path(tensorboard.log_dir))
+    assert ours["loss"] == walltimes(tmp_path / "accelerate" / "proj")["loss"] == [(3, 1e6)]
+    assert ours["acc"][0][1] > 1.7e9  # no walltime given: now
+    (run,) = find_runs(tmp_path)
+    (row,) = run.history  # commit=False: the second call completed the same row
+    assert (row["loss"], row["acc"], row[STEP_METRIC]) == (0.5, 0.9, 3)
+    assert sorted(mlflow_points(mlflow)) == [("acc", 3, 0.9), ("loss", 3, 0.5)]
+    assert [{k: v for k, v in row.items() if v} for row in csv_rows(csv_logger)] == [
+        {"step": "3", "loss": "0.5"},
+        {"step": "3", "acc": "0.9"},
+    ]  # a row per call, as before

@@ -51,11 +51,17 @@ class TrackerAPI:
         step: int | None = None,
         log_kwargs: dict[str, Any] | None = None,
     ) -> None:
-        """Send ``values`` to every tracker (main process only); tensors are read here."""
+        """Send ``values`` to every tracker (main process only); tensors are read here.
+
+        ``log_kwargs``, as Accelerate's: ``{tracker_name: {keyword: value}}``, each passed to
+        that tracker's ``log`` (e.g. ``{"wandb": {"commit": False}}``, ``{"tensorboard":
+        {"walltime": t}}``); the MLflow and CSV trackers take none, as Accelerate's MLflow one.
+        """
         if not self.is_main_process or not self.trackers:
             return
-        for tracker in self.trackers:
-            tracker.log(values, step)  # None: one past the tracker's last step
+        per_tracker = log_kwargs or {}
+        for tracker in self.trackers:  # step None: one past the tracker's last step
+            tracker.log(values, step, **per_tracker.get(getattr(tracker, "tracker_name", ""), {}))
 
     def get_tracker(self, name: str, unwrap: bool = False) -> Any:
         """The tracker whose ``name`` (e.g. "csv") matches; its backend object if ``unwrap``.

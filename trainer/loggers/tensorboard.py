@@ -165,6 +165,9 @@ class TensorBoardLogger(VersionedFolderLogger):
         Examples:
             >>> logger.log_metrics({"train/loss": 0.5, "epoch": 0.0}, step=50)  # doctest: +SKIP
         """
+        self._log_scalars(metrics, step)
+
+    def _log_scalars(self, metrics: Mapping[str, Any], step: int | None, **kwargs: Any) -> None:
         step = resolve_step("TensorBoardLogger", step, self._last_step)
         values = {
             self._tag(key): metric_as_float("TensorBoardLogger", key, value)
@@ -173,7 +176,7 @@ class TensorBoardLogger(VersionedFolderLogger):
         if self._is_resuming:
             checkpoint_step = self._checkpoint_step
             self._start_session(step if checkpoint_step is None else checkpoint_step + 1)
-        self._write_scalars(values, step)
+        self._write_scalars(values, step, **kwargs)
         self._last_step = step
 
     def log(self, values: dict[str, Any], step: int | None = None, **kwargs: Any) -> None:
@@ -183,21 +186,21 @@ class TensorBoardLogger(VersionedFolderLogger):
         other value (None, a list, a larger tensor), and a dict member that is not a number, is
         dropped with a warning naming it (Accelerate skips the first silently and raises on
         the second, on the main process only). All at ``step`` (None: one past the last step).
-        ``kwargs`` are not used.
+        ``kwargs`` (e.g. ``walltime``) go to each ``add_*`` call, as Accelerate's.
         """
         metrics, others = split_tracker_values(values)
         step = resolve_step("TensorBoardLogger", step, self._last_step)
-        self.log_metrics(metrics, step)
+        self._log_scalars(metrics, step, **kwargs)
         for key, value in others.items():
             if isinstance(value, str):
-                self.experiment.add_text(self._tag(key), value, global_step=step)
+                self.experiment.add_text(self._tag(key), value, global_step=step, **kwargs)
             elif isinstance(value, Mapping):
                 numbers, dropped = split_tracker_values({str(k): v for k, v in value.items()})
                 for name, member in dropped.items():
                     warn_dropped("TensorBoardLogger", f"{key}/{name}", member)
                 if numbers:
                     scalars = {name: float(number) for name, number in numbers.items()}
-                    self.experiment.add_scalars(self._tag(key), scalars, global_step=step)
+                    self.experiment.add_scalars(self._tag(key), scalars, global_step=step, **kwargs)
             else:
                 warn_dropped("TensorBoardLogger", key, value)
 
@@ -341,10 +344,10 @@ class TensorBoardLogger(VersionedFolderLogger):
     def _tag(self, key: str) -> str:
         return f"{self._prefix}{self.LOGGER_JOIN_CHAR}{key}" if self._prefix else key
 
-    def _write_scalars(self, values: Mapping[str, float], step: int) -> None:
+    def _write_scalars(self, values: Mapping[str, float], step: int, **kwargs: Any) -> None:
         writer = self.experiment
         for tag, value in values.items():
-            writer.add_scalar(tag, value, global_step=step)
+            writer.add_scalar(tag, value, global_step=step, **kwargs)
 
     def _write_hparams(self) -> None:
         """The three hparams-plugin summaries, in the run's own event file (not a sub-run)."""

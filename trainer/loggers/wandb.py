@@ -220,17 +220,21 @@ class WandbLogger(Logger):
             >>> logger.log_metrics({"train/loss": 0.5}, step=50)  # doctest: +SKIP
             >>> # row: {"train/loss": 0.5, "trainer/global_step": 50}
         """
+        self._log_row(metrics, step)
+
+    def _log_row(self, metrics: Mapping[str, Any], step: int | None, **kwargs: Any) -> None:
         step = resolve_step("WandbLogger", step, self._last_step)
         row = {self._key(key): _to_value(value) for key, value in metrics.items()}
         row[STEP_METRIC] = step
-        self.experiment.log(row)
+        self.experiment.log(row, **kwargs)
         self._last_step = step
 
     def log(self, values: dict[str, Any], step: int | None = None, **kwargs: Any) -> None:
         """Accelerate's ``tracker.log``: every value goes to wandb as it is (one-element tensors
         read), as Accelerate's W&B tracker passes them to ``run.log``: a str, a dict (nested
-        keys), a ``wandb.Image``. ``step`` None: one past the last step. ``kwargs`` not used."""
-        self.log_metrics(values, step)
+        keys), a ``wandb.Image``. ``step`` None: one past the last step. ``kwargs`` go to
+        ``run.log`` (``commit=False``: the next call adds to the same row), as Accelerate's."""
+        self._log_row(values, step, **kwargs)
 
     def log_hyperparams(self, params: Mapping[str, Any] | argparse.Namespace) -> None:
         """Merge ``params`` into ``run.config`` (later values replace earlier ones).
