@@ -17,9 +17,10 @@ Each training process writes, on the launcher's clock (``time.time()``), when it
 run the script, when its imports were done, when the process group was ready, when the first
 optimizer step was done and when the fit (process group ended) was done; the launcher's exit
 closes the job. Each also counts its OS threads after the fit (``threads_left``: 1 when the
-process group and its gloo threads are gone; trainer's launcher-watch thread not counted). The report gives, per phase, the median over ``--rounds`` interleaved rounds
-(of the slower process), so each cost can be put where it belongs: interpreter and launcher
-start, imports, rendezvous and group, first step (DDP's constructor imports ``torch._dynamo``:
+process group and its gloo threads are gone; trainer's launcher-watch thread not counted). The
+report gives, per phase, the median over ``--rounds`` interleaved rounds (of the slower
+process), so each cost can be put where it belongs: interpreter and launcher start, imports,
+rendezvous and group, first step (DDP's constructor imports ``torch._dynamo``:
 torch's cost, in both), the rest of the steps, teardown.
 
     python -m benchmarks.bench_launch --rounds 5 [--no-warmup] [--json launch.json]

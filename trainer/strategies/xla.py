@@ -31,6 +31,7 @@ from trainer.errors import ConfigurationError, MissingDependencyError, StrategyE
 from trainer.precision import Precision
 from trainer.runtime.state import DistributedType
 from trainer.strategies.strategy import ReduceOp, Strategy
+from trainer.utilities import rank_zero_only
 
 __all__ = ["XLA_ACCELERATORS", "XLAStrategy"]
 
@@ -155,8 +156,6 @@ class XLAStrategy(Strategy):
         self._device = _xla_device()
         if self.spmd:
             self.mesh = self._build_mesh()
-        from trainer.utilities import rank_zero_only
-
         rank_zero_only.rank = self.global_rank  # type: ignore[attr-defined]  # as DDPStrategy
         self.precision.setup(self._device)
 

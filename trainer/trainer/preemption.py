@@ -1,8 +1,8 @@
 """How a fit ends when the scheduler stops it, or when this process fails among several.
 
 SIGTERM / SIGUSR1 during fit: every process finishes the optimizer step, they save one checkpoint
-together (replacing earlier preemption checkpoints), and each exits with status 0. With ``AsyncCheckpointIO`` the save in flight completes
-first, then this one, before the exit. Under a SLURM batch job, SIGUSR1 (``#SBATCH
+together (replacing earlier preemption checkpoints), and each exits with status 0. With
+``AsyncCheckpointIO`` the save in flight completes first, then this one, before the exit. Under a SLURM batch job, SIGUSR1 (``#SBATCH
 --signal=USR1@90``) also requeues the job (``scontrol requeue``) once the checkpoint is written,
 as Lightning does; ``SLURMEnvironment(auto_requeue=False)`` turns that off.
 
@@ -224,6 +224,9 @@ def requeue_slurm_job(trainer: Trainer, signum: int) -> str | None:
     return None
 
 
+_PREEMPTED_NAME = re.compile(r"preempted-epoch=\d+-step=(\d+)")  # what save_and_exit names
+
+
 def remove_superseded_preemption_checkpoints(path: Path, step: int) -> list[str]:
     """Delete the ``preempted-epoch=E-step=S`` checkpoints beside ``path`` with a lower step:
     the one just written supersedes them (without this, each preemption of a long job left a
@@ -231,7 +234,7 @@ def remove_superseded_preemption_checkpoints(path: Path, step: int) -> list[str]
     to delete is reported on stderr, never raised (the exit must not fail). Returns the names."""
     removed = []
     for entry in sorted(path.parent.glob("preempted-epoch=*-step=*")):
-        found = re.fullmatch(r"preempted-epoch=\d+-step=(\d+)", entry.name)
+        found = _PREEMPTED_NAME.fullmatch(entry.name)
         if found is None or int(found.group(1)) >= step or not has_trainer_manifest(entry):
             continue
         try:
