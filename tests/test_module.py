@@ -465,3 +465,15 @@ def test_fit_with_lightnings_model_keyword_and_two_modules_refused(tmp_path):
     assert run.global_step == 2 and run.module is module
     with pytest.raises(trainer.ConfigurationError, match=r"two modules.*pass one"):
         run.validate(LinearModule(), make_loader(), model=module)
+
+
+def test_all_gather_on_one_process_makes_numbers_tensors_as_lightning():
+    """On one process ``self.all_gather(3.5)`` returned 3.5; Lightning converts Python numbers
+    and NumPy arrays first (bool uint8, int int32, float float32), on every process count."""
+    import numpy as np
+
+    gathered = LinearModule().all_gather({"n": 3.5, "k": [3, True], "a": np.ones(2), "s": "x"})
+    assert (gathered["n"].item(), gathered["n"].dtype) == (3.5, torch.float32)
+    assert [(t.item(), t.dtype) for t in gathered["k"]] == [(3, torch.int32), (1, torch.uint8)]
+    assert gathered["a"].tolist() == [1.0, 1.0] and gathered["a"].dtype == torch.float64
+    assert gathered["s"] == "x"  # not a number: as it is
